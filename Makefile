@@ -1,0 +1,51 @@
+# dledger-py: every target creates the venv it needs, so a clean clone works.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTO_SRC := $(wildcard proto/dledger/v1/*.proto)
+
+.PHONY: install test soak demo bench bench-storage bench-core proto lint format clean check-java
+
+$(STAMP): pyproject.toml
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dledger-py needs Python >= 3.11")'
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,spark]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { echo "Java 17 is required for Spark (the audit): install openjdk-17-jre-headless"; exit 1; }
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+
+soak: $(STAMP)
+	SOAK=1 $(BIN)/python -m pytest -q -m slow
+
+demo: $(STAMP) check-java
+	$(BIN)/python -m dledger demo
+
+bench: bench-storage bench-core
+
+bench-storage: $(STAMP)
+	$(BIN)/python -m bench.storage
+
+bench-core: $(STAMP)
+	$(BIN)/python -m bench.core
+
+proto: $(STAMP)
+	$(BIN)/python -m dledger.protogen
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,57 @@
+"""Errors clients act on. Each has ``retriable`` (may a client try again?) and ``grpc_status`` (the name of the
+``grpc.StatusCode`` the gRPC layer maps it to; kept as a string so the pure core imports no gRPC)."""
+
+from __future__ import annotations
+
+
+class DLedgerError(Exception):
+    retriable = False
+    grpc_status = "INTERNAL"
+
+
+class NotLeaderError(DLedgerError):
+    """This node is not the leader; ``leader_hint`` is the leader's id or address when known."""
+
+    retriable = True
+    grpc_status = "FAILED_PRECONDITION"
+
+    def __init__(self, leader_hint: str | None = None, message: str | None = None):
+        self.leader_hint = leader_hint
+        hint = f"; the leader is {leader_hint}" if leader_hint else "; no leader is known yet"
+        super().__init__(message or f"not the leader{hint}")
+
+
+class OutcomeUnknownError(DLedgerError):
+    """Leadership was lost while the request waited: the entry may or may not commit. Retry only if the
+    request is idempotent (or check with a read)."""
+
+    retriable = True
+    grpc_status = "UNAVAILABLE"
+
+
+class UnavailableError(DLedgerError):
+    """No quorum, shutting down, or a peer unreachable."""
+
+    retriable = True
+    grpc_status = "UNAVAILABLE"
+
+
+class BackpressureError(DLedgerError):
+    """Too many appends are pending; try again shortly."""
+
+    retriable = True
+    grpc_status = "RESOURCE_EXHAUSTED"
+
+
+class InvalidRequestError(DLedgerError):
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class NotFoundError(DLedgerError):
+    grpc_status = "NOT_FOUND"
+
+
+class ConfigError(DLedgerError):
+    """A setting is invalid; the message names it and the accepted range."""
+
+    grpc_status = "INVALID_ARGUMENT"

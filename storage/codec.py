@@ -1,0 +1,268 @@
+"""Entry codec: DLedger's 48-byte header + body, big-endian (../shared/design/FORMATS.md section 1).
+
+    offset field        type  covered by
+    0      magic        i32   1 normal, 2 no-op, 3 config change, -1 blank filler (segment end)
+    4      size         i32   total bytes, header included (48 + body_length)
+    8      index        i64   dense log index, 0-based
+    16     term         i64   term of the leader that created the entry
+    24     pos          i64   absolute byte position of the entry across data files
+    32     channel      i32   reserved, 0
+    36     chain_crc    u32   crc32(pack(">qqI", index, term, body_crc), chain_crc(index - 1))
+    40     body_crc     u32   crc32(body)
+    44     body_length  i32   body bytes
+    48     body         n
+
+DLedger leaves both CRCs at 0; we fill them. Two nodes whose entries at index i carry the same chain_crc agree
+on the whole prefix up to i (with CRC-32 probability), which lets a follower check a replicated frame against its
+own log in O(1) and lets the audit compare prefixes without reading them.
+
+Everything here is pure (no I/O) so that the Raft core, the storage engine and the Spark audit share it.
+Decoding works on any buffer (bytes, bytearray, memoryview, mmap) without copying the body.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Final
+
+HEADER: Final = struct.Struct(">iiqqqiIIi")
+HEADER_SIZE: Final = HEADER.size  # 48
+BODY_OFFSET: Final = HEADER_SIZE
+
+MAGIC_NORMAL: Final = 1
+MAGIC_NOOP: Final = 2
+MAGIC_CONFIG: Final = 3
+MAGIC_BLANK: Final = -1
+ENTRY_MAGICS: Final = frozenset((MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG))
+
+# A blank filler record is int magic (-1) then int (bytes remaining in the file); DLedger's MIN_BLANK_LEN.
+BLANK: Final = struct.Struct(">ii")
+MIN_BLANK_LEN: Final = BLANK.size  # 8
+
+# Offsets of header fields, for readers that patch or peek a single field.
+MAGIC_OFFSET: Final = 0
+SIZE_OFFSET: Final = 4
+INDEX_OFFSET: Final = 8
+TERM_OFFSET: Final = 16
+POS_OFFSET: Final = 24
+CHANNEL_OFFSET: Final = 32
+CHAIN_CRC_OFFSET: Final = 36
+BODY_CRC_OFFSET: Final = 40
+BODY_LENGTH_OFFSET: Final = 44
+
+_CHAIN: Final = struct.Struct(">qqI")
+_MAX_BODY: Final = (1 << 31) - 1 - HEADER_SIZE
+
+
+class FrameError(ValueError):
+    """A frame failed validation; ``offset`` is the byte offset of the bad frame inside the buffer checked."""
+
+    def __init__(self, message: str, offset: int = 0, index: int | None = None):
+        super().__init__(message)
+        self.offset = offset
+        self.index = index
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    magic: int
+    size: int
+    index: int
+    term: int
+    pos: int
+    channel: int
+    chain_crc: int
+    body_crc: int
+    body_length: int
+
+    @property
+    def end(self) -> int:
+        """Absolute byte position just past this entry."""
+        return self.pos + self.size
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A decoded entry. ``body`` is a view into the buffer it was decoded from (no copy)."""
+
+    header: Header
+    body: memoryview
+
+    @property
+    def index(self) -> int:
+        return self.header.index
+
+    @property
+    def term(self) -> int:
+        return self.header.term
+
+    @property
+    def pos(self) -> int:
+        return self.header.pos
+
+    @property
+    def magic(self) -> int:
+        return self.header.magic
+
+
+def chain_crc(index: int, term: int, body_crc: int, prev_chain_crc: int) -> int:
+    """The chained CRC of entry ``index`` given the chain value of entry ``index - 1`` (0 before index 0)."""
+    return zlib.crc32(_CHAIN.pack(index, term, body_crc), prev_chain_crc)
+
+
+def encode(
+    index: int,
+    term: int,
+    pos: int,
+    body: bytes | bytearray | memoryview,
+    prev_chain_crc: int,
+    magic: int = MAGIC_NORMAL,
+) -> bytes:
+    """Encode one entry (header + body) as bytes."""
+    if magic not in ENTRY_MAGICS:
+        raise ValueError(f"magic {magic} is not an entry magic (1 normal, 2 no-op, 3 config)")
+    n = len(body)
+    if n > _MAX_BODY:
+        raise ValueError(f"body of {n} bytes is larger than the format allows ({_MAX_BODY})")
+    body_crc = zlib.crc32(body)
+    chain = zlib.crc32(_CHAIN.pack(index, term, body_crc), prev_chain_crc)
+    return HEADER.pack(magic, HEADER_SIZE + n, index, term, pos, 0, chain, body_crc, n) + bytes(body)
+
+
+def encode_into(
+    buf: bytearray,
+    index: int,
+    term: int,
+    pos: int,
+    body: bytes | bytearray | memoryview,
+    prev_chain_crc: int,
+    magic: int = MAGIC_NORMAL,
+) -> int:
+    """Append one encoded entry to ``buf`` and return its chain_crc (for batching many entries in one buffer)."""
+    n = len(body)
+    body_crc = zlib.crc32(body)
+    chain = zlib.crc32(_CHAIN.pack(index, term, body_crc), prev_chain_crc)
+    buf += HEADER.pack(magic, HEADER_SIZE + n, index, term, pos, 0, chain, body_crc, n)
+    buf += body
+    return chain
+
+
+def decode_header(buf, offset: int = 0) -> Header:
+    """Decode the header at ``offset``; checks only that 48 bytes are there."""
+    if len(buf) - offset < HEADER_SIZE:
+        raise FrameError(f"truncated header: {len(buf) - offset} of {HEADER_SIZE} bytes", offset)
+    return Header(*HEADER.unpack_from(buf, offset))
+
+
+def decode(buf, offset: int = 0) -> Entry:
+    """Decode the entry at ``offset`` (structure checked, CRCs not: see ``validate``)."""
+    h = decode_header(buf, offset)
+    _check_structure(h, len(buf) - offset, offset)
+    start = offset + HEADER_SIZE
+    return Entry(h, memoryview(buf)[start : start + h.body_length])
+
+
+def _check_structure(h: Header, available: int, offset: int) -> None:
+    if h.magic not in ENTRY_MAGICS:
+        raise FrameError(f"bad magic {h.magic} at offset {offset}", offset, h.index)
+    if h.body_length < 0 or h.size != HEADER_SIZE + h.body_length:
+        raise FrameError(
+            f"size {h.size} != 48 + body_length {h.body_length} at offset {offset}", offset, h.index
+        )
+    if h.size > available:
+        raise FrameError(
+            f"truncated entry at offset {offset}: needs {h.size} bytes, {available} available", offset, h.index
+        )
+
+
+def validate(buf, offset: int = 0, prev_chain_crc: int | None = None) -> Header:
+    """Decode the entry at ``offset`` and check magic, size, body_crc and (when given) chain_crc."""
+    h = decode_header(buf, offset)
+    _check_structure(h, len(buf) - offset, offset)
+    start = offset + HEADER_SIZE
+    body_crc = zlib.crc32(memoryview(buf)[start : start + h.body_length])
+    if body_crc != h.body_crc:
+        raise FrameError(
+            f"body_crc mismatch at offset {offset} (index {h.index}): header {h.body_crc:#010x}, "
+            f"body {body_crc:#010x}",
+            offset,
+            h.index,
+        )
+    if prev_chain_crc is not None:
+        expect = zlib.crc32(_CHAIN.pack(h.index, h.term, h.body_crc), prev_chain_crc)
+        if expect != h.chain_crc:
+            raise FrameError(
+                f"chain_crc mismatch at offset {offset} (index {h.index}): header {h.chain_crc:#010x}, "
+                f"expected {expect:#010x}",
+                offset,
+                h.index,
+            )
+    return h
+
+
+def iter_headers(buf, offset: int = 0, end: int | None = None):
+    """Yield (offset, Header) for consecutive entries in ``buf[offset:end]``; structure checked, CRCs not."""
+    end = len(buf) if end is None else end
+    unpack = HEADER.unpack_from
+    while offset < end:
+        if end - offset < HEADER_SIZE:
+            raise FrameError(f"truncated header: {end - offset} of {HEADER_SIZE} bytes", offset)
+        h = Header(*unpack(buf, offset))
+        _check_structure(h, end - offset, offset)
+        yield offset, h
+        offset += h.size
+
+
+def validate_frames(
+    buf, first_index: int, first_pos: int | None, prev_chain_crc: int | None, segment_size: int | None = None
+) -> list[Header]:
+    """Validate a run of consecutive encoded entries (a replication payload) before anything is written.
+
+    Checks every frame's structure and body_crc, that indexes are dense from ``first_index``, that terms never
+    decrease, that each pos follows the previous entry (skipping to the next segment as ``place`` does when
+    ``segment_size`` is given), and the chain from ``prev_chain_crc`` when it is known.
+    """
+    headers: list[Header] = []
+    expect_index = first_index
+    expect_pos = first_pos
+    last_term = -1
+    chain = prev_chain_crc
+    for off, _ in iter_headers(buf):
+        h = validate(buf, off, chain)
+        if h.index != expect_index:
+            raise FrameError(f"index {h.index} at offset {off}, expected {expect_index}", off, h.index)
+        if h.term < last_term:
+            raise FrameError(f"term {h.term} at index {h.index} is below previous term {last_term}", off, h.index)
+        if expect_pos is not None:
+            want = place(expect_pos, h.size, segment_size) if segment_size else expect_pos
+            if h.pos != want:
+                raise FrameError(f"pos {h.pos} at index {h.index}, expected {want}", off, h.index)
+        headers.append(h)
+        expect_index += 1
+        expect_pos = h.pos + h.size
+        last_term = h.term
+        chain = h.chain_crc
+    return headers
+
+
+def place(end_pos: int, size: int, segment_size: int) -> int:
+    """Where an entry of ``size`` bytes goes when the log ends at ``end_pos``: there, or the next segment's start.
+
+    An entry never straddles two data files and a file always keeps room for a blank filler record:
+    the entry stays in the current file only if ``size + MIN_BLANK_LEN`` bytes remain (DLedger's rule).
+    """
+    if size + MIN_BLANK_LEN > segment_size:
+        raise ValueError(f"entry of {size} bytes does not fit a {segment_size}-byte segment")
+    used = end_pos % segment_size
+    if segment_size - used >= size + MIN_BLANK_LEN:
+        return end_pos
+    return end_pos - used + segment_size
+
+
+def encode_blank(remaining: int) -> bytes:
+    """The filler record that pads a data file from its last entry to its end."""
+    if remaining < MIN_BLANK_LEN:
+        raise ValueError(f"blank record needs {MIN_BLANK_LEN} bytes, {remaining} remain")
+    return BLANK.pack(MAGIC_BLANK, remaining) + bytes(remaining - MIN_BLANK_LEN)
