@@ -20,7 +20,7 @@ check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17 is required for Spark (the audit): install openjdk-17-jre-headless"; exit 1; }
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 soak: $(STAMP)
 	SOAK=1 $(BIN)/python -m pytest -q -m slow
