@@ -1,0 +1,235 @@
+"""RocketMQ CommitLog message (version 1, IPv4 hosts): the body of one log entry (FORMATS.md section 5).
+
+    #  field                        bytes  offset
+    1  TOTALSIZE                    4      0
+    2  MAGICCODE (0xDAA320A7)       4      4
+    3  BODYCRC                      4      8     crc32(body) & 0x7FFFFFFF, as RocketMQ's UtilAll.crc32
+    4  QUEUEID                      4      12
+    5  FLAG                         4      16
+    6  QUEUEOFFSET                  8      20    assigned by the leader (dense per topic and queue)
+    7  PHYSICALOFFSET               8      28    entry pos + 48: the position of this message in the log
+    8  SYSFLAG                      4      36
+    9  BORNTIMESTAMP                8      40
+    10 BORNHOST (ipv4 + port)       8      48
+    11 STORETIMESTAMP               8      56
+    12 STOREHOST (ipv4 + port)      8      64
+    13 RECONSUMETIMES               4      72
+    14 PREPAREDTRANSACTIONOFFSET    8      76
+    15 BODYLEN + BODY               4 + n  84
+    16 TOPICLEN + TOPIC             1 + t        t <= 127 bytes of UTF-8
+    17 PROPERTIESLEN + PROPERTIES   2 + p        name \\x01 value \\x02 ..., as RocketMQ's MessageDecoder
+
+Fixed overhead is 91 bytes. QUEUEOFFSET and PHYSICALOFFSET are known only once the leader places the entry, so
+they can be patched into an encoded message in place (``patch_offsets``) without re-encoding the rest.
+Pure functions only: the broker, the Spark audit and the tests share this module.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Final
+
+MAGIC_CODE: Final = 0xDAA320A7 - (1 << 32)  # RocketMQ writes it as a Java int: -626843481
+_FIXED: Final = struct.Struct(">iiiiiqqiq8sq8siq")  # fields 1-14
+FIXED_SIZE: Final = _FIXED.size  # 84
+OVERHEAD: Final = FIXED_SIZE + 4 + 1 + 2  # 91
+QUEUE_OFFSET_OFFSET: Final = 20
+PHYSICAL_OFFSET_OFFSET: Final = 28
+MAX_TOPIC_BYTES: Final = 127
+MAX_PROPERTIES_BYTES: Final = 32767
+
+NAME_VALUE_SEPARATOR: Final = "\x01"
+PROPERTY_SEPARATOR: Final = "\x02"
+
+# Property names RocketMQ uses (MessageConst).
+PROPERTY_KEYS: Final = "KEYS"
+PROPERTY_TAGS: Final = "TAGS"
+PROPERTY_UNIQ_KEY: Final = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
+PROPERTY_MESSAGE_GROUP: Final = "__SHARDINGKEY"
+PROPERTY_PRODUCER_ID: Final = "PRODUCER_ID"  # ours: idempotent producer identity
+PROPERTY_SEQUENCE: Final = "PRODUCER_SEQ"  # ours: per-producer sequence number
+KEY_SEPARATOR: Final = " "
+
+
+class MessageFormatError(ValueError):
+    """A message body does not follow the layout; the text says which field and where."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    topic: str
+    body: bytes
+    queue_id: int = 0
+    flag: int = 0
+    queue_offset: int = 0
+    physical_offset: int = 0
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: tuple[str, int] = ("127.0.0.1", 0)
+    store_timestamp: int = 0
+    store_host: tuple[str, int] = ("127.0.0.1", 0)
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.properties.get(PROPERTY_KEYS)
+        return raw.split(KEY_SEPARATOR) if raw else []
+
+    @property
+    def msg_id(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY)
+
+
+def body_crc(body: bytes | memoryview) -> int:
+    """RocketMQ's BODYCRC: java.util.zip.CRC32 of the body masked to a non-negative int."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def java_string_hash(s: str) -> int:
+    """Java's String.hashCode (over UTF-16 code units, 32-bit wrap): RocketMQ's tags code."""
+    h = 0
+    data = s.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    return java_string_hash(tags) if tags else 0
+
+
+def encode_properties(props: dict[str, str]) -> bytes:
+    for k, v in props.items():
+        for part in (k, v):
+            if NAME_VALUE_SEPARATOR in part or PROPERTY_SEPARATOR in part:
+                raise MessageFormatError(
+                    f"property {k!r} contains a reserved separator character (\\x01 or \\x02)"
+                )
+    return "".join(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items()).encode()
+
+
+def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
+    props: dict[str, str] = {}
+    for item in bytes(raw).decode().split(PROPERTY_SEPARATOR):
+        if not item:
+            continue
+        name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
+        if not sep:
+            raise MessageFormatError(f"property {name!r} has no value separator")
+        props[name] = value
+    return props
+
+
+def _host(host: tuple[str, int]) -> bytes:
+    ip, port = host
+    parts = ip.split(".")
+    if len(parts) != 4:
+        raise MessageFormatError(f"host {ip!r} is not an IPv4 address")
+    return bytes(int(p) for p in parts) + port.to_bytes(4, "big")
+
+
+def _unhost(raw: bytes) -> tuple[str, int]:
+    return ".".join(str(b) for b in raw[:4]), int.from_bytes(raw[4:8], "big")
+
+
+def encoded_size(topic: str, body_len: int, properties: dict[str, str]) -> int:
+    return OVERHEAD + body_len + len(topic.encode()) + len(encode_properties(properties))
+
+
+def encode(msg: Message) -> bytes:
+    topic = msg.topic.encode()
+    if not topic or len(topic) > MAX_TOPIC_BYTES:
+        raise MessageFormatError(f"topic must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8, got {len(topic)}")
+    props = encode_properties(msg.properties)
+    if len(props) > MAX_PROPERTIES_BYTES:
+        raise MessageFormatError(f"properties are {len(props)} bytes, at most {MAX_PROPERTIES_BYTES} allowed")
+    total = OVERHEAD + len(msg.body) + len(topic) + len(props)
+    head = _FIXED.pack(
+        total,
+        MAGIC_CODE,
+        body_crc(msg.body),
+        msg.queue_id,
+        msg.flag,
+        msg.queue_offset,
+        msg.physical_offset,
+        msg.sys_flag,
+        msg.born_timestamp,
+        _host(msg.born_host),
+        msg.store_timestamp,
+        _host(msg.store_host),
+        msg.reconsume_times,
+        msg.prepared_transaction_offset,
+    )
+    return b"".join(
+        (
+            head,
+            len(msg.body).to_bytes(4, "big"),
+            msg.body,
+            len(topic).to_bytes(1, "big"),
+            topic,
+            len(props).to_bytes(2, "big"),
+            props,
+        )
+    )
+
+
+def patch_offsets(buf: bytearray | memoryview, queue_offset: int, physical_offset: int) -> None:
+    """Write QUEUEOFFSET and PHYSICALOFFSET into an encoded message in place."""
+    struct.pack_into(">qq", buf, QUEUE_OFFSET_OFFSET, queue_offset, physical_offset)
+
+
+def decode(buf: bytes | bytearray | memoryview, check_crc: bool = True) -> Message:
+    """Decode one message occupying all of ``buf`` (an entry body)."""
+    n = len(buf)
+    if n < OVERHEAD:
+        raise MessageFormatError(f"message is {n} bytes, shorter than the {OVERHEAD}-byte minimum")
+    f = _FIXED.unpack_from(buf, 0)
+    total, magic = f[0], f[1]
+    if magic != MAGIC_CODE:
+        raise MessageFormatError(f"bad MAGICCODE {magic & 0xFFFFFFFF:#010x}, expected 0xdaa320a7")
+    if total != n:
+        raise MessageFormatError(f"TOTALSIZE {total} != {n} bytes available")
+    off = FIXED_SIZE
+    body_len = int.from_bytes(buf[off : off + 4], "big")
+    off += 4
+    if body_len < 0 or off + body_len + 3 > n:
+        raise MessageFormatError(f"BODYLEN {body_len} runs past the message end ({n} bytes)")
+    body = bytes(buf[off : off + body_len])
+    off += body_len
+    if check_crc and body_crc(body) != f[2]:
+        raise MessageFormatError(f"BODYCRC {f[2]} does not match the body ({body_crc(body)})")
+    topic_len = buf[off]
+    off += 1
+    topic = bytes(buf[off : off + topic_len]).decode()
+    off += topic_len
+    if off + 2 > n:
+        raise MessageFormatError("message ends before PROPERTIESLEN")
+    props_len = int.from_bytes(buf[off : off + 2], "big")
+    off += 2
+    if off + props_len != n:
+        raise MessageFormatError(f"PROPERTIESLEN {props_len} does not end the message at TOTALSIZE {n}")
+    props = decode_properties(buf[off : off + props_len])
+    return Message(
+        topic=topic,
+        body=body,
+        queue_id=f[3],
+        flag=f[4],
+        queue_offset=f[5],
+        physical_offset=f[6],
+        sys_flag=f[7],
+        born_timestamp=f[8],
+        born_host=_unhost(f[9]),
+        store_timestamp=f[10],
+        store_host=_unhost(f[11]),
+        reconsume_times=f[12],
+        prepared_transaction_offset=f[13],
+        properties=props,
+    )

@@ -1,0 +1,78 @@
+"""The RocketMQ message codec: round trips, in-place offset patching, and clear errors on bad bytes."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker_adapter import message as m
+
+_text = st.text(
+    alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), max_size=20
+)
+
+
+def test_java_string_hash_matches_java():
+    # Values from java.lang.String.hashCode.
+    assert m.java_string_hash("") == 0
+    assert m.java_string_hash("abc") == 96354
+    assert m.java_string_hash("TagA") == 2598919
+    assert m.java_string_hash("polygenelubricants") == -(1 << 31)  # the classic Integer.MIN_VALUE case
+
+
+def test_fixed_overhead_is_91_bytes():
+    assert m.OVERHEAD == 91
+    assert len(m.encode(m.Message(topic="t", body=b""))) == 92
+
+
+@given(
+    topic=st.text(alphabet="abcXYZ-_%|0123456789", min_size=1, max_size=127),
+    body=st.binary(max_size=2048),
+    queue_id=st.integers(0, 2**31 - 1),
+    queue_offset=st.integers(0, 2**62),
+    physical_offset=st.integers(0, 2**62),
+    props=st.dictionaries(_text.filter(bool), _text, max_size=5),
+)
+def test_round_trip(topic, body, queue_id, queue_offset, physical_offset, props):
+    msg = m.Message(
+        topic=topic,
+        body=body,
+        queue_id=queue_id,
+        queue_offset=queue_offset,
+        physical_offset=physical_offset,
+        born_host=("10.1.2.3", 5555),
+        properties=props,
+    )
+    raw = m.encode(msg)
+    assert len(raw) == m.encoded_size(topic, len(body), props)
+    assert m.decode(raw) == msg
+
+
+def test_patch_offsets_in_place():
+    raw = bytearray(m.encode(m.Message(topic="orders", body=b"x" * 10, properties={m.PROPERTY_TAGS: "a"})))
+    m.patch_offsets(raw, 7, 123456)
+    got = m.decode(raw)
+    assert (got.queue_offset, got.physical_offset, got.tags) == (7, 123456, "a")
+
+
+@pytest.mark.parametrize(
+    "mutate, fragment",
+    [
+        (lambda b: b.__setitem__(slice(4, 8), b"\0\0\0\0"), "MAGICCODE"),
+        (lambda b: b.__setitem__(slice(0, 4), (len(b) + 1).to_bytes(4, "big")), "TOTALSIZE"),
+        (lambda b: b.__setitem__(90, b[90] ^ 0xFF), "BODYCRC"),
+    ],
+)
+def test_corruption_is_named(mutate, fragment):
+    raw = bytearray(m.encode(m.Message(topic="t", body=b"hello world")))
+    mutate(raw)
+    with pytest.raises(m.MessageFormatError, match=fragment):
+        m.decode(raw)
+
+
+def test_bad_topic_and_property_rejected():
+    with pytest.raises(m.MessageFormatError, match="topic"):
+        m.encode(m.Message(topic="", body=b""))
+    with pytest.raises(m.MessageFormatError, match="topic"):
+        m.encode(m.Message(topic="x" * 128, body=b""))
+    with pytest.raises(m.MessageFormatError, match="separator"):
+        m.encode(m.Message(topic="t", body=b"", properties={"a\x01": "b"}))
