@@ -1,0 +1,147 @@
+"""ConsumeQueue: per topic and queue, fixed 20-byte units pointing at messages in the log (FORMATS.md section 4).
+
+    offset field             bytes
+    0      commitlog_offset  8     the message's body position in the log: entry pos + 48
+    8      size              4     the message's TOTALSIZE (= the entry's body_length)
+    12     tags_code         8     Java String.hashCode of the tags (0 when none)
+
+The unit for queue offset q is at byte ``q * 20`` across files of 300,000 units (6,000,000 bytes) named by the
+absolute byte position of their first byte (20 digits), under ``consumequeue/<topic>/<queueId>/``. Units are
+written only for committed messages, so a ConsumeQueue is derived data: on restart it is checked against the log
+and repaired (``truncate`` drops units beyond the log; the dispatcher re-dispatches what is missing).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+UNIT: Final = struct.Struct(">qiq")
+UNIT_SIZE: Final = UNIT.size  # 20
+UNITS_PER_FILE: Final = 300_000
+FILE_SIZE: Final = UNITS_PER_FILE * UNIT_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class CQUnit:
+    queue_offset: int
+    commitlog_offset: int
+    size: int
+    tags_code: int
+
+
+def queue_dir(root: str | os.PathLike, topic: str, queue_id: int) -> Path:
+    return Path(root) / topic / str(queue_id)
+
+
+class ConsumeQueue:
+    """Append-only units of one topic/queue. Appends go to the page cache; ``flush`` makes them durable."""
+
+    def __init__(
+        self, root: str | os.PathLike, topic: str, queue_id: int, units_per_file: int = UNITS_PER_FILE
+    ):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.dir = queue_dir(root, topic, queue_id)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._file_size = units_per_file * UNIT_SIZE
+        self._fds: dict[int, int] = {}  # file start byte -> fd
+        self._dirty: set[int] = set()
+        self.max_offset = self._recover()
+
+    # -- files ---------------------------------------------------------------------------------------------
+    def _files(self) -> list[int]:
+        return sorted(int(p.name) for p in self.dir.iterdir() if p.name.isdigit())
+
+    def _fd(self, start: int) -> int:
+        fd = self._fds.get(start)
+        if fd is None:
+            fd = os.open(self.dir / f"{start:020d}", os.O_RDWR | os.O_CREAT, 0o644)
+            self._fds[start] = fd
+        return fd
+
+    def _recover(self) -> int:
+        """The next queue offset; a torn unit at the end (a crash mid-write) is cut off."""
+        files = self._files()
+        if not files:
+            return 0
+        last = files[-1]
+        path = self.dir / f"{last:020d}"
+        length = path.stat().st_size
+        whole = length - length % UNIT_SIZE
+        if whole != length:
+            os.truncate(path, whole)
+        return (last + whole) // UNIT_SIZE
+
+    # -- writes --------------------------------------------------------------------------------------------
+    def append(self, commitlog_offset: int, size: int, tags_code: int) -> int:
+        """Write the unit for the next queue offset and return that offset."""
+        q = self.max_offset
+        byte = q * UNIT_SIZE
+        start = byte - byte % self._file_size
+        os.pwrite(self._fd(start), UNIT.pack(commitlog_offset, size, tags_code), byte - start)
+        self._dirty.add(start)
+        self.max_offset = q + 1
+        return q
+
+    def truncate(self, queue_offset: int) -> int:
+        """Remove units at ``queue_offset`` and after; returns how many were removed."""
+        if queue_offset >= self.max_offset:
+            return 0
+        removed = self.max_offset - queue_offset
+        byte = queue_offset * UNIT_SIZE
+        for start in self._files():
+            path = self.dir / f"{start:020d}"
+            if start > byte:
+                self._close_file(start)
+                os.unlink(path)
+            elif byte - start < self._file_size:
+                os.truncate(path, byte - start)
+        self.max_offset = queue_offset
+        return removed
+
+    def flush(self) -> None:
+        for start in self._dirty:
+            fd = self._fds.get(start)
+            if fd is not None:
+                os.fdatasync(fd)
+        self._dirty.clear()
+
+    # -- reads ---------------------------------------------------------------------------------------------
+    def get(self, queue_offset: int) -> CQUnit:
+        units = self.read(queue_offset, 1)
+        if not units:
+            raise IndexError(
+                f"{self.topic}/{self.queue_id}: queue offset {queue_offset} not in [0, {self.max_offset})"
+            )
+        return units[0]
+
+    def read(self, queue_offset: int, max_units: int) -> list[CQUnit]:
+        """Up to ``max_units`` consecutive units from ``queue_offset`` (fewer at a file end or the queue end)."""
+        if queue_offset < 0:
+            raise IndexError(f"{self.topic}/{self.queue_id}: negative queue offset {queue_offset}")
+        n = min(max_units, self.max_offset - queue_offset)
+        if n <= 0:
+            return []
+        byte = queue_offset * UNIT_SIZE
+        start = byte - byte % self._file_size
+        n = min(n, (start + self._file_size - byte) // UNIT_SIZE)
+        raw = os.pread(self._fd(start), n * UNIT_SIZE, byte - start)
+        return [
+            CQUnit(queue_offset + i, *UNIT.unpack_from(raw, i * UNIT_SIZE))
+            for i in range(len(raw) // UNIT_SIZE)
+        ]
+
+    def _close_file(self, start: int) -> None:
+        fd = self._fds.pop(start, None)
+        self._dirty.discard(start)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.flush()
+        for start in list(self._fds):
+            self._close_file(start)

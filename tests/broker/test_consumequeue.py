@@ -1,0 +1,55 @@
+"""ConsumeQueue files: 20-byte units, file rolling, torn-unit recovery, truncation."""
+
+import pytest
+
+from broker_adapter.consumequeue import UNIT_SIZE, ConsumeQueue
+
+
+def test_units_round_trip_across_files_and_reopen(tmp_path):
+    cq = ConsumeQueue(tmp_path, "orders", 3, units_per_file=10)
+    for q in range(25):
+        assert cq.append(1000 + q * 100, 91 + q, -q) == q
+    assert [u.queue_offset for u in cq.read(8, 5)] == [8, 9]  # stops at a file end
+    assert cq.get(24).commitlog_offset == 1000 + 2400
+    cq.close()
+    files = sorted(p.name for p in (tmp_path / "orders" / "3").iterdir())
+    assert files == [f"{0:020d}", f"{200:020d}", f"{400:020d}"]  # named by first byte position
+    again = ConsumeQueue(tmp_path, "orders", 3, units_per_file=10)
+    assert again.max_offset == 25
+    assert again.get(13).size == 91 + 13 and again.get(13).tags_code == -13
+    again.close()
+
+
+def test_torn_unit_is_cut_on_open(tmp_path):
+    cq = ConsumeQueue(tmp_path, "t", 0)
+    for q in range(3):
+        cq.append(q, 1, 0)
+    cq.close()
+    path = tmp_path / "t" / "0" / f"{0:020d}"
+    with open(path, "ab") as f:
+        f.write(b"\x01" * 7)
+    cq = ConsumeQueue(tmp_path, "t", 0)
+    assert cq.max_offset == 3 and path.stat().st_size == 3 * UNIT_SIZE
+    cq.close()
+
+
+def test_truncate_drops_units_and_files(tmp_path):
+    cq = ConsumeQueue(tmp_path, "t", 1, units_per_file=4)
+    for q in range(10):
+        cq.append(q * 10, 5, 0)
+    assert cq.truncate(5) == 5
+    assert cq.max_offset == 5 and cq.append(777, 5, 0) == 5
+    assert cq.get(5).commitlog_offset == 777
+    assert cq.truncate(0) == 6 and cq.max_offset == 0
+    cq.close()
+    assert ConsumeQueue(tmp_path, "t", 1, units_per_file=4).max_offset == 0
+
+
+def test_bad_offsets_are_clear(tmp_path):
+    cq = ConsumeQueue(tmp_path, "t", 0)
+    with pytest.raises(IndexError, match="not in"):
+        cq.get(0)
+    with pytest.raises(IndexError, match="negative"):
+        cq.read(-1, 1)
+    assert cq.read(5, 10) == []
+    cq.close()
