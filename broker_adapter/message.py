@@ -233,3 +233,46 @@ def decode(buf: bytes | bytearray | memoryview, check_crc: bool = True) -> Messa
         prepared_transaction_offset=f[13],
         properties=props,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What the dispatcher needs from a message, read without copying or checking the body."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    size: int
+    tags: str | None
+
+
+_ROUTE_HEAD = struct.Struct(">i8xi4xqq")  # TOTALSIZE, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET
+
+
+def peek_route(buf: bytes | bytearray | memoryview) -> Route:
+    """Topic, queue, offsets, size and tags of an encoded message (structure checked, BODYCRC not)."""
+    n = len(buf)
+    if n < OVERHEAD:
+        raise MessageFormatError(f"message is {n} bytes, shorter than the {OVERHEAD}-byte minimum")
+    total, queue_id, queue_offset, physical_offset = _ROUTE_HEAD.unpack_from(buf, 0)
+    if total != n:
+        raise MessageFormatError(f"TOTALSIZE {total} != {n} bytes available")
+    off = FIXED_SIZE + 4 + int.from_bytes(buf[FIXED_SIZE : FIXED_SIZE + 4], "big")
+    if off + 3 > n:
+        raise MessageFormatError(f"BODYLEN runs past the message end ({n} bytes)")
+    topic_len = buf[off]
+    topic = bytes(buf[off + 1 : off + 1 + topic_len]).decode()
+    off += 1 + topic_len
+    props_len = int.from_bytes(buf[off : off + 2], "big")
+    if off + 2 + props_len != n:
+        raise MessageFormatError(f"PROPERTIESLEN {props_len} does not end the message at TOTALSIZE {n}")
+    tags = None
+    if props_len:
+        raw = bytes(buf[off + 2 : n])
+        key = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
+        at = raw.find(key)
+        if at == 0 or (at > 0 and raw[at - 1] == 2):
+            start = at + len(key)
+            tags = raw[start : raw.index(b"\x02", start)].decode()
+    return Route(topic, queue_id, queue_offset, physical_offset, n, tags)

@@ -1,0 +1,117 @@
+"""Broker administration that goes through the log, so that every node agrees on it.
+
+Topic creation and consumer-offset commits are log entries like messages: replicated, committed on quorum and
+applied in order by every node's dispatcher. (RocketMQ's DLedger mode syncs offsets to followers every 10 s, so
+a failover can rewind a consumer group; ours cannot.)
+
+A command body mirrors the message layout's first two fields so that one look at bytes 4..8 tells a message
+(MAGICCODE 0xDAA320A7) from a command (0x444C4243, "DLBC"):
+
+    0  TOTALSIZE  4
+    4  MAGIC      4   0x444C4243
+    8  OP         1   1 create topic, 2 commit consumer offset
+    9  PAYLOAD    n   UTF-8 JSON object
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from broker_adapter import message
+
+COMMAND_MAGIC: Final = 0x444C4243
+_HEAD: Final = struct.Struct(">iIB")
+OP_CREATE_TOPIC: Final = 1
+OP_COMMIT_OFFSET: Final = 2
+
+MAX_QUEUES: Final = 1024
+# RocketMQ's topic rule: letters, digits, '%', '-', '_', '|', at most 127 characters.
+TOPIC_RE: Final = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
+GROUP_RE: Final = TOPIC_RE
+
+
+class CommandError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopic:
+    topic: str
+    queues: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOffset:
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+
+
+Command = CreateTopic | CommitOffset
+
+
+def check_topic(topic: str) -> str:
+    if not isinstance(topic, str) or not TOPIC_RE.match(topic):
+        raise CommandError(
+            f"invalid topic name {topic!r}: use 1-127 characters from letters, digits, '%', '-', '_' and '|'"
+        )
+    return topic
+
+
+def check_group(group: str) -> str:
+    if not isinstance(group, str) or not GROUP_RE.match(group):
+        raise CommandError(
+            f"invalid consumer group {group!r}: use 1-127 characters from letters, digits, '%', '-', '_' and '|'"
+        )
+    return group
+
+
+def encode(cmd: Command) -> bytes:
+    if isinstance(cmd, CreateTopic):
+        check_topic(cmd.topic)
+        if not 1 <= cmd.queues <= MAX_QUEUES:
+            raise CommandError(f"a topic needs 1..{MAX_QUEUES} queues, got {cmd.queues}")
+        op, payload = OP_CREATE_TOPIC, {"topic": cmd.topic, "queues": cmd.queues}
+    elif isinstance(cmd, CommitOffset):
+        check_group(cmd.group)
+        check_topic(cmd.topic)
+        if cmd.queue_id < 0 or cmd.offset < 0:
+            raise CommandError(f"queue id and offset must be >= 0, got {cmd.queue_id} and {cmd.offset}")
+        op = OP_COMMIT_OFFSET
+        payload = {"group": cmd.group, "topic": cmd.topic, "queue_id": cmd.queue_id, "offset": cmd.offset}
+    else:
+        raise TypeError(f"not a broker command: {cmd!r}")
+    raw = json.dumps(payload, separators=(",", ":")).encode()
+    return _HEAD.pack(_HEAD.size + len(raw), COMMAND_MAGIC, op) + raw
+
+
+def is_command(body: bytes | memoryview) -> bool:
+    return len(body) >= _HEAD.size and struct.unpack_from(">I", body, 4)[0] == COMMAND_MAGIC
+
+
+def is_message(body: bytes | memoryview) -> bool:
+    return len(body) >= message.OVERHEAD and struct.unpack_from(">i", body, 4)[0] == message.MAGIC_CODE
+
+
+def decode(body: bytes | memoryview) -> Command:
+    if not is_command(body):
+        raise CommandError("not a broker command (magic differs)")
+    total, _, op = _HEAD.unpack_from(body, 0)
+    if total != len(body):
+        raise CommandError(f"command TOTALSIZE {total} != {len(body)} bytes")
+    try:
+        payload = json.loads(bytes(body[_HEAD.size :]))
+        if op == OP_CREATE_TOPIC:
+            return CreateTopic(str(payload["topic"]), int(payload["queues"]))
+        if op == OP_COMMIT_OFFSET:
+            return CommitOffset(
+                str(payload["group"]), str(payload["topic"]), int(payload["queue_id"]), int(payload["offset"])
+            )
+    except (ValueError, KeyError, TypeError) as err:
+        raise CommandError(f"malformed command payload: {err}") from err
+    raise CommandError(f"unknown command op {op}")
