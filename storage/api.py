@@ -95,6 +95,14 @@ class LogStore(Protocol):
         """Forget entries before ``index`` (after a snapshot); whole segments are deleted when possible."""
         ...
 
+    def reset_to_snapshot(self, meta_index: int, meta_term: int, chain_crc: int, end_pos: int) -> None:
+        """Drop every entry and make the log empty, continuing after a snapshot's last included entry.
+
+        Afterwards ``tail()`` is ``LogPosition(meta_index, meta_term, end_pos, chain_crc)``, ``first_index`` is
+        ``meta_index + 1`` and ``term(meta_index)`` answers ``meta_term`` (a follower installing a snapshot).
+        """
+        ...
+
     def sync(self) -> None:
         """Make everything appended so far durable (fdatasync)."""
         ...

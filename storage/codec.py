@@ -52,6 +52,9 @@ CHAIN_CRC_OFFSET: Final = 36
 BODY_CRC_OFFSET: Final = 40
 BODY_LENGTH_OFFSET: Final = 44
 
+# Default data segment size (DLedger's 1 GiB); must be equal on every node since pos is replicated state.
+DEFAULT_SEGMENT_SIZE: Final = 1 << 30
+
 _CHAIN: Final = struct.Struct(">qqI")
 _MAX_BODY: Final = (1 << 31) - 1 - HEADER_SIZE
 
@@ -173,7 +176,9 @@ def _check_structure(h: Header, available: int, offset: int) -> None:
         )
     if h.size > available:
         raise FrameError(
-            f"truncated entry at offset {offset}: needs {h.size} bytes, {available} available", offset, h.index
+            f"truncated entry at offset {offset}: needs {h.size} bytes, {available} available",
+            offset,
+            h.index,
         )
 
 
@@ -215,6 +220,109 @@ def iter_headers(buf, offset: int = 0, end: int | None = None):
         offset += h.size
 
 
+@dataclass(frozen=True, slots=True)
+class FrameRun:
+    """Column view of a validated run of frames: per entry its byte offset in the buffer, pos, size, term, chain.
+
+    Columns (plain lists) rather than one ``Header`` object per entry, because the storage hot path only needs
+    these five facts and building objects costs more than validating.
+    """
+
+    offsets: list[int]
+    positions: list[int]
+    sizes: list[int]
+    terms: list[int]
+    chains: list[int]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def scan_frames(
+    buf, first_index: int, first_pos: int | None, prev_chain_crc: int | None, segment_size: int | None = None
+) -> FrameRun:
+    """Validate a run of consecutive encoded entries exactly as ``validate_frames`` does, returning columns.
+
+    One pass, one header unpack per entry; raises ``FrameError`` (with the buffer offset and index) on the
+    first bad frame, so a caller that writes only after this returns writes nothing for a bad payload.
+    """
+    mv = memoryview(buf)
+    if mv.ndim != 1 or mv.itemsize != 1:
+        mv = mv.cast("B")
+    end = len(mv)
+    unpack = HEADER.unpack_from
+    crc32 = zlib.crc32
+    chain_pack = _CHAIN.pack
+    offsets: list[int] = []
+    positions: list[int] = []
+    sizes: list[int] = []
+    terms: list[int] = []
+    chains: list[int] = []
+    expect_index = first_index
+    expect_pos = first_pos
+    last_term = -1
+    chain = prev_chain_crc
+    off = 0
+    while off < end:
+        if end - off < HEADER_SIZE:
+            raise FrameError(f"truncated header: {end - off} of {HEADER_SIZE} bytes", off)
+        magic, size, index, term, pos, _channel, h_chain, h_body_crc, body_length = unpack(mv, off)
+        if magic not in ENTRY_MAGICS:
+            raise FrameError(f"bad magic {magic} at offset {off}", off, index)
+        if body_length < 0 or size != HEADER_SIZE + body_length:
+            raise FrameError(f"size {size} != 48 + body_length {body_length} at offset {off}", off, index)
+        if size > end - off:
+            raise FrameError(
+                f"truncated entry at offset {off}: needs {size} bytes, {end - off} available", off, index
+            )
+        body_crc = crc32(mv[off + HEADER_SIZE : off + size])
+        if body_crc != h_body_crc:
+            raise FrameError(
+                f"body_crc mismatch at offset {off} (index {index}): header {h_body_crc:#010x}, "
+                f"body {body_crc:#010x}",
+                off,
+                index,
+            )
+        if chain is not None:
+            want_chain = crc32(chain_pack(index, term, body_crc), chain)
+            if want_chain != h_chain:
+                raise FrameError(
+                    f"chain_crc mismatch at offset {off} (index {index}): header {h_chain:#010x}, "
+                    f"expected {want_chain:#010x}",
+                    off,
+                    index,
+                )
+        if index != expect_index:
+            raise FrameError(f"index {index} at offset {off}, expected {expect_index}", off, index)
+        if term < last_term:
+            raise FrameError(f"term {term} at index {index} is below previous term {last_term}", off, index)
+        if expect_pos is not None:
+            want = expect_pos
+            if segment_size:
+                if size + MIN_BLANK_LEN > segment_size:
+                    raise FrameError(
+                        f"entry of {size} bytes at index {index} does not fit a {segment_size}-byte segment",
+                        off,
+                        index,
+                    )
+                used = expect_pos % segment_size
+                if segment_size - used < size + MIN_BLANK_LEN:
+                    want = expect_pos - used + segment_size
+            if pos != want:
+                raise FrameError(f"pos {pos} at index {index}, expected {want}", off, index)
+        offsets.append(off)
+        positions.append(pos)
+        sizes.append(size)
+        terms.append(term)
+        chains.append(h_chain)
+        expect_index += 1
+        expect_pos = pos + size
+        last_term = term
+        chain = h_chain
+        off += size
+    return FrameRun(offsets, positions, sizes, terms, chains)
+
+
 def validate_frames(
     buf, first_index: int, first_pos: int | None, prev_chain_crc: int | None, segment_size: int | None = None
 ) -> list[Header]:
@@ -224,27 +332,9 @@ def validate_frames(
     decrease, that each pos follows the previous entry (skipping to the next segment as ``place`` does when
     ``segment_size`` is given), and the chain from ``prev_chain_crc`` when it is known.
     """
-    headers: list[Header] = []
-    expect_index = first_index
-    expect_pos = first_pos
-    last_term = -1
-    chain = prev_chain_crc
-    for off, _ in iter_headers(buf):
-        h = validate(buf, off, chain)
-        if h.index != expect_index:
-            raise FrameError(f"index {h.index} at offset {off}, expected {expect_index}", off, h.index)
-        if h.term < last_term:
-            raise FrameError(f"term {h.term} at index {h.index} is below previous term {last_term}", off, h.index)
-        if expect_pos is not None:
-            want = place(expect_pos, h.size, segment_size) if segment_size else expect_pos
-            if h.pos != want:
-                raise FrameError(f"pos {h.pos} at index {h.index}, expected {want}", off, h.index)
-        headers.append(h)
-        expect_index += 1
-        expect_pos = h.pos + h.size
-        last_term = h.term
-        chain = h.chain_crc
-    return headers
+    run = scan_frames(buf, first_index, first_pos, prev_chain_crc, segment_size)
+    unpack = HEADER.unpack_from
+    return [Header(*unpack(buf, off)) for off in run.offsets]
 
 
 def place(end_pos: int, size: int, segment_size: int) -> int:
