@@ -1,0 +1,153 @@
+"""The apply loop: committed entries reach a state machine exactly once, in log order, off the hot path.
+
+The node tells the loop how far the log is committed (``commit_advanced``); the loop reads committed entries
+from storage in bounded chunks, hands the normal ones to the state machine, records the applied index and
+resolves the futures proposers registered under (index, term). It yields to the event loop between chunks, so
+a slow state machine falls behind the commit index (visible as ``lag``) without delaying replication or
+heartbeats.
+
+Exactly-once across restarts: the applied index lives with the state machine's durable state (its latest
+snapshot); a restarted node loads that snapshot and starts the loop at the snapshot's index, so the log suffix
+is replayed from the entry after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dledger.errors import DLedgerError, OutcomeUnknownError
+from statemachine.api import CommittedEntry, StateMachine
+from storage import codec
+from storage.api import LogStore
+
+
+class EntryReplacedError(DLedgerError):
+    """The proposed entry was overwritten by a newer leader's entry: it did not commit. Safe to retry."""
+
+    retriable = True
+    grpc_status = "ABORTED"
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    index: int
+    term: int
+    pos: int
+    result: Any
+
+
+class ApplyLoop:
+    def __init__(
+        self,
+        state_machine: StateMachine,
+        log: LogStore,
+        applied_index: int,
+        *,
+        max_batch_entries: int = 1024,
+        max_batch_bytes: int = 4 << 20,
+        on_applied: Callable[[int], None] | None = None,
+    ):
+        self.state_machine = state_machine
+        self._log = log
+        self.applied_index = applied_index
+        self.commit_index = applied_index
+        self._max_entries = max_batch_entries
+        self._max_bytes = max_batch_bytes
+        self._on_applied = on_applied
+        self._waiters: dict[int, tuple[int, asyncio.Future]] = {}
+        self._wakeup: asyncio.Event | None = None
+        self.applied_bytes = 0  # body bytes applied since start (snapshot policy input)
+
+    @property
+    def lag(self) -> int:
+        return self.commit_index - self.applied_index
+
+    # -- inputs from the node ------------------------------------------------------------------------------
+    def commit_advanced(self, commit_index: int) -> None:
+        if commit_index > self.commit_index:
+            self.commit_index = commit_index
+            if self._wakeup is not None:
+                self._wakeup.set()
+
+    def register(self, index: int, term: int) -> asyncio.Future:
+        """A future that resolves with the state machine's result once (index, term) is applied."""
+        fut = asyncio.get_running_loop().create_future()
+        if index <= self.applied_index:
+            fut.set_exception(OutcomeUnknownError(f"entry {index} was applied before its waiter registered"))
+            return fut
+        self._waiters[index] = (term, fut)
+        return fut
+
+    def fail_pending(self, reason: str) -> int:
+        """Leadership was lost: every waiter learns the outcome is unknown (its entry may still commit)."""
+        n = 0
+        for _, fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(OutcomeUnknownError(reason))
+                n += 1
+        self._waiters.clear()
+        return n
+
+    def reset_to_snapshot(self, index: int) -> None:
+        """After a snapshot install the state machine already holds everything up to ``index``."""
+        self.applied_index = max(self.applied_index, index)
+        self.commit_index = max(self.commit_index, index)
+        for i in [i for i in self._waiters if i <= index]:
+            _, fut = self._waiters.pop(i)
+            if not fut.done():
+                fut.set_exception(OutcomeUnknownError(f"entry {i} was covered by an installed snapshot"))
+
+    # -- the work ------------------------------------------------------------------------------------------
+    def apply_available(self) -> list[Applied]:
+        """Apply one bounded chunk of committed entries; returns what was applied (empty when caught up)."""
+        lo = self.applied_index + 1
+        hi = min(self.commit_index + 1, lo + self._max_entries)
+        if lo >= hi:
+            return []
+        entries = self._log.entries(lo, hi, self._max_bytes)
+        normal: list[CommittedEntry] = []
+        for e in entries:
+            if e.magic == codec.MAGIC_NORMAL:
+                normal.append(CommittedEntry(e.index, e.term, e.pos, e.body))
+        results = self.state_machine.apply(normal) if normal else []
+        if len(results) != len(normal):
+            raise RuntimeError(
+                f"state machine {self.state_machine.name!r} returned {len(results)} results for {len(normal)} entries"
+            )
+        by_index = {c.index: r for c, r in zip(normal, results, strict=True)}
+        applied = []
+        for e in entries:
+            result = by_index.get(e.index)
+            applied.append(Applied(e.index, e.term, e.pos, result))
+            self.applied_bytes += e.header.body_length
+            waiter = self._waiters.pop(e.index, None)
+            if waiter is not None:
+                term, fut = waiter
+                if fut.done():
+                    continue
+                if term != e.term:
+                    fut.set_exception(
+                        EntryReplacedError(f"entry {e.index} of term {term} was replaced by term {e.term}")
+                    )
+                elif isinstance(result, Exception):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(Applied(e.index, e.term, e.pos, result))
+        self.applied_index = entries[-1].index
+        if self._on_applied is not None:
+            self._on_applied(self.applied_index)
+        return applied
+
+    async def run(self) -> None:
+        """Apply forever: one chunk at a time, yielding to the event loop between chunks."""
+        self._wakeup = asyncio.Event()
+        while True:
+            if self.applied_index >= self.commit_index:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            self.apply_available()
+            await asyncio.sleep(0)
