@@ -1,0 +1,365 @@
+"""The ``dledger`` command line (also ``python -m dledger``).
+
+One typer app with sub-apps, so other parts add their commands without touching these: ``app.add_typer(...)``
+for a group of commands, ``@app.command()`` for one.
+
+    dledger node --config n0.toml              run one node in the foreground
+    dledger group up|down|status --dir DIR     a local group of separate node processes
+    dledger watch --dir DIR                    live table of roles, terms, indexes
+    dledger kill-leader --dir DIR              kill -9 the leader, report failover times
+    dledger append / get                       raw log use
+    dledger demo                               the whole story in one command
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from dledger import group as grp
+from dledger.errors import DLedgerError
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="dledger-py: a Raft-replicated log service."
+)
+group_app = typer.Typer(no_args_is_help=True, help="Run a local group of node processes on 127.0.0.1.")
+app.add_typer(group_app, name="group")
+
+console = Console()
+err_console = Console(stderr=True)
+
+DirOption = Annotated[
+    Path, typer.Option("--dir", help="the group directory (holds group.json and one dir per node)")
+]
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err_console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+# -- node ----------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def node(
+    config: Annotated[Path | None, typer.Option(help="TOML config file (flags override it)")] = None,
+    id: Annotated[str | None, typer.Option("--id", help="this node's id, e.g. n0")] = None,
+    group: Annotated[str | None, typer.Option(help="group name")] = None,
+    peers: Annotated[str | None, typer.Option(help="every voter: n0=127.0.0.1:20911,n1=...")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="directory for data/, index/, meta/")] = None,
+    flush: Annotated[str | None, typer.Option(help="sync (fsync before ack) or async (page cache)")] = None,
+    listen: Annotated[
+        str | None, typer.Option(help="bind address (default: this node's peer address)")
+    ] = None,
+    election_timeout_min_ms: Annotated[int | None, typer.Option()] = None,
+    election_timeout_max_ms: Annotated[int | None, typer.Option()] = None,
+    heartbeat_interval_ms: Annotated[int | None, typer.Option()] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
+) -> None:
+    """Run one node in the foreground until SIGTERM or Ctrl-C."""
+    from dledger import nodeconfig
+    from dledger.node import run_node
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    try:
+        cfg = nodeconfig.load(
+            config,
+            id=id,
+            group=group,
+            peers=peers,
+            data_dir=data_dir,
+            flush=flush,
+            listen=listen,
+            election_timeout_min_ms=election_timeout_min_ms,
+            election_timeout_max_ms=election_timeout_max_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+        )
+    except DLedgerError as e:
+        _fail(f"bad configuration: {e}", 2)
+    try:
+        asyncio.run(run_node(cfg))
+    except DLedgerError as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(f"node {cfg.node_id} could not start: {e}")
+
+
+# -- group ---------------------------------------------------------------------------------------------------------
+
+
+@group_app.command("up")
+def group_up(
+    dir: DirOption,
+    nodes: Annotated[int, typer.Option(help="number of nodes (3 or 5 make sense)")] = 3,
+    base_port: Annotated[
+        int | None, typer.Option(help="first port; 0 picks free ports")
+    ] = grp.DEFAULT_BASE_PORT,
+    flush: Annotated[str, typer.Option(help="sync or async")] = "sync",
+) -> None:
+    """Start a local group in the background; return once a leader is elected."""
+    try:
+        g, leader = grp.up(dir, nodes, None if base_port == 0 else base_port, flush=flush)
+    except DLedgerError as e:
+        _fail(str(e))
+    console.print(
+        f"group [bold]{g.name}[/bold] is up in {dir}: leader [green]{leader.id}[/green] at term {leader.term}"
+    )
+    _print_status(grp.status(g))
+
+
+@group_app.command("down")
+def group_down(dir: DirOption) -> None:
+    """Stop every node of the group (SIGTERM, then SIGKILL after 10 s)."""
+    try:
+        g = grp.load(dir)
+    except DLedgerError as e:
+        _fail(str(e))
+    stopped = grp.stop_group(g)
+    console.print(f"stopped {', '.join(stopped) if stopped else 'nothing (no node was running)'}")
+
+
+@group_app.command("status")
+def group_status(
+    dir: DirOption, as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False
+) -> None:
+    """Each node's id, address, pid, role, term, last index, commit index and data dir."""
+    try:
+        g = grp.load(dir)
+    except DLedgerError as e:
+        _fail(str(e))
+    rows = grp.status(g)
+    if as_json:
+        print(json.dumps({"nodes": [r.to_json() for r in rows]}))
+    else:
+        _print_status(rows)
+
+
+def _status_table(rows: list[grp.NodeStatus], title: str | None = None) -> Table:
+    t = Table(title=title)
+    for col in ("node", "address", "pid", "role", "term", "last index", "commit index", "lag", "data dir"):
+        t.add_column(
+            col, justify="right" if col in ("pid", "term", "last index", "commit index", "lag") else "left"
+        )
+    top = max((r.commit_index for r in rows if r.commit_index is not None), default=-1)
+    styles = {"leader": "bold green", "follower": "cyan", "candidate": "yellow", "down": "red"}
+    for r in rows:
+        lag = "" if r.commit_index is None else str(top - r.commit_index)
+        t.add_row(
+            r.id,
+            r.address,
+            str(r.pid or ""),
+            f"[{styles.get(r.role, '')}]{r.role}[/]",
+            "" if r.term is None else str(r.term),
+            "" if r.last_index is None else str(r.last_index),
+            "" if r.commit_index is None else str(r.commit_index),
+            lag,
+            r.data_dir,
+        )
+    return t
+
+
+def _print_status(rows: list[grp.NodeStatus]) -> None:
+    console.print(_status_table(rows))
+
+
+# -- watch, kill-leader --------------------------------------------------------------------------------------------
+
+
+@app.command()
+def watch(
+    dir: DirOption,
+    interval: Annotated[float, typer.Option(help="refresh period in seconds")] = 0.2,
+    duration: Annotated[
+        float | None, typer.Option(help="stop after this many seconds (default: Ctrl-C)")
+    ] = None,
+) -> None:
+    """A live table of the group: roles change before your eyes when a leader dies."""
+    try:
+        g = grp.load(dir)
+    except DLedgerError as e:
+        _fail(str(e))
+    end = None if duration is None else time.monotonic() + duration
+    try:
+        with Live(_status_table(grp.status(g)), console=console, refresh_per_second=10) as live:
+            while end is None or time.monotonic() < end:
+                time.sleep(interval)
+                live.update(_status_table(grp.status(g, timeout_s=interval), title=time.strftime("%H:%M:%S")))
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command("kill-leader")
+def kill_leader(dir: DirOption) -> None:
+    """kill -9 the leader and report the time to a new leader and to the next successful append."""
+    try:
+        g = grp.load(dir)
+        f = asyncio.run(grp.kill_leader_async(g))
+    except DLedgerError as e:
+        _fail(str(e))
+    console.print(
+        f"killed leader [red]{f.killed}[/red] (pid {f.pid}); new leader [green]{f.new_leader}[/green] after "
+        f"[bold]{f.to_leader_s * 1000:.0f} ms[/bold]; appends succeed again after "
+        f"[bold]{f.to_append_s * 1000:.0f} ms[/bold]"
+    )
+
+
+# -- append, get ---------------------------------------------------------------------------------------------------
+
+
+def _addresses(dir: Path | None, addresses: str | None) -> list[str]:
+    if addresses:
+        return [a.strip() for a in addresses.split(",") if a.strip()]
+    if dir is not None:
+        return grp.load(dir).addresses
+    _fail("give --dir (a local group) or --addresses host:port,...", 2)
+    return []
+
+
+@app.command()
+def append(
+    bodies: Annotated[list[str], typer.Argument(help="bodies to append (UTF-8 text), one entry each")],
+    dir: Annotated[Path | None, typer.Option("--dir", help="a local group directory")] = None,
+    addresses: Annotated[str | None, typer.Option(help="node addresses, comma separated")] = None,
+) -> None:
+    """Append entries; prints index and pos of each once committed."""
+    from dledger.client import DLedgerClient
+
+    with DLedgerClient(_addresses(dir, addresses)) as c:
+        try:
+            results = c.append_batch([b.encode() for b in bodies])
+        except DLedgerError as e:
+            _fail(f"{type(e).__name__}: {e}")
+    for r in results:
+        console.print(f"index {r.index} pos {r.pos} term {r.term}")
+
+
+@app.command()
+def get(
+    index: Annotated[int, typer.Argument(help="log index")],
+    dir: Annotated[Path | None, typer.Option("--dir", help="a local group directory")] = None,
+    addresses: Annotated[str | None, typer.Option(help="node addresses, comma separated")] = None,
+) -> None:
+    """Print a committed entry."""
+    from dledger.client import DLedgerClient
+
+    with DLedgerClient(_addresses(dir, addresses)) as c:
+        try:
+            e = c.get(index)
+        except DLedgerError as err:
+            _fail(f"{type(err).__name__}: {err}")
+    kind = {1: "normal", 2: "no-op", 3: "config"}.get(e.magic, str(e.magic))
+    console.print(f"index {e.index} term {e.term} pos {e.pos} {kind} {len(e.body)} bytes: {e.body!r}")
+
+
+# -- demo ----------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    dir: Annotated[
+        Path | None, typer.Option("--dir", help="group directory (default: a temporary one)")
+    ] = None,
+    entries: Annotated[int, typer.Option(help="entries to append before the kill")] = 1000,
+    keep: Annotated[bool, typer.Option(help="keep the group's files afterwards")] = False,
+) -> None:
+    """Start a group, append, kill the leader, watch the failover, restart the node and see it catch up."""
+    tmp = None
+    if dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="dledger-demo-")
+        dir = Path(tmp.name)
+    try:
+        rc = run_demo(dir, entries)
+    finally:
+        if tmp is not None and not keep:
+            tmp.cleanup()
+        elif tmp is not None:
+            console.print(f"files kept in {dir}")
+    raise typer.Exit(rc)
+
+
+def run_demo(dir: Path, entries: int) -> int:
+    """The demo's story, step by step; the group is always stopped at the end. Returns an exit code."""
+    from dledger.client import DLedgerClient
+
+    def step(text: str) -> None:
+        console.rule(f"[bold]{text}")
+
+    g = grp.create(dir, 3, None)
+    try:
+        step("1. start a three-node group (separate processes on 127.0.0.1)")
+        t0 = time.monotonic()
+        for spec in g.nodes:
+            grp.start_node(spec)
+        leader = grp.wait_for_leader(g)
+        console.print(f"leader [green]{leader.id}[/green] elected {time.monotonic() - t0:.2f} s after start")
+        _print_status(grp.status(g))
+
+        step(f"2. append {entries} entries of 1 KiB (batches of 100)")
+        with DLedgerClient(g.addresses, g.name) as c:
+            t0 = time.monotonic()
+            last = None
+            for i in range(0, entries, 100):
+                n = min(100, entries - i)
+                last = c.append_batch([bytes([65 + (i + k) % 26]) * 1024 for k in range(n)])[-1]
+            dt = time.monotonic() - t0
+            console.print(
+                f"{entries} entries committed in {dt:.2f} s ({entries / dt:,.0f}/s); last index {last.index}"
+            )
+
+        step("3. kill -9 the leader")
+        f = asyncio.run(grp.kill_leader_async(g))
+        console.print(
+            f"killed [red]{f.killed}[/red] (pid {f.pid}); [green]{f.new_leader}[/green] leads after "
+            f"[bold]{f.to_leader_s * 1000:.0f} ms[/bold]; appends succeed again after "
+            f"[bold]{f.to_append_s * 1000:.0f} ms[/bold]"
+        )
+        with DLedgerClient([n.address for n in g.nodes if n.id != f.killed], g.name) as c:
+            last = c.append_batch([b"written while " + f.killed.encode() + b" was down"] * 100)[-1]
+        console.print(f"100 more entries committed without {f.killed}; commit index {last.index}")
+        _print_status(grp.status(g))
+
+        step(f"4. restart {f.killed} and watch it catch up")
+        t0 = time.monotonic()
+        grp.start_node(g.node(f.killed))
+        deadline = t0 + 30
+        row = None
+        while time.monotonic() < deadline:
+            row = next(r for r in grp.status(g, 0.3) if r.id == f.killed)
+            if row.commit_index is not None and row.commit_index >= last.index:
+                break
+            time.sleep(0.05)
+        if row is None or row.commit_index is None or row.commit_index < last.index:
+            console.print(f"[red]{f.killed} did not catch up within 30 s[/red]")
+            return 1
+        console.print(f"{f.killed} caught up to index {row.commit_index} in {time.monotonic() - t0:.2f} s")
+        _print_status(grp.status(g))
+        return 0
+    except DLedgerError as e:
+        err_console.print(f"[red]demo failed:[/red] {e}")
+        return 1
+    finally:
+        step("5. stop the group")
+        stopped = grp.stop_group(g)
+        console.print(f"stopped {', '.join(stopped)}; no node process is left running")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

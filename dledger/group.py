@@ -1,0 +1,404 @@
+"""A local group: N separate node processes on 127.0.0.1, described by files under one directory.
+
+Layout of a group directory (everything a later command needs is on disk, so ``group down`` and
+``kill-leader`` work from another shell)::
+
+    DIR/group.json          the group: name, flush policy, nodes (id, address, data_dir, config file)
+    DIR/<id>/node.toml      the node's config (``dledger node --config DIR/<id>/node.toml``)
+    DIR/<id>/node.pid       pid of the running node process
+    DIR/<id>/node.log       its stdout/stderr
+    DIR/<id>/data, index/, meta/   the node's storage
+
+A process is only ever signalled by the pid in its pid file, and only after checking that the process with
+that pid is the node started for this directory (its command line names the node's config file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dledger.errors import ConfigError, DLedgerError, UnavailableError
+from dledger.transport.base import NodeInfo
+
+DEFAULT_BASE_PORT = 20911
+MANIFEST = "group.json"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    id: str
+    address: str
+    data_dir: str
+    config: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    name: str
+    flush: str
+    nodes: tuple[NodeSpec, ...]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [n.address for n in self.nodes]
+
+    def node(self, node_id: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise ConfigError(f"no node {node_id!r} in this group ({', '.join(n.id for n in self.nodes)})")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """One row of ``group status``: the JSON field names are fixed (scripts and tests read them)."""
+
+    id: str
+    address: str
+    pid: int | None
+    role: str  # "leader", "follower", "candidate", or "down"
+    term: int | None
+    last_index: int | None
+    commit_index: int | None
+    data_dir: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports that were free a moment ago on 127.0.0.1 (the OS picks them)."""
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def _node_toml(spec: NodeSpec, group: GroupSpec, raft: dict[str, int]) -> str:
+    lines = [
+        f'id = "{spec.id}"',
+        f'group = "{group.name}"',
+        f'data_dir = "{spec.data_dir}"',
+        f'flush = "{group.flush}"',
+        "",
+        "[peers]",
+        *[f'{n.id} = "{n.address}"' for n in group.nodes],
+    ]
+    if raft:
+        lines += ["", "[raft]", *[f"{k} = {v}" for k, v in raft.items()]]
+    return "\n".join(lines) + "\n"
+
+
+def create(
+    directory: Path,
+    nodes: int = 3,
+    base_port: int | None = DEFAULT_BASE_PORT,
+    *,
+    name: str = "dledger",
+    flush: str = "sync",
+    raft: dict[str, int] | None = None,
+) -> GroupSpec:
+    """Write the manifest and node configs (an existing group in ``directory`` is reused as it is)."""
+    directory = directory.resolve()
+    existing = load(directory, missing_ok=True)
+    if existing is not None:
+        return existing
+    if not 1 <= nodes <= 9:
+        raise ConfigError(f"--nodes must be in 1..9, got {nodes}")
+    ports = free_ports(nodes) if base_port is None else [base_port + i for i in range(nodes)]
+    specs = tuple(
+        NodeSpec(
+            id=f"n{i}",
+            address=f"127.0.0.1:{port}",
+            data_dir=str(directory / f"n{i}"),
+            config=str(directory / f"n{i}" / "node.toml"),
+        )
+        for i, port in enumerate(ports)
+    )
+    group = GroupSpec(name, flush, specs)
+    directory.mkdir(parents=True, exist_ok=True)
+    for spec in specs:
+        Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
+        Path(spec.config).write_text(_node_toml(spec, group, raft or {}))
+    manifest = {"name": name, "flush": flush, "nodes": [asdict(s) for s in specs]}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return group
+
+
+def load(directory: Path, missing_ok: bool = False) -> GroupSpec | None:
+    path = Path(directory).resolve() / MANIFEST
+    if not path.exists():
+        if missing_ok:
+            return None
+        raise ConfigError(
+            f"no group in {directory} ({path} is missing): run `dledger group up --dir {directory}`"
+        )
+    raw = json.loads(path.read_text())
+    return GroupSpec(raw["name"], raw["flush"], tuple(NodeSpec(**n) for n in raw["nodes"]))
+
+
+# -- processes ---------------------------------------------------------------------------------------------------
+
+
+def _pid_file(spec: NodeSpec) -> Path:
+    return Path(spec.data_dir) / "node.pid"
+
+
+def read_pid(spec: NodeSpec) -> int | None:
+    try:
+        return int(_pid_file(spec).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def is_running(spec: NodeSpec, pid: int | None = None) -> bool:
+    """True if ``pid`` (default: the pid file's) is alive and is this node's process."""
+    pid = read_pid(spec) if pid is None else pid
+    if pid is None:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    if ") Z" in stat:  # a zombie waiting to be reaped is not running
+        return False
+    return spec.config.encode() in cmdline
+
+
+def start_node(spec: NodeSpec) -> int:
+    """Start one node process in the background (its own session, output to node.log); returns its pid."""
+    if is_running(spec):
+        pid = read_pid(spec)
+        assert pid is not None
+        return pid
+    log_path = Path(spec.data_dir) / "node.log"
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dledger", "node", "--config", spec.config],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+    _pid_file(spec).write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if ``pid`` is our child (it is when this process started the group)."""
+    with contextlib.suppress(ChildProcessError):  # not our child: its parent (or init) reaps it
+        os.waitpid(pid, os.WNOHANG)
+
+
+def signal_node(spec: NodeSpec, sig: int) -> int | None:
+    """Send ``sig`` to the node's process if it is running; returns the pid signalled."""
+    pid = read_pid(spec)
+    if pid is None or not is_running(spec, pid):
+        return None
+    os.kill(pid, sig)
+    _reap(pid)
+    return pid
+
+
+def stop_node(spec: NodeSpec, timeout_s: float = 10.0) -> bool:
+    """SIGTERM, wait for a clean exit, SIGKILL after ``timeout_s``. True if it was running."""
+    pid = signal_node(spec, signal.SIGTERM)
+    if pid is None:
+        _pid_file(spec).unlink(missing_ok=True)
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _reap(pid)
+        if not is_running(spec, pid):
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(250):
+            _reap(pid)
+            if not is_running(spec, pid):
+                break
+            time.sleep(0.02)
+    _pid_file(spec).unlink(missing_ok=True)
+    return True
+
+
+def kill_node(spec: NodeSpec) -> int | None:
+    """SIGKILL (kill -9) the node; returns the pid killed. The pid file stays (status shows the node down)."""
+    pid = signal_node(spec, signal.SIGKILL)
+    if pid is not None:
+        for _ in range(250):
+            _reap(pid)
+            if not is_running(spec, pid):
+                break
+            time.sleep(0.01)
+    return pid
+
+
+def stop_group(group: GroupSpec, timeout_s: float = 10.0) -> list[str]:
+    """Stop every node (in parallel: SIGTERM all, then wait). Returns the ids that were running."""
+    running = [n for n in group.nodes if is_running(n)]
+    for n in running:
+        signal_node(n, signal.SIGTERM)
+    for n in running:
+        stop_node(n, timeout_s)
+    for n in group.nodes:
+        if not is_running(n):
+            _pid_file(n).unlink(missing_ok=True)
+    return [n.id for n in running]
+
+
+# -- observing ---------------------------------------------------------------------------------------------------
+
+
+async def _metadata(address: str, timeout_s: float) -> NodeInfo | None:
+    from dledger.client import AsyncDLedgerClient
+
+    client = AsyncDLedgerClient([address], timeout_s=timeout_s, rpc_timeout_s=timeout_s)
+    try:
+        return await client.metadata(address)
+    except DLedgerError:
+        return None
+    finally:
+        await client.close()
+
+
+async def status_async(group: GroupSpec, timeout_s: float = 0.5) -> list[NodeStatus]:
+    infos = await asyncio.gather(*[_metadata(n.address, timeout_s) for n in group.nodes])
+    rows = []
+    for spec, info in zip(group.nodes, infos, strict=True):
+        pid = read_pid(spec)
+        alive = is_running(spec, pid)
+        if info is None or not alive:
+            rows.append(NodeStatus(spec.id, spec.address, pid, "down", None, None, None, spec.data_dir))
+        else:
+            rows.append(
+                NodeStatus(
+                    spec.id,
+                    spec.address,
+                    pid,
+                    info.role,
+                    info.term,
+                    info.last_index,
+                    info.commit_index,
+                    spec.data_dir,
+                )
+            )
+    return rows
+
+
+def status(group: GroupSpec, timeout_s: float = 0.5) -> list[NodeStatus]:
+    return asyncio.run(status_async(group, timeout_s))
+
+
+def leader_of(rows: list[NodeStatus]) -> NodeStatus | None:
+    """The leader with the highest term (a deposed leader may not know yet)."""
+    leaders = [r for r in rows if r.role == "leader"]
+    return max(leaders, key=lambda r: r.term or 0) if leaders else None
+
+
+async def wait_for_leader_async(
+    group: GroupSpec, timeout_s: float = 15.0, exclude: str | None = None
+) -> NodeStatus:
+    """Poll until a live node other than ``exclude`` is leader; raise ``UnavailableError`` at the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        rows = await status_async(group, timeout_s=0.3)
+        lead = leader_of([r for r in rows if r.id != exclude])
+        if lead is not None:
+            return lead
+        await asyncio.sleep(0.01)
+    raise UnavailableError(
+        f"no leader elected within {timeout_s} s; see the node.log files under the group dir"
+    )
+
+
+def wait_for_leader(group: GroupSpec, timeout_s: float = 15.0, exclude: str | None = None) -> NodeStatus:
+    return asyncio.run(wait_for_leader_async(group, timeout_s, exclude))
+
+
+def up(
+    directory: Path, nodes: int = 3, base_port: int | None = DEFAULT_BASE_PORT, **kwargs
+) -> tuple[GroupSpec, NodeStatus]:
+    """Create (or reuse) the group in ``directory``, start every node, return once a leader is elected."""
+    group = create(directory, nodes, base_port, **kwargs)
+    for spec in group.nodes:
+        start_node(spec)
+    try:
+        leader = wait_for_leader(group)
+    except UnavailableError:
+        stop_group(group)
+        raise
+    return group, leader
+
+
+@dataclass(frozen=True, slots=True)
+class Failover:
+    killed: str
+    pid: int
+    new_leader: str
+    to_leader_s: float  # from SIGKILL to a new leader being reported
+    to_append_s: float  # from SIGKILL to the first successful append
+
+
+async def kill_leader_async(group: GroupSpec, timeout_s: float = 15.0) -> Failover:
+    """SIGKILL the leader, then measure until another node leads and until an append succeeds again."""
+    from dledger.client import AsyncDLedgerClient
+
+    leader = await wait_for_leader_async(group, timeout_s)
+    spec = group.node(leader.id)
+    survivors = [n.address for n in group.nodes if n.id != leader.id]
+    client = AsyncDLedgerClient(
+        survivors, group.name, timeout_s=timeout_s, rpc_timeout_s=0.5, backoff_s=(0.005, 0.02)
+    )
+    try:
+        t0 = time.monotonic()
+        pid = kill_node(spec)
+        if pid is None:
+            raise UnavailableError(f"leader {leader.id} is not running")
+        loop = asyncio.get_running_loop()
+        new_leader: list[tuple[str, float]] = []
+
+        async def watch_leader() -> None:
+            while not new_leader and loop.time() < t0 + timeout_s:
+                rows = await status_async(
+                    GroupSpec(group.name, group.flush, tuple(n for n in group.nodes if n.id != leader.id)),
+                    0.2,
+                )
+                lead = leader_of(rows)
+                if lead is not None:
+                    new_leader.append((lead.id, time.monotonic() - t0))
+                    return
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.create_task(watch_leader())
+        body = f"after-kill-{leader.id}-{time.time_ns()}".encode()
+        await client.append(body)
+        t_append = time.monotonic() - t0
+        await asyncio.wait_for(watcher, timeout_s)
+        if not new_leader:
+            raise UnavailableError("appends succeeded but no new leader was reported")
+        lead_id, t_lead = new_leader[0]
+        return Failover(leader.id, pid, lead_id, min(t_lead, t_append), t_append)
+    finally:
+        await client.close()

@@ -1,0 +1,701 @@
+"""The node runtime: one asyncio process that owns time and I/O around a pure ``RaftCore``.
+
+Tasks (ARCHITECTURE.md "Hot path"):
+
+- the **ticker** calls ``core.tick()`` every ``tick_ms`` (missed ticks are dropped, never replayed in a burst:
+  a loop stall must not look like a silent leader);
+- the **ready loop** is the only place that performs the core's work. For each ``Ready``, strictly in order:
+  persist (hard state, snapshot reset, truncation, append + fsync per flush policy) in a single-thread
+  executor, then send the messages, then hand on what committed, then ``core.advance(ready)``. Persist
+  before send is enforced here and nowhere else;
+- one **sender** per peer keeps several calls in flight (pipelining); heartbeats and votes go on a separate
+  connection so data never queues in front of them;
+- the gRPC **server** steps inbound messages into the core and returns the core's answers on the same call
+  once they are persisted (``handle_message``).
+
+Group commit: client appends are queued; every turn of the ready loop proposes everything queued as one batch,
+so whatever arrived while the previous batch was being written goes out as one write, one fsync and one
+AppendEntries per follower.
+
+A client's append resolves at commit with (index, pos) of each body: ``_committed`` is the one seam where
+committed entries are handed on (a state machine's apply loop registers through ``add_commit_listener``).
+Storage calls that may block (fsync, truncate, unlink, segment roll) never run on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import os
+import random
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from dledger.core.messages import (
+    AppendEntries,
+    AppendEntriesResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    Message,
+    Ready,
+    RequestVote,
+    RequestVoteResponse,
+    Role,
+    SnapshotStatus,
+    TimeoutNow,
+)
+from dledger.errors import (
+    BackpressureError,
+    DLedgerError,
+    InvalidRequestError,
+    NotFoundError,
+    NotLeaderError,
+    OutcomeUnknownError,
+    UnavailableError,
+)
+from dledger.nodeconfig import NodeConfig
+from dledger.transport.base import (
+    AppendResult,
+    NodeInfo,
+    PeerInfo,
+    PeerTransport,
+    PeerUnreachableError,
+    SnapshotChunk,
+)
+from storage.api import LogStore, MetaStore
+from storage.codec import Entry
+from storage.errors import Compacted, IndexOutOfRange
+
+log = logging.getLogger("dledger.node")
+
+# Which response type answers which request: the reply a peer's call waits for.
+_RESPONSE_TO = {
+    RequestVote: RequestVoteResponse,
+    AppendEntries: AppendEntriesResponse,
+    Heartbeat: HeartbeatResponse,
+    TimeoutNow: None,  # never answered: the transferee campaigns instead
+    InstallSnapshot: AppendEntriesResponse,
+}
+_ROLE_NAMES = {
+    Role.LEADER: "leader",
+    Role.FOLLOWER: "follower",
+    Role.CANDIDATE: "candidate",
+    Role.PRE_CANDIDATE: "candidate",
+}
+COMMIT_INDEX_KEY = "commit_index"  # checkpoint in the MetaStore (audit input; not needed for safety)
+
+
+@dataclass(slots=True)
+class _ReplyWaiter:
+    """An inbound call waiting for the core's answer to the message it delivered."""
+
+    src: str
+    kind: type
+    future: asyncio.Future
+    replies: list[Message] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _PendingAppend:
+    """Client bodies waiting to be proposed (queued) or committed (proposed: index range known)."""
+
+    bodies: list[bytes]
+    future: asyncio.Future
+    first_index: int = -1
+    term: int = -1
+    positions: tuple[int, ...] = ()
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + len(self.bodies) - 1
+
+
+class Node:
+    """A Raft node. ``start()`` opens storage and serves; ``stop()`` shuts down cleanly (also on SIGTERM)."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        log_store: LogStore | None = None,
+        meta_store: MetaStore | None = None,
+        transport: PeerTransport | None = None,
+        rng: random.Random | None = None,
+        serve: bool = True,
+    ):
+        self.config = config
+        self.group = config.group
+        self.id = config.node_id
+        self._log: LogStore | None = log_store
+        self._meta: MetaStore | None = meta_store
+        self._transport = transport
+        self._rng = rng or random.Random()
+        self._serve = serve
+        self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.id}-io")
+        self._core = None
+        self._server = None
+        self._tasks: list[asyncio.Task] = []
+        self._wake = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._stopping = False
+        self._queued: list[_PendingAppend] = []
+        self._queued_entries = 0
+        self._proposed: collections.deque[_PendingAppend] = collections.deque()
+        self._proposed_entries = 0
+        self._leader_term = -1  # the term in which our proposals were made
+        self._reply_waiters: list[_ReplyWaiter] = []
+        self._peer_queues: dict[str, asyncio.Queue] = {}
+        self._commit_listeners: list[Callable[[int], None]] = []
+        self._commit_index = -1
+        self._checkpointed_commit = -1
+        self._dirty_since_sync = False
+        self._role = Role.FOLLOWER
+        self._unreachable_logged: dict[str, float] = {}
+        self.port = 0
+        self.stats = collections.Counter()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from dledger.core.raft import RaftCore  # imported here so the transport layer can load without it
+
+        loop = asyncio.get_running_loop()
+        cfg = self.config
+        if self._log is None or self._meta is None:
+            await loop.run_in_executor(self._io, self._open_storage)
+        hard_state = self._meta.load_hard_state()
+        self._core = RaftCore(self.id, cfg.voters, self._log, hard_state, cfg.raft, self._rng)
+        if self._transport is None:
+            from dledger.transport.grpc import GrpcPeerTransport
+
+            control_timeout = max(0.2, cfg.raft.election_timeout_min_ms / 1000)
+            self._transport = GrpcPeerTransport(
+                self.group,
+                {p: a for p, a in cfg.peers.items() if p != self.id},
+                control_timeout_s=control_timeout,
+            )
+        for peer in cfg.peers:
+            if peer != self.id:
+                self._peer_queues[peer] = asyncio.Queue()
+        if self._serve:
+            from dledger.transport.grpc import NodeServer
+
+            self._server = NodeServer(self, self, cfg.bind)
+            self.port = self._server.port
+            await self._server.start()
+        self._tasks = [
+            asyncio.create_task(self._ready_loop(), name=f"{self.id}-ready"),
+            asyncio.create_task(self._ticker(), name=f"{self.id}-ticker"),
+            *[
+                asyncio.create_task(self._sender(peer, q), name=f"{self.id}-send-{peer}")
+                for peer, q in self._peer_queues.items()
+            ],
+        ]
+        if cfg.flush == "async":
+            self._tasks.append(asyncio.create_task(self._flusher(), name=f"{self.id}-flusher"))
+        for t in self._tasks:
+            t.add_done_callback(self._task_done)
+        log.info(
+            "%s started: group %s, term %d, last index %d, listening on %s, flush %s",
+            self.id,
+            self.group,
+            hard_state.term,
+            self._log.last_index,
+            cfg.bind,
+            cfg.flush,
+        )
+
+    def _open_storage(self) -> None:
+        from storage.filestore import FileLogStore
+        from storage.meta_lmdb import LmdbMetaStore
+
+        cfg = self.config
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._log is None:
+            self._log = FileLogStore.open(
+                cfg.data_dir,
+                segment_size=cfg.raft.segment_size,
+                flush=cfg.flush,
+                flush_interval_ms=cfg.flush_interval_ms,
+            )
+        if self._meta is None:
+            self._meta = LmdbMetaStore(cfg.data_dir / "meta")
+
+    def _task_done(self, t: asyncio.Task) -> None:
+        if t.cancelled() or self._stopping:
+            return
+        exc = t.exception()
+        if exc is not None:
+            # A runtime task died: the node cannot keep its promises any more. Stop rather than limp on.
+            log.critical("%s: task %s failed; stopping the node", self.id, t.get_name(), exc_info=exc)
+            asyncio.get_running_loop().create_task(self.stop())
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Stop serving, finish the write in progress, fail what waits, close files. Idempotent."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        log.info("%s stopping", self.id)
+        if self._server is not None:
+            await self._server.health.enter_graceful_shutdown()
+        for p in self._queued:
+            _fail(p.future, UnavailableError(f"node {self.id} is shutting down; the append was not proposed"))
+        self._queued.clear()
+        # Cancelling the ready loop never cuts a write in half: a persist already handed to the single I/O
+        # thread runs to completion before _close_storage, which is queued behind it on the same thread.
+        ready_task = self._tasks[0] if self._tasks else None
+        for t in self._tasks[1:]:
+            t.cancel()
+        if ready_task is not None:
+            ready_task.cancel()
+            await asyncio.gather(ready_task, return_exceptions=True)
+        await asyncio.gather(*self._tasks[1:], return_exceptions=True)
+        self._fail_proposed(f"node {self.id} shut down before the entries committed")
+        for w in self._reply_waiters:
+            _fail(w.future, UnavailableError(f"node {self.id} is shutting down"))
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        if self._transport is not None:
+            await self._transport.close()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._io, self._close_storage)
+        self._io.shutdown(wait=True)
+        log.info("%s stopped", self.id)
+        self._stopped.set()
+
+    def _close_storage(self) -> None:
+        if self._log is not None:
+            self._log.sync()
+            if self._meta is not None and self._commit_index > self._checkpointed_commit:
+                self._meta.put(COMMIT_INDEX_KEY, str(self._commit_index).encode(), sync=True)
+            self._log.close()
+        if self._meta is not None:
+            self._meta.close()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: loop.create_task(self.stop()))
+
+    # -- the commit seam ---------------------------------------------------------------------------------------
+
+    def add_commit_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(commit_index)`` whenever the commit index advances (entries are in storage by then).
+
+        This is where a state machine's apply loop plugs in: it reads the committed entries from the log."""
+        self._commit_listeners.append(listener)
+
+    def _committed(self, commit_index: int) -> None:
+        """Entries up to ``commit_index`` are committed and persisted locally: resolve waiting appends with
+        (index, pos) and tell the listeners."""
+        self._commit_index = commit_index
+        proposed = self._proposed
+        while proposed and proposed[0].last_index <= commit_index:
+            p = proposed.popleft()
+            self._proposed_entries -= len(p.bodies)
+            if p.future.done():
+                continue
+            # Log matching: if the entry at last_index still has our term, the whole batch is ours.
+            if self._log.term(p.last_index) != p.term:
+                _fail(p.future, OutcomeUnknownError("the entries were overwritten by a newer leader"))
+                continue
+            p.future.set_result(
+                [AppendResult(p.first_index + i, pos, p.term) for i, pos in enumerate(p.positions)]
+            )
+        for listener in self._commit_listeners:
+            listener(commit_index)
+
+    # -- the ready loop ----------------------------------------------------------------------------------------
+
+    async def _ready_loop(self) -> None:
+        core = self._core
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while True:
+                if self._queued:
+                    self._propose_queued()
+                if not core.has_ready():
+                    # Messages stepped since the last Ready produced nothing to answer (e.g. a stale term).
+                    waiters, self._reply_waiters = self._reply_waiters, []
+                    for w in waiters:
+                        if not w.future.done():
+                            w.future.set_result([])
+                    break
+                rd = core.ready()
+                waiters, self._reply_waiters = self._reply_waiters, []
+                # 1. persist. Nothing below runs until storage has it (fsync per flush policy).
+                if (
+                    rd.hard_state is not None
+                    or rd.snapshot is not None
+                    or rd.truncate_from is not None
+                    or rd.frames
+                ):
+                    await loop.run_in_executor(self._io, self._persist, rd)
+                # 2. send (answers ride back on the calls that asked; the rest go through the senders).
+                self._dispatch(rd.messages, waiters)
+                # 3. hand on what committed.
+                if rd.commit_index > self._commit_index:
+                    self._committed(rd.commit_index)
+                self._watch_role()
+                # 4. tell the core its work was done.
+                core.advance(rd)
+
+    def _persist(self, rd: Ready) -> None:
+        """Runs in the I/O thread: the only writer of the log and the metadata."""
+        if rd.hard_state is not None:
+            self._meta.save_hard_state(rd.hard_state)
+        if rd.snapshot is not None:
+            s = rd.snapshot
+            self._log.reset_to_snapshot(s.index, s.term, s.chain_crc, s.end_pos)
+        if rd.truncate_from is not None:
+            self._log.truncate_suffix(rd.truncate_from)
+        if rd.frames:
+            self._log.append(rd.frames)
+            self._dirty_since_sync = True
+        self.stats["persists"] += 1
+
+    def _dispatch(self, messages: tuple[Message, ...], waiters: list[_ReplyWaiter]) -> None:
+        for m in messages:
+            for w in waiters:
+                if w.src == m.dst and isinstance(m, w.kind) and not w.replies:
+                    w.replies.append(m)
+                    break
+            else:
+                q = self._peer_queues.get(m.dst)
+                if q is None:
+                    log.warning("%s: dropping %s for unknown node %s", self.id, type(m).__name__, m.dst)
+                else:
+                    q.put_nowait(m)
+        for w in waiters:
+            if not w.future.done():
+                w.future.set_result(w.replies)
+
+    def _watch_role(self) -> None:
+        """Appends waiting on a node that is no longer the leader of the term they were proposed in fail:
+        proposed ones with "outcome unknown" (they may still commit), queued ones with "not leader"."""
+        core = self._core
+        role = core.role
+        if (self._proposed or self._queued) and (role is not Role.LEADER or core.term != self._leader_term):
+            reason = (
+                f"node {self.id} lost leadership (now {role.value} at term {core.term}, "
+                f"leader {core.leader_id or 'unknown'}): the outcome of the append is unknown"
+            )
+            self._fail_proposed(reason)
+            for p in self._queued:
+                _fail(p.future, self._not_leader())
+            self._queued.clear()
+            self._queued_entries = 0
+        self._role = role
+        if role is Role.LEADER:
+            self._leader_term = core.term
+
+    def _fail_proposed(self, reason: str) -> None:
+        while self._proposed:
+            _fail(self._proposed.popleft().future, OutcomeUnknownError(reason))
+        self._proposed_entries = 0
+
+    def _propose_queued(self) -> None:
+        """Group commit: everything queued becomes one proposal (one write, one fsync, one AppendEntries)."""
+        queued, self._queued = self._queued, []
+        self._queued_entries = 0
+        core = self._core
+        if core.role is not Role.LEADER:
+            for p in queued:
+                _fail(p.future, self._not_leader())
+            return
+        bodies = [b for p in queued for b in p.bodies]
+        try:
+            proposed = core.propose(bodies)
+        except DLedgerError as e:
+            for p in queued:
+                _fail(p.future, e)
+            return
+        self._leader_term = proposed.term
+        i = 0
+        for p in queued:
+            n = len(p.bodies)
+            p.first_index = proposed.first_index + i
+            p.term = proposed.term
+            p.positions = proposed.positions[i : i + n]
+            i += n
+            self._proposed.append(p)
+        self._proposed_entries += len(bodies)
+        self.stats["proposals"] += 1
+        self.stats["proposed_entries"] += len(bodies)
+
+    # -- time --------------------------------------------------------------------------------------------------
+
+    async def _ticker(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.config.raft.tick_ms / 1000
+        core = self._core
+        deadline = loop.time()
+        while True:
+            deadline += interval
+            delay = deadline - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                # The loop stalled: drop the missed ticks instead of firing them in a burst.
+                deadline = loop.time()
+                await asyncio.sleep(0)
+            core.tick()
+            if core.has_ready():
+                self._wake.set()
+
+    async def _flusher(self) -> None:
+        """The ``async`` flush policy: entries reach the page cache at once and the disk every interval."""
+        loop = asyncio.get_running_loop()
+        interval = self.config.flush_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            if self._dirty_since_sync:
+                self._dirty_since_sync = False
+                await loop.run_in_executor(self._io, self._sync_and_checkpoint)
+            elif self._commit_index > self._checkpointed_commit:
+                await loop.run_in_executor(self._io, self._checkpoint_commit)
+
+    def _sync_and_checkpoint(self) -> None:
+        self._log.sync()
+        self._checkpoint_commit()
+
+    def _checkpoint_commit(self) -> None:
+        c = self._commit_index
+        if c > self._checkpointed_commit:
+            self._meta.put(COMMIT_INDEX_KEY, str(c).encode())
+            self._checkpointed_commit = c
+
+    # -- peers: outbound ---------------------------------------------------------------------------------------
+
+    async def _sender(self, peer: str, queue: asyncio.Queue) -> None:
+        """Deliver messages to one peer in order, several calls in flight (bounded by the core's window)."""
+        inflight: set[asyncio.Task] = set()
+        limit = self.config.raft.max_inflight + 4
+        slots = asyncio.Semaphore(limit)
+        try:
+            while True:
+                msg = await queue.get()
+                if isinstance(msg, AppendEntries):
+                    await slots.acquire()
+                    t = asyncio.create_task(self._call(msg))
+                    t.add_done_callback(lambda _t: slots.release())
+                elif isinstance(msg, InstallSnapshot):
+                    t = asyncio.create_task(self._send_snapshot(msg))
+                else:
+                    t = asyncio.create_task(self._call(msg))
+                inflight.add(t)
+                t.add_done_callback(inflight.discard)
+        finally:
+            for t in inflight:
+                t.cancel()
+
+    async def _call(self, msg: Message) -> None:
+        try:
+            replies = await self._transport.call(msg)
+        except PeerUnreachableError as e:
+            self._note_unreachable(e)
+            return
+        self._unreachable_logged.pop(msg.dst, None)
+        self._step_all(replies)
+
+    async def _send_snapshot(self, msg: InstallSnapshot) -> None:
+        # Snapshot files are not produced yet (a later issue); the meta alone resets the follower's log.
+        try:
+            replies = await self._transport.install_snapshot(msg, None)
+        except PeerUnreachableError as e:
+            self._note_unreachable(e)
+            self._step_all([SnapshotStatus(term=self._core.term, src=msg.dst, dst=self.id, success=False)])
+            return
+        self._step_all(
+            [*replies, SnapshotStatus(term=self._core.term, src=msg.dst, dst=self.id, success=True)]
+        )
+
+    def _step_all(self, messages: list[Message]) -> None:
+        if self._stopping or not messages:
+            return
+        for m in messages:
+            self._core.step(m)
+        if self._core.has_ready():
+            self._wake.set()
+
+    def _note_unreachable(self, e: PeerUnreachableError) -> None:
+        now = time.monotonic()
+        last = self._unreachable_logged.get(e.peer)
+        if last is None or now - last > 5.0:
+            self._unreachable_logged[e.peer] = now
+            log.warning("%s: %s", self.id, e)
+
+    # -- peers: inbound (PeerHandler) --------------------------------------------------------------------------
+
+    async def handle_message(self, msg: Message) -> list[Message]:
+        if self._stopping:
+            raise UnavailableError(f"node {self.id} is shutting down")
+        if msg.dst != self.id:
+            raise InvalidRequestError(
+                f"message for {msg.dst} delivered to {self.id}: check the peer addresses"
+            )
+        core = self._core
+        if core is None:
+            raise UnavailableError(f"node {self.id} is starting")
+        kind = _RESPONSE_TO.get(type(msg))
+        core.step(msg)
+        self._wake.set()
+        if kind is None:
+            return []  # a response delivered one way: nothing answers it
+        w = _ReplyWaiter(msg.src, kind, asyncio.get_running_loop().create_future())
+        self._reply_waiters.append(w)
+        return await w.future
+
+    async def handle_snapshot(
+        self, msg: InstallSnapshot, chunks: AsyncIterator[SnapshotChunk]
+    ) -> list[Message]:
+        received = 0
+        async for c in chunks:
+            received += len(c.data)
+        if received:
+            raise InvalidRequestError(
+                f"snapshot files ({received} bytes) are not supported by this node yet; only meta-only snapshots"
+            )
+        return await self.handle_message(msg)
+
+    # -- clients (ClientHandler) -------------------------------------------------------------------------------
+
+    def _not_leader(self) -> NotLeaderError:
+        core = self._core
+        leader = core.leader_id if core is not None else None
+        if leader and leader != self.id:
+            addr = self.config.peers.get(leader, "?")
+            return NotLeaderError(
+                leader, f"node {self.id} is not the leader; the leader is {leader} at {addr}"
+            )
+        return NotLeaderError(
+            None, f"node {self.id} is not the leader and no leader is known yet; retry shortly"
+        )
+
+    def leader_address(self) -> str | None:
+        leader = self._core.leader_id if self._core is not None else None
+        return self.config.peers.get(leader) if leader else None
+
+    async def append(self, bodies: list[bytes]) -> list[AppendResult]:
+        """Append bodies as consecutive entries; resolves once they are committed (and synced under ``sync``)."""
+        if self._stopping:
+            raise UnavailableError(f"node {self.id} is shutting down")
+        if not bodies:
+            raise InvalidRequestError("empty batch: an append needs at least one body")
+        limit = self.config.max_body_bytes
+        for i, b in enumerate(bodies):
+            if len(b) > limit:
+                raise InvalidRequestError(
+                    f"body {i} has {len(b)} bytes; the limit is {limit} (max_body_bytes)"
+                )
+        core = self._core
+        if core.role is not Role.LEADER:
+            raise self._not_leader()
+        pending = self._queued_entries + self._proposed_entries
+        if pending + len(bodies) > self.config.max_pending_entries:
+            raise BackpressureError(
+                f"{pending} entries are waiting to commit (limit {self.config.max_pending_entries}); "
+                "back off and retry"
+            )
+        fut = asyncio.get_running_loop().create_future()
+        self._queued.append(_PendingAppend(list(bodies), fut))
+        self._queued_entries += len(bodies)
+        self._wake.set()
+        return await fut
+
+    def get(self, index: int) -> Entry:
+        commit = self._commit_index
+        if index < 0:
+            raise InvalidRequestError(f"index must be >= 0, got {index}")
+        if index > commit:
+            raise NotFoundError(
+                f"index {index} is not committed on node {self.id} (commit index {commit}); "
+                "retry later or ask the leader"
+            )
+        try:
+            return self._log.entry(index)
+        except Compacted:
+            raise NotFoundError(
+                f"index {index} was compacted on node {self.id} (first index {self._log.first_index})"
+            ) from None
+        except IndexOutOfRange as e:
+            raise NotFoundError(f"index {index} is not held by node {self.id}: {e}") from None
+
+    def metadata(self) -> NodeInfo:
+        st = self._core.status()
+        leader = st.leader
+        return NodeInfo(
+            group=self.group,
+            node_id=self.id,
+            address=self.config.address,
+            role=_ROLE_NAMES.get(st.role, str(st.role)),
+            term=st.term,
+            leader_id=leader,
+            leader_address=self.config.peers.get(leader) if leader else None,
+            last_index=st.last_index,
+            commit_index=st.commit_index,
+            applied_index=self._commit_index,
+            peers=tuple(
+                PeerInfo(p, a, st.match.get(p, -1) if st.role is Role.LEADER else -1)
+                for p, a in sorted(self.config.peers.items())
+            ),
+            data_dir=str(self.config.data_dir),
+            pid=os.getpid(),
+            flush=self.config.flush,
+        )
+
+    async def transfer_leadership(self, target: str) -> str:
+        core = self._core
+        if target not in self.config.peers:
+            raise InvalidRequestError(
+                f"unknown node {target!r}; members: {', '.join(sorted(self.config.peers))}"
+            )
+        if core.role is not Role.LEADER:
+            raise self._not_leader()
+        if target == self.id:
+            return self.id
+        core.transfer_leadership(target)
+        self._wake.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 4 * self.config.raft.election_timeout_max_ms / 1000
+        while loop.time() < deadline:
+            if core.leader_id == target or (core.role is not Role.LEADER and core.leader_id):
+                return core.leader_id
+            await asyncio.sleep(self.config.raft.tick_ms / 1000)
+        raise UnavailableError(
+            f"leadership transfer to {target} did not complete in time; {core.leader_id} leads"
+        )
+
+    # -- introspection -----------------------------------------------------------------------------------------
+
+    @property
+    def core(self):
+        return self._core
+
+    @property
+    def log_store(self) -> LogStore:
+        return self._log
+
+
+def _fail(fut: asyncio.Future, err: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(err)
+
+
+async def run_node(config: NodeConfig) -> None:
+    """Run one node in the foreground until SIGTERM/SIGINT (``dledger node``)."""
+    node = Node(config)
+    await node.start()
+    node.install_signal_handlers()
+    await node.wait_stopped()

@@ -1,0 +1,196 @@
+"""A node's settings, from a TOML file and/or command-line flags, checked once at start.
+
+A node that starts with a bad setting would fail later in a confusing way (an election storm, a peer that never
+answers, a log placed at different positions on different nodes), so everything is validated here and every
+error names the setting, the value and what would be accepted. Flags override the file.
+
+Example file (all keys optional except ``id``, ``data_dir`` and ``peers``)::
+
+    id = "n0"
+    group = "dledger"
+    data_dir = "var/n0"
+    flush = "sync"            # or "async" (page cache, flushed every flush_interval_ms)
+    flush_interval_ms = 10
+    listen = "127.0.0.1:20911" # defaults to this node's address in [peers]
+
+    [peers]                   # every voter, this node included
+    n0 = "127.0.0.1:20911"
+    n1 = "127.0.0.1:20912"
+    n2 = "127.0.0.1:20913"
+
+    [raft]                    # dledger.core.config.RaftConfig fields
+    tick_ms = 10
+    election_timeout_min_ms = 150
+    election_timeout_max_ms = 300
+    heartbeat_interval_ms = 50
+
+    [limits]
+    max_pending_entries = 20000
+    max_body_bytes = 4194304
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dledger.core.config import RaftConfig
+from dledger.errors import ConfigError
+
+FLUSH_POLICIES = ("sync", "async")
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_TOP_KEYS = {"id", "group", "data_dir", "flush", "flush_interval_ms", "listen", "peers", "raft", "limits"}
+_LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    node_id: str
+    peers: dict[str, str]  # id -> host:port, every voter including this node
+    data_dir: Path
+    group: str = "dledger"
+    flush: str = "sync"
+    flush_interval_ms: int = 10
+    listen: str = ""  # bind address; defaults to peers[node_id]
+    raft: RaftConfig = field(default_factory=RaftConfig)
+    max_pending_entries: int = 20_000  # appends accepted but not yet committed (backpressure bound)
+    max_body_bytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
+            raise ConfigError(
+                f"node id {self.node_id!r} is invalid: use 1-64 letters, digits, '_', '.', '-' (e.g. n0)"
+            )
+        if not isinstance(self.group, str) or not _ID_RE.match(self.group):
+            raise ConfigError(f"group {self.group!r} is invalid: use 1-64 letters, digits, '_', '.', '-'")
+        if not self.peers:
+            raise ConfigError("peers is empty: list every voter as id=host:port, this node included")
+        for pid, addr in self.peers.items():
+            if not _ID_RE.match(pid):
+                raise ConfigError(f"peer id {pid!r} is invalid: use letters, digits, '_', '.', '-'")
+            parse_address(addr, f"peer {pid}")
+        if len(set(self.peers.values())) != len(self.peers):
+            raise ConfigError(f"two peers share an address: {self.peers}")
+        if self.node_id not in self.peers:
+            raise ConfigError(
+                f"this node ({self.node_id}) is not among the peers ({', '.join(sorted(self.peers))}): "
+                "list every voter, this node included"
+            )
+        if self.listen:
+            parse_address(self.listen, "listen")
+        if self.flush not in FLUSH_POLICIES:
+            raise ConfigError(f"flush must be one of {', '.join(FLUSH_POLICIES)}, got {self.flush!r}")
+        if not 1 <= self.flush_interval_ms <= 10_000:
+            raise ConfigError(f"flush_interval_ms must be in 1..10000, got {self.flush_interval_ms}")
+        if self.max_pending_entries < 1:
+            raise ConfigError(f"max_pending_entries must be at least 1, got {self.max_pending_entries}")
+        if not 1 <= self.max_body_bytes <= self.raft.segment_size // 2:
+            raise ConfigError(
+                f"max_body_bytes must be in 1..{self.raft.segment_size // 2} (half a segment), "
+                f"got {self.max_body_bytes}"
+            )
+        if self.data_dir.exists() and not self.data_dir.is_dir():
+            raise ConfigError(f"data_dir {self.data_dir} exists and is not a directory")
+
+    @property
+    def address(self) -> str:
+        return self.peers[self.node_id]
+
+    @property
+    def bind(self) -> str:
+        return self.listen or self.address
+
+    @property
+    def voters(self) -> list[str]:
+        return sorted(self.peers)
+
+
+def parse_address(addr: str, what: str) -> tuple[str, int]:
+    host, sep, port = str(addr).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what}: address {addr!r} is not host:port with a port in 1..65535")
+    return host, int(port)
+
+
+def parse_peers(text: str) -> dict[str, str]:
+    """``n0=127.0.0.1:20911,n1=127.0.0.1:20912`` -> {"n0": "127.0.0.1:20911", ...}."""
+    peers: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        pid, sep, addr = part.partition("=")
+        if not sep or not pid or not addr:
+            raise ConfigError(f"peers: {part!r} is not id=host:port (e.g. n0=127.0.0.1:20911)")
+        if pid in peers:
+            raise ConfigError(f"peers: {pid} is listed twice")
+        peers[pid.strip()] = addr.strip()
+    return peers
+
+
+def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
+    """Build a config from an optional TOML file and flag overrides (None means "not given")."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        unknown = set(raw) - _TOP_KEYS
+        if unknown:
+            raise ConfigError(
+                f"config file {path}: unknown keys {sorted(unknown)}; known: {sorted(_TOP_KEYS)}"
+            )
+    raft_raw = dict(raw.get("raft", {}))
+    limits = dict(raw.get("limits", {}))
+    bad_limits = set(limits) - _LIMIT_KEYS
+    if bad_limits:
+        raise ConfigError(f"[limits]: unknown keys {sorted(bad_limits)}; known: {sorted(_LIMIT_KEYS)}")
+    for key in [k for k in overrides if k in {f.name for f in dataclasses.fields(RaftConfig)}]:
+        value = overrides.pop(key)
+        if value is not None:
+            raft_raw[key] = value
+    known_raft = {f.name for f in dataclasses.fields(RaftConfig)}
+    bad_raft = set(raft_raw) - known_raft
+    if bad_raft:
+        raise ConfigError(f"[raft]: unknown keys {sorted(bad_raft)}; known: {sorted(known_raft)}")
+    try:
+        raft = RaftConfig(**raft_raw)
+    except TypeError as e:
+        raise ConfigError(f"[raft]: {e}") from None
+
+    def pick(name: str, default: Any = None) -> Any:
+        v = overrides.get(name)
+        if v is not None:
+            return v
+        if name in raw:
+            return raw[name]
+        return limits.get(name, default)
+
+    peers = pick("peers")
+    if isinstance(peers, str):
+        peers = parse_peers(peers)
+    node_id = pick("id")
+    data_dir = pick("data_dir")
+    missing = [n for n, v in (("id", node_id), ("data_dir", data_dir), ("peers", peers)) if not v]
+    if missing:
+        raise ConfigError(
+            f"missing required settings: {', '.join(missing)} (give them as flags or in the file)"
+        )
+    kwargs: dict[str, Any] = {
+        "node_id": str(node_id),
+        "peers": dict(peers),
+        "data_dir": Path(data_dir),
+        "raft": raft,
+    }
+    for name in ("group", "flush", "flush_interval_ms", "listen", "max_pending_entries", "max_body_bytes"):
+        v = pick(name)
+        if v is not None:
+            kwargs[name] = v
+    for name in ("flush_interval_ms", "max_pending_entries", "max_body_bytes"):
+        if name in kwargs and not isinstance(kwargs[name], int):
+            raise ConfigError(f"{name} must be an integer, got {kwargs[name]!r}")
+    return NodeConfig(**kwargs)

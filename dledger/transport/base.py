@@ -1,0 +1,125 @@
+"""The transport seam between a node and the network, in both directions.
+
+Outbound, a node sees a ``PeerTransport``: deliver one Raft message to its destination and get back the
+messages the destination's core produced in answer. Inbound, the transport's server calls the node through
+``PeerHandler`` (Raft traffic) and ``ClientHandler`` (the client service). The gRPC adapter
+(``dledger.transport.grpc``) implements all three; a test can stand in with plain Python objects. No Raft
+decision lives in a transport: it converts, applies deadlines and reports unreachable peers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dledger.core.messages import InstallSnapshot, Message
+from storage.codec import Entry
+
+
+class PeerUnreachableError(Exception):
+    """A message could not be delivered (connection refused, deadline, peer shutting down).
+
+    Raft tolerates lost messages: the sender logs it (rate-limited) and the core retries by its own timers."""
+
+    def __init__(self, peer: str, address: str, detail: str):
+        super().__init__(f"peer {peer} at {address} unreachable: {detail}")
+        self.peer = peer
+        self.address = address
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChunk:
+    """A piece of one snapshot file (a meta-only snapshot has none)."""
+
+    file: str
+    offset: int
+    data: bytes
+    last: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where an appended body landed: entry ``index`` at byte ``pos`` (its body starts at ``pos + 48``)."""
+
+    index: int
+    pos: int
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeerInfo:
+    id: str
+    address: str
+    match_index: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What ``Metadata`` reports about one node (roles: "leader", "follower", "candidate")."""
+
+    group: str
+    node_id: str
+    address: str
+    role: str
+    term: int
+    leader_id: str | None
+    leader_address: str | None
+    last_index: int
+    commit_index: int
+    applied_index: int
+    peers: tuple[PeerInfo, ...] = field(default=())
+    data_dir: str = ""
+    pid: int = 0
+    flush: str = ""
+
+
+class PeerTransport(Protocol):
+    """Outbound Raft traffic of one node."""
+
+    async def call(self, msg: Message) -> list[Message]:
+        """Deliver ``msg`` to ``msg.dst``; return the messages the peer produced for us in answer.
+
+        Raises ``PeerUnreachableError`` when it could not be delivered."""
+        ...
+
+    async def install_snapshot(
+        self, msg: InstallSnapshot, chunks: AsyncIterator[SnapshotChunk] | None = None
+    ) -> list[Message]:
+        """Send a snapshot (its meta, then its files in chunks) to ``msg.dst``."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class PeerHandler(Protocol):
+    """The node as the peer server sees it."""
+
+    group: str
+
+    async def handle_message(self, msg: Message) -> list[Message]:
+        """Step ``msg`` into the core; return the answers addressed to its sender once they are persisted."""
+        ...
+
+    async def handle_snapshot(
+        self, msg: InstallSnapshot, chunks: AsyncIterator[SnapshotChunk]
+    ) -> list[Message]:
+        """Receive and verify a snapshot's files, then step ``msg``; return the answers for the sender."""
+        ...
+
+
+class ClientHandler(Protocol):
+    """The node as the client service sees it. Methods raise ``dledger.errors.DLedgerError`` subclasses."""
+
+    group: str
+
+    async def append(self, bodies: list[bytes]) -> list[AppendResult]: ...
+
+    def get(self, index: int) -> Entry: ...
+
+    def metadata(self) -> NodeInfo: ...
+
+    async def transfer_leadership(self, target: str) -> str: ...
+
+    def leader_address(self) -> str | None: ...

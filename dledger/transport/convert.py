@@ -1,0 +1,297 @@
+"""Every conversion between protobuf (``dledger.v1``) and the core's dataclasses lives here, and only here.
+
+Keeping the mapping in one module means the wire format can evolve (fields added to the .proto, new message
+types) with one place to update and one round-trip test to extend. Nothing here decides anything: a message
+converts to exactly one message and back, and an error converts to exactly one gRPC status code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import grpc
+
+from dledger.core.messages import (
+    AppendEntries,
+    AppendEntriesResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    Message,
+    RequestVote,
+    RequestVoteResponse,
+    SnapshotMeta,
+    TimeoutNow,
+)
+from dledger.errors import (
+    BackpressureError,
+    DLedgerError,
+    InvalidRequestError,
+    NotFoundError,
+    NotLeaderError,
+    OutcomeUnknownError,
+    UnavailableError,
+)
+from dledger.v1 import client_pb2, raft_pb2
+
+# -- Raft peer messages ------------------------------------------------------------------------------------
+
+
+def vote_to_pb(m: RequestVote, group: str) -> raft_pb2.VoteRequest:
+    return raft_pb2.VoteRequest(
+        group=group,
+        term=m.term,
+        src=m.src,
+        dst=m.dst,
+        last_log_index=m.last_log_index,
+        last_log_term=m.last_log_term,
+        pre_vote=m.pre_vote,
+        transfer=m.transfer,
+    )
+
+
+def vote_from_pb(p: raft_pb2.VoteRequest) -> RequestVote:
+    return RequestVote(
+        term=p.term,
+        src=p.src,
+        dst=p.dst,
+        last_log_index=p.last_log_index,
+        last_log_term=p.last_log_term,
+        pre_vote=p.pre_vote,
+        transfer=p.transfer,
+    )
+
+
+def vote_response_to_pb(m: RequestVoteResponse) -> raft_pb2.VoteResponse:
+    return raft_pb2.VoteResponse(term=m.term, src=m.src, dst=m.dst, granted=m.granted, pre_vote=m.pre_vote)
+
+
+def vote_response_from_pb(p: raft_pb2.VoteResponse) -> RequestVoteResponse:
+    return RequestVoteResponse(term=p.term, src=p.src, dst=p.dst, granted=p.granted, pre_vote=p.pre_vote)
+
+
+def append_entries_to_pb(m: AppendEntries, group: str) -> raft_pb2.AppendEntriesRequest:
+    p = raft_pb2.AppendEntriesRequest(
+        group=group,
+        term=m.term,
+        src=m.src,
+        dst=m.dst,
+        prev_log_index=m.prev_log_index,
+        prev_log_term=m.prev_log_term,
+        leader_commit=m.leader_commit,
+        frames=bytes(m.frames),
+    )
+    if m.prev_chain_crc is not None:
+        p.prev_chain_crc = m.prev_chain_crc
+    return p
+
+
+def append_entries_from_pb(p: raft_pb2.AppendEntriesRequest) -> AppendEntries:
+    return AppendEntries(
+        term=p.term,
+        src=p.src,
+        dst=p.dst,
+        prev_log_index=p.prev_log_index,
+        prev_log_term=p.prev_log_term,
+        leader_commit=p.leader_commit,
+        frames=p.frames,
+        prev_chain_crc=p.prev_chain_crc if p.HasField("prev_chain_crc") else None,
+    )
+
+
+def append_response_to_pb(m: AppendEntriesResponse) -> raft_pb2.AppendEntriesResponse:
+    return raft_pb2.AppendEntriesResponse(
+        term=m.term,
+        src=m.src,
+        dst=m.dst,
+        success=m.success,
+        match_index=m.match_index,
+        conflict_index=m.conflict_index,
+        conflict_term=m.conflict_term,
+        last_log_index=m.last_log_index,
+    )
+
+
+def append_response_from_pb(p: raft_pb2.AppendEntriesResponse) -> AppendEntriesResponse:
+    return AppendEntriesResponse(
+        term=p.term,
+        src=p.src,
+        dst=p.dst,
+        success=p.success,
+        match_index=p.match_index,
+        conflict_index=p.conflict_index,
+        conflict_term=p.conflict_term,
+        last_log_index=p.last_log_index,
+    )
+
+
+def heartbeat_to_pb(m: Heartbeat, group: str) -> raft_pb2.HeartbeatRequest:
+    return raft_pb2.HeartbeatRequest(
+        group=group, term=m.term, src=m.src, dst=m.dst, commit=m.commit, context=m.context
+    )
+
+
+def heartbeat_from_pb(p: raft_pb2.HeartbeatRequest) -> Heartbeat:
+    return Heartbeat(term=p.term, src=p.src, dst=p.dst, commit=p.commit, context=p.context)
+
+
+def heartbeat_response_to_pb(m: HeartbeatResponse) -> raft_pb2.HeartbeatResponse:
+    return raft_pb2.HeartbeatResponse(
+        term=m.term, src=m.src, dst=m.dst, context=m.context, last_log_index=m.last_log_index
+    )
+
+
+def heartbeat_response_from_pb(p: raft_pb2.HeartbeatResponse) -> HeartbeatResponse:
+    return HeartbeatResponse(
+        term=p.term, src=p.src, dst=p.dst, context=p.context, last_log_index=p.last_log_index
+    )
+
+
+def timeout_now_to_pb(m: TimeoutNow, group: str) -> raft_pb2.TimeoutNowRequest:
+    return raft_pb2.TimeoutNowRequest(group=group, term=m.term, src=m.src, dst=m.dst)
+
+
+def timeout_now_from_pb(p: raft_pb2.TimeoutNowRequest) -> TimeoutNow:
+    return TimeoutNow(term=p.term, src=p.src, dst=p.dst)
+
+
+def snapshot_meta_to_pb(m: SnapshotMeta) -> raft_pb2.SnapshotMeta:
+    return raft_pb2.SnapshotMeta(index=m.index, term=m.term, chain_crc=m.chain_crc, end_pos=m.end_pos)
+
+
+def snapshot_meta_from_pb(p: raft_pb2.SnapshotMeta) -> SnapshotMeta:
+    return SnapshotMeta(index=p.index, term=p.term, chain_crc=p.chain_crc, end_pos=p.end_pos)
+
+
+def install_snapshot_to_pb(m: InstallSnapshot, group: str) -> raft_pb2.InstallSnapshotChunk:
+    """The header chunk of a snapshot stream (a meta-only snapshot is just this chunk, marked last)."""
+    return raft_pb2.InstallSnapshotChunk(
+        group=group, term=m.term, src=m.src, dst=m.dst, snapshot=snapshot_meta_to_pb(m.snapshot), last=True
+    )
+
+
+def install_snapshot_from_pb(p: raft_pb2.InstallSnapshotChunk) -> InstallSnapshot:
+    if not p.HasField("snapshot"):
+        raise InvalidRequestError("the first InstallSnapshot chunk must carry the snapshot meta")
+    return InstallSnapshot(term=p.term, src=p.src, dst=p.dst, snapshot=snapshot_meta_from_pb(p.snapshot))
+
+
+# The envelope: (core type) -> (oneof field, to_pb); (oneof field) -> from_pb. Requests carry the group.
+_REQUESTS = {
+    RequestVote: ("vote", vote_to_pb),
+    AppendEntries: ("append_entries", append_entries_to_pb),
+    Heartbeat: ("heartbeat", heartbeat_to_pb),
+    TimeoutNow: ("timeout_now", timeout_now_to_pb),
+}
+_RESPONSES = {
+    RequestVoteResponse: ("vote_response", vote_response_to_pb),
+    AppendEntriesResponse: ("append_entries_response", append_response_to_pb),
+    HeartbeatResponse: ("heartbeat_response", heartbeat_response_to_pb),
+}
+_FROM_PB = {
+    "vote": vote_from_pb,
+    "vote_response": vote_response_from_pb,
+    "append_entries": append_entries_from_pb,
+    "append_entries_response": append_response_from_pb,
+    "heartbeat": heartbeat_from_pb,
+    "heartbeat_response": heartbeat_response_from_pb,
+    "timeout_now": timeout_now_from_pb,
+}
+
+
+def message_to_pb(m: Message, group: str) -> raft_pb2.RaftMessage:
+    """Wrap any wire message in the ``RaftMessage`` envelope (InstallSnapshot travels on its own stream)."""
+    t = type(m)
+    if t in _REQUESTS:
+        field, fn = _REQUESTS[t]
+        return raft_pb2.RaftMessage(**{field: fn(m, group)})
+    if t in _RESPONSES:
+        field, fn = _RESPONSES[t]
+        return raft_pb2.RaftMessage(**{field: fn(m)})
+    raise TypeError(f"{t.__name__} does not travel in a RaftMessage envelope")
+
+
+def message_from_pb(p: raft_pb2.RaftMessage) -> Message:
+    kind = p.WhichOneof("kind")
+    if kind is None:
+        raise InvalidRequestError("empty RaftMessage envelope")
+    return _FROM_PB[kind](getattr(p, kind))
+
+
+def reply_to_pb(messages: Iterable[Message], group: str) -> raft_pb2.PeerReply:
+    return raft_pb2.PeerReply(messages=[message_to_pb(m, group) for m in messages])
+
+
+def reply_from_pb(p: raft_pb2.PeerReply) -> list[Message]:
+    return [message_from_pb(m) for m in p.messages]
+
+
+def request_group(p) -> str:
+    """The group named by a peer request (every request type has a ``group`` field)."""
+    return p.group
+
+
+# -- errors ------------------------------------------------------------------------------------------------
+
+LEADER_ID_KEY = "leader-id"
+LEADER_ADDRESS_KEY = "leader-address"
+OUTCOME_UNKNOWN_KEY = "outcome-unknown"
+
+
+def status_code(err: DLedgerError) -> grpc.StatusCode:
+    return getattr(grpc.StatusCode, err.grpc_status)
+
+
+def error_metadata(err: DLedgerError, leader_address: str | None = None) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata that lets a client act on an error without parsing the message."""
+    md: list[tuple[str, str]] = []
+    if isinstance(err, NotLeaderError):
+        if err.leader_hint:
+            md.append((LEADER_ID_KEY, err.leader_hint))
+        if leader_address:
+            md.append((LEADER_ADDRESS_KEY, leader_address))
+    if isinstance(err, OutcomeUnknownError):
+        md.append((OUTCOME_UNKNOWN_KEY, "1"))
+    return tuple(md)
+
+
+def error_to_append_error(err: DLedgerError, leader_address: str | None = None) -> client_pb2.AppendError:
+    """The in-stream form of an error (AppendStream cannot end the stream for one failed request)."""
+    return client_pb2.AppendError(
+        code=err.grpc_status,
+        message=str(err),
+        leader_id=(err.leader_hint or "") if isinstance(err, NotLeaderError) else "",
+        leader_address=leader_address or "",
+        outcome_unknown=isinstance(err, OutcomeUnknownError),
+    )
+
+
+def error_from_status(
+    code: grpc.StatusCode | str, message: str, metadata: dict[str, str] | None = None
+) -> DLedgerError:
+    """Rebuild the error a node raised from a status code (unary trailers or an in-stream ``AppendError``)."""
+    md = metadata or {}
+    name = code if isinstance(code, str) else code.name
+    if name == "FAILED_PRECONDITION":
+        # The hint a client can dial: the leader's address when the node knew it, else its id.
+        return NotLeaderError(md.get(LEADER_ADDRESS_KEY) or md.get(LEADER_ID_KEY) or None, message)
+    if name == "UNAVAILABLE":
+        if md.get(OUTCOME_UNKNOWN_KEY) == "1":
+            return OutcomeUnknownError(message)
+        return UnavailableError(message)
+    if name == "RESOURCE_EXHAUSTED":
+        return BackpressureError(message)
+    if name == "INVALID_ARGUMENT":
+        return InvalidRequestError(message)
+    if name == "NOT_FOUND":
+        return NotFoundError(message)
+    if name == "DEADLINE_EXCEEDED":
+        return UnavailableError(f"deadline exceeded: {message}")
+    return DLedgerError(f"{name}: {message}")
+
+
+def append_error_from_pb(p: client_pb2.AppendError) -> DLedgerError:
+    md = {LEADER_ID_KEY: p.leader_id, LEADER_ADDRESS_KEY: p.leader_address}
+    if p.outcome_unknown:
+        md[OUTCOME_UNKNOWN_KEY] = "1"
+    return error_from_status(p.code, p.message, md)

@@ -1,0 +1,399 @@
+"""The gRPC adapter: peer channels (outbound), the peer and client servicers (inbound), and the server.
+
+Each node runs one ``grpc.aio`` server with the ``RaftPeer`` and ``DLedger`` services plus standard health
+checking and reflection, so ``grpcurl``/``grpc_health_probe`` work against it. Outbound, a node keeps two
+channels per peer: one for replication (AppendEntries, snapshots) and one for control traffic (heartbeats,
+votes, TimeoutNow, one-way replies), each on its own HTTP/2 connection, so a large append in flight never
+delays a heartbeat behind it (ARCHITECTURE.md, "Keeping leadership under load").
+
+The servicers only convert and map errors; every decision is the node's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from dledger.core.messages import (
+    AppendEntries,
+    AppendEntriesResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    Message,
+    RequestVote,
+    RequestVoteResponse,
+    TimeoutNow,
+)
+from dledger.errors import DLedgerError, InvalidRequestError
+from dledger.transport import convert
+from dledger.transport.base import (
+    AppendResult,
+    ClientHandler,
+    NodeInfo,
+    PeerHandler,
+    PeerUnreachableError,
+    SnapshotChunk,
+)
+from dledger.v1 import client_pb2, client_pb2_grpc, raft_pb2, raft_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = (
+    64 << 20
+)  # a replication payload is bounded by RaftConfig.max_append_bytes; leave headroom
+
+# Channel settings: reconnect quickly to a restarted peer (the defaults back off up to 120 s), keep the
+# connection warm so the first message after an idle period does not pay a handshake.
+CHANNEL_OPTIONS: tuple[tuple[str, int | str], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 500),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.enable_retries", 0),
+)
+SERVER_OPTIONS: tuple[tuple[str, int | str], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.so_reuseport", 0),
+)
+
+
+def open_channel(address: str, *, dedicated: bool = False) -> grpc.aio.Channel:
+    """An insecure channel to ``address``; ``dedicated`` gives it its own connection (subchannel pool)."""
+    options = list(CHANNEL_OPTIONS)
+    if dedicated:
+        options.append(("grpc.use_local_subchannel_pool", 1))
+    return grpc.aio.insecure_channel(address, options=options)
+
+
+class _Peer:
+    def __init__(self, peer_id: str, address: str):
+        self.id = peer_id
+        self.address = address
+        self.data = open_channel(address, dedicated=True)
+        self.control = open_channel(address, dedicated=True)
+        self.data_stub = raft_pb2_grpc.RaftPeerStub(self.data)
+        self.control_stub = raft_pb2_grpc.RaftPeerStub(self.control)
+
+
+class GrpcPeerTransport:
+    """``PeerTransport`` over gRPC: one data and one control channel per peer, deadlines on every call."""
+
+    def __init__(
+        self,
+        group: str,
+        addresses: dict[str, str],
+        *,
+        append_timeout_s: float = 2.0,
+        control_timeout_s: float = 0.5,
+        snapshot_timeout_s: float = 60.0,
+    ):
+        self.group = group
+        self._peers = {pid: _Peer(pid, addr) for pid, addr in addresses.items()}
+        self._append_timeout = append_timeout_s
+        self._control_timeout = control_timeout_s
+        self._snapshot_timeout = snapshot_timeout_s
+
+    def address(self, peer_id: str) -> str:
+        return self._peers[peer_id].address
+
+    async def call(self, msg: Message) -> list[Message]:
+        peer = self._peers.get(msg.dst)
+        if peer is None:
+            raise PeerUnreachableError(msg.dst, "?", "not a member of this group")
+        g = self.group
+        try:
+            if isinstance(msg, AppendEntries):
+                reply = await peer.data_stub.AppendEntries(
+                    convert.append_entries_to_pb(msg, g), timeout=self._append_timeout
+                )
+            elif isinstance(msg, Heartbeat):
+                reply = await peer.control_stub.Heartbeat(
+                    convert.heartbeat_to_pb(msg, g), timeout=self._control_timeout
+                )
+            elif isinstance(msg, RequestVote):
+                reply = await peer.control_stub.Vote(
+                    convert.vote_to_pb(msg, g), timeout=self._control_timeout
+                )
+            elif isinstance(msg, TimeoutNow):
+                reply = await peer.control_stub.TimeoutNow(
+                    convert.timeout_now_to_pb(msg, g), timeout=self._control_timeout
+                )
+            elif isinstance(msg, AppendEntriesResponse | HeartbeatResponse | RequestVoteResponse):
+                reply = await peer.control_stub.Deliver(
+                    raft_pb2.DeliverRequest(group=g, messages=[convert.message_to_pb(msg, g)]),
+                    timeout=self._control_timeout,
+                )
+            else:
+                raise TypeError(f"{type(msg).__name__} is not sent with call()")
+        except grpc.aio.AioRpcError as e:
+            raise PeerUnreachableError(peer.id, peer.address, f"{e.code().name}: {e.details()}") from e
+        return convert.reply_from_pb(reply)
+
+    async def install_snapshot(
+        self, msg: InstallSnapshot, chunks: AsyncIterator[SnapshotChunk] | None = None
+    ) -> list[Message]:
+        peer = self._peers.get(msg.dst)
+        if peer is None:
+            raise PeerUnreachableError(msg.dst, "?", "not a member of this group")
+        header = convert.install_snapshot_to_pb(msg, self.group)
+
+        async def stream():
+            if chunks is None:
+                yield header
+                return
+            header.last = False
+            yield header
+            async for c in chunks:
+                yield raft_pb2.InstallSnapshotChunk(
+                    group=self.group, file=c.file, offset=c.offset, data=c.data, last=c.last
+                )
+
+        try:
+            reply = await peer.data_stub.InstallSnapshot(stream(), timeout=self._snapshot_timeout)
+        except grpc.aio.AioRpcError as e:
+            raise PeerUnreachableError(peer.id, peer.address, f"{e.code().name}: {e.details()}") from e
+        return convert.reply_from_pb(reply)
+
+    async def close(self) -> None:
+        for p in self._peers.values():
+            await p.data.close()
+            await p.control.close()
+
+
+async def _abort(context: grpc.aio.ServicerContext, err: DLedgerError, leader_address: str | None = None):
+    context.set_trailing_metadata(convert.error_metadata(err, leader_address))
+    await context.abort(convert.status_code(err), str(err))
+
+
+class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
+    """Inbound Raft traffic: check the group, convert, hand to the node, convert the answers back."""
+
+    def __init__(self, handler: PeerHandler):
+        self._handler = handler
+        self._group = handler.group
+
+    async def _one(self, request, from_pb, context) -> raft_pb2.PeerReply:
+        if request.group != self._group:
+            await _abort(context, _unknown_group(request.group, self._group))
+        try:
+            replies = await self._handler.handle_message(from_pb(request))
+        except DLedgerError as e:
+            await _abort(context, e)
+        return convert.reply_to_pb(replies, self._group)
+
+    async def Vote(self, request, context):
+        return await self._one(request, convert.vote_from_pb, context)
+
+    async def AppendEntries(self, request, context):
+        return await self._one(request, convert.append_entries_from_pb, context)
+
+    async def Heartbeat(self, request, context):
+        return await self._one(request, convert.heartbeat_from_pb, context)
+
+    async def TimeoutNow(self, request, context):
+        return await self._one(request, convert.timeout_now_from_pb, context)
+
+    async def Deliver(self, request, context):
+        if request.group != self._group:
+            await _abort(context, _unknown_group(request.group, self._group))
+        out: list[Message] = []
+        try:
+            for m in request.messages:
+                out.extend(await self._handler.handle_message(convert.message_from_pb(m)))
+        except DLedgerError as e:
+            await _abort(context, e)
+        return convert.reply_to_pb(out, self._group)
+
+    async def InstallSnapshot(self, request_iterator, context):
+        it = request_iterator.__aiter__()
+        try:
+            first = await it.__anext__()
+        except StopAsyncIteration:
+            await _abort(context, InvalidRequestError("empty InstallSnapshot stream"))
+        if first.group != self._group:
+            await _abort(context, _unknown_group(first.group, self._group))
+        try:
+            msg = convert.install_snapshot_from_pb(first)
+        except DLedgerError as e:
+            await _abort(context, e)
+
+        async def chunks() -> AsyncIterator[SnapshotChunk]:
+            if first.data or first.file:
+                yield SnapshotChunk(first.file, first.offset, first.data, first.last)
+            if first.last:
+                return
+            async for c in it:
+                yield SnapshotChunk(c.file, c.offset, c.data, c.last)
+                if c.last:
+                    return
+
+        try:
+            replies = await self._handler.handle_snapshot(msg, chunks())
+        except DLedgerError as e:
+            await _abort(context, e)
+        return convert.reply_to_pb(replies, self._group)
+
+
+def _unknown_group(got: str, mine: str) -> InvalidRequestError:
+    return InvalidRequestError(f"unknown group {got!r}: this node serves group {mine!r}")
+
+
+def _appended(results: list[AppendResult], request_id: int = 0) -> client_pb2.AppendResponse:
+    return client_pb2.AppendResponse(
+        request_id=request_id,
+        entries=[client_pb2.AppendedEntry(index=r.index, pos=r.pos, term=r.term) for r in results],
+    )
+
+
+def node_info_to_pb(info: NodeInfo) -> client_pb2.MetadataResponse:
+    return client_pb2.MetadataResponse(
+        group=info.group,
+        node_id=info.node_id,
+        address=info.address,
+        role=info.role,
+        term=info.term,
+        leader_id=info.leader_id or "",
+        leader_address=info.leader_address or "",
+        last_index=info.last_index,
+        commit_index=info.commit_index,
+        applied_index=info.applied_index,
+        peers=[
+            client_pb2.PeerInfo(id=p.id, address=p.address, match_index=p.match_index) for p in info.peers
+        ],
+        data_dir=info.data_dir,
+        pid=info.pid,
+        flush=info.flush,
+    )
+
+
+class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
+    """The client service: appends, committed reads, metadata, leadership transfer."""
+
+    def __init__(self, handler: ClientHandler):
+        self._handler = handler
+        self._group = handler.group
+
+    async def _check_group(self, group: str, context) -> None:
+        # An empty group means "whatever this node serves" so that ad-hoc tools need not know it.
+        if group and group != self._group:
+            await _abort(context, _unknown_group(group, self._group))
+
+    async def Append(self, request, context):
+        await self._check_group(request.group, context)
+        try:
+            results = await self._handler.append(list(request.bodies))
+        except DLedgerError as e:
+            await _abort(context, e, self._handler.leader_address())
+        return _appended(results, request.request_id)
+
+    async def AppendStream(self, request_iterator, context):
+        """Many appends over one stream: each request is handled as it arrives, answered as it commits."""
+        out: asyncio.Queue[client_pb2.AppendResponse | None] = asyncio.Queue()
+        pending: set[asyncio.Task] = set()
+
+        async def one(req: client_pb2.AppendRequest) -> None:
+            try:
+                if req.group and req.group != self._group:
+                    raise _unknown_group(req.group, self._group)
+                results = await self._handler.append(list(req.bodies))
+                out.put_nowait(_appended(results, req.request_id))
+            except DLedgerError as e:
+                out.put_nowait(
+                    client_pb2.AppendResponse(
+                        request_id=req.request_id,
+                        error=convert.error_to_append_error(e, self._handler.leader_address()),
+                    )
+                )
+
+        async def reader() -> None:
+            try:
+                async for req in request_iterator:
+                    t = asyncio.create_task(one(req))
+                    pending.add(t)
+                    t.add_done_callback(pending.discard)
+                while pending:
+                    await asyncio.gather(*list(pending))
+            finally:
+                out.put_nowait(None)
+
+        reader_task = asyncio.create_task(reader())
+        try:
+            while True:
+                item = await out.get()
+                if item is None:
+                    break
+                yield item
+            await reader_task  # surfaces a reader failure (e.g. a broken stream) instead of hiding it
+        finally:
+            reader_task.cancel()
+            for t in list(pending):
+                t.cancel()
+
+    async def Get(self, request, context):
+        await self._check_group(request.group, context)
+        try:
+            e = self._handler.get(request.index)
+        except DLedgerError as err:
+            await _abort(context, err)
+        return client_pb2.GetResponse(
+            index=e.index, term=e.term, pos=e.pos, magic=e.magic, body=bytes(e.body)
+        )
+
+    async def Metadata(self, request, context):
+        await self._check_group(request.group, context)
+        return node_info_to_pb(self._handler.metadata())
+
+    async def TransferLeadership(self, request, context):
+        await self._check_group(request.group, context)
+        try:
+            leader = await self._handler.transfer_leadership(request.target)
+        except DLedgerError as e:
+            await _abort(context, e, self._handler.leader_address())
+        return client_pb2.TransferLeadershipResponse(leader_id=leader)
+
+
+class NodeServer:
+    """The node's gRPC server: RaftPeer + DLedger services, health checking and reflection."""
+
+    def __init__(self, peer: PeerHandler, client: ClientHandler, bind: str):
+        self.server = grpc.aio.server(options=list(SERVER_OPTIONS))
+        raft_pb2_grpc.add_RaftPeerServicer_to_server(RaftPeerServicer(peer), self.server)
+        client_pb2_grpc.add_DLedgerServicer_to_server(DLedgerServicer(client), self.server)
+        self.health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = (
+            raft_pb2.DESCRIPTOR.services_by_name["RaftPeer"].full_name,
+            client_pb2.DESCRIPTOR.services_by_name["DLedger"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
+        reflection.enable_server_reflection(names, self.server)
+        self.port = self.server.add_insecure_port(bind)
+        if self.port == 0:
+            raise OSError(f"cannot bind {bind}: address in use or not allowed")
+        self._service_names = names[:2]
+
+    async def start(self) -> None:
+        await self.server.start()
+        for name in ("", *self._service_names):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace_s: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)

@@ -1,0 +1,115 @@
+"""Round trips between the core's messages and protobuf, and the error <-> status mapping."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dledger.core.messages import (
+    AppendEntries,
+    AppendEntriesResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    RequestVote,
+    RequestVoteResponse,
+    SnapshotMeta,
+    TimeoutNow,
+)
+from dledger.errors import (
+    BackpressureError,
+    InvalidRequestError,
+    NotFoundError,
+    NotLeaderError,
+    OutcomeUnknownError,
+    UnavailableError,
+)
+from dledger.transport import convert
+from dledger.v1 import raft_pb2
+
+ids = st.sampled_from(["n0", "n1", "n2", "node-with.long_name"])
+i64 = st.integers(min_value=-1, max_value=2**62)
+u32 = st.integers(min_value=0, max_value=2**32 - 1)
+
+messages = st.one_of(
+    st.builds(RequestVote, i64, ids, ids, i64, i64, st.booleans(), st.booleans()),
+    st.builds(RequestVoteResponse, i64, ids, ids, st.booleans(), st.booleans()),
+    st.builds(AppendEntries, i64, ids, ids, i64, i64, i64, st.binary(max_size=300), st.none() | u32),
+    st.builds(AppendEntriesResponse, i64, ids, ids, st.booleans(), i64, i64, i64, i64),
+    st.builds(Heartbeat, i64, ids, ids, i64, i64),
+    st.builds(HeartbeatResponse, i64, ids, ids, i64, i64),
+    st.builds(TimeoutNow, i64, ids, ids),
+)
+
+
+@given(messages)
+def test_every_message_survives_the_envelope(m):
+    wire = convert.message_to_pb(m, "g1").SerializeToString()
+    back = convert.message_from_pb(raft_pb2.RaftMessage.FromString(wire))
+    assert back == m
+
+
+@given(st.lists(messages, max_size=5))
+def test_peer_reply_round_trip(ms):
+    wire = convert.reply_to_pb(ms, "g").SerializeToString()
+    assert convert.reply_from_pb(raft_pb2.PeerReply.FromString(wire)) == ms
+
+
+def test_requests_carry_the_group():
+    ae = AppendEntries(1, "n0", "n1", 4, 1, 3, b"x")
+    assert convert.message_to_pb(ae, "orders").append_entries.group == "orders"
+    assert convert.vote_to_pb(RequestVote(2, "n0", "n1", 5, 1), "orders").group == "orders"
+
+
+def test_prev_chain_crc_zero_is_not_confused_with_absent():
+    zero = AppendEntries(1, "n0", "n1", 0, 1, 0, b"", prev_chain_crc=0)
+    none = AppendEntries(1, "n0", "n1", 0, 1, 0, b"", prev_chain_crc=None)
+    assert convert.append_entries_from_pb(convert.append_entries_to_pb(zero, "g")).prev_chain_crc == 0
+    assert convert.append_entries_from_pb(convert.append_entries_to_pb(none, "g")).prev_chain_crc is None
+
+
+def test_install_snapshot_round_trip_and_missing_meta():
+    m = InstallSnapshot(3, "n0", "n2", SnapshotMeta(99, 2, 0xDEADBEEF, 123456))
+    chunk = convert.install_snapshot_to_pb(m, "g")
+    assert chunk.last
+    assert convert.install_snapshot_from_pb(chunk) == m
+    with pytest.raises(InvalidRequestError):
+        convert.install_snapshot_from_pb(raft_pb2.InstallSnapshotChunk(group="g", term=3))
+
+
+def test_empty_envelope_is_invalid():
+    with pytest.raises(InvalidRequestError):
+        convert.message_from_pb(raft_pb2.RaftMessage())
+
+
+@pytest.mark.parametrize(
+    ("err", "code"),
+    [
+        (NotLeaderError("n1"), grpc.StatusCode.FAILED_PRECONDITION),
+        (InvalidRequestError("empty batch"), grpc.StatusCode.INVALID_ARGUMENT),
+        (UnavailableError("no quorum"), grpc.StatusCode.UNAVAILABLE),
+        (OutcomeUnknownError("lost leadership"), grpc.StatusCode.UNAVAILABLE),
+        (BackpressureError("too many"), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (NotFoundError("not committed"), grpc.StatusCode.NOT_FOUND),
+    ],
+)
+def test_errors_map_to_status_codes_and_back(err, code):
+    assert convert.status_code(err) is code
+    md = dict(convert.error_metadata(err, "127.0.0.1:20912"))
+    back = convert.error_from_status(code, str(err), md)
+    assert type(back) is type(err)
+    assert back.retriable == err.retriable
+
+
+def test_not_leader_hint_prefers_the_address():
+    md = dict(convert.error_metadata(NotLeaderError("n1"), "127.0.0.1:20912"))
+    back = convert.error_from_status(grpc.StatusCode.FAILED_PRECONDITION, "not the leader", md)
+    assert back.leader_hint == "127.0.0.1:20912"
+    in_stream = convert.append_error_from_pb(
+        convert.error_to_append_error(NotLeaderError("n1"), "127.0.0.1:20912")
+    )
+    assert isinstance(in_stream, NotLeaderError) and in_stream.leader_hint == "127.0.0.1:20912"
+    unknown = convert.append_error_from_pb(convert.error_to_append_error(OutcomeUnknownError("x")))
+    assert isinstance(unknown, OutcomeUnknownError)
