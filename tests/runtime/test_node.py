@@ -1,0 +1,200 @@
+"""The node runtime in one process (real gRPC, memory stores): group commit, persist-before-send, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from dledger.client import AsyncDLedgerClient
+from dledger.core.messages import AppendEntries, AppendEntriesResponse, RequestVote, RequestVoteResponse
+from dledger.errors import BackpressureError, InvalidRequestError, NotFoundError, NotLeaderError
+from storage import codec
+from storage.memory import MemoryLogStore, MemoryMetaStore
+from tests.runtime.cluster import LocalGroup
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_group_commit_replicates_identical_frames(tmp_path):
+    async def run():
+        async with LocalGroup(tmp_path) as g:
+            leader = await g.leader()
+            async with AsyncDLedgerClient(g.addresses) as c:
+                results = await asyncio.gather(*(c.append(b"%05d" % i + b"x" * 1000) for i in range(400)))
+                idx = sorted(r.index for r in results)
+                assert idx == list(range(idx[0], idx[0] + 400)), "appends got dense, distinct indexes"
+                # Group commit: 400 concurrent appends became far fewer proposals (one write + fsync each).
+                assert leader.stats["proposed_entries"] >= 400
+                assert leader.stats["proposals"] < 100
+                last = idx[-1]
+                await g.until(
+                    lambda: all(n.core.commit_index >= last for n in g.nodes.values()), what="commit"
+                )
+                raws = {pid: n.log_store.raw(0, last + 1) for pid, n in g.nodes.items()}
+                assert len(set(raws.values())) == 1, "every node holds byte-identical frames"
+                for r in results[:20]:
+                    got = await c.get(r.index)
+                    assert got.pos == r.pos and got.term == r.term
+                    # One segment (1 GiB) holds the whole log, so a position is an offset into the raw frames.
+                    assert codec.decode(raws["n0"], r.pos).index == r.index
+
+    asyncio.run(run())
+
+
+def test_bad_appends_are_refused_before_proposing(tmp_path):
+    async def run():
+        async with LocalGroup(tmp_path, max_pending_entries=5, max_body_bytes=2048) as g:
+            leader = await g.leader()
+            follower = next(n for n in g.nodes.values() if n is not leader)
+            with pytest.raises(InvalidRequestError, match="empty batch"):
+                await leader.append([])
+            with pytest.raises(InvalidRequestError, match="limit is 2048"):
+                await leader.append([b"x" * 2049])
+            with pytest.raises(BackpressureError, match="back off"):
+                await leader.append([b"x"] * 6)
+            await g.until(lambda: follower.core.leader_id == leader.id, what="follower knows the leader")
+            with pytest.raises(NotLeaderError) as ei:
+                await follower.append([b"x"])
+            assert leader.id in str(ei.value) and leader.config.address in str(ei.value)
+            assert follower.leader_address() == leader.config.address
+            with pytest.raises(NotFoundError, match="not committed"):
+                follower.get(10_000)
+            with pytest.raises(InvalidRequestError):
+                follower.get(-1)
+            assert leader.stats["proposed_entries"] == 0
+
+    asyncio.run(run())
+
+
+# -- persist before send -------------------------------------------------------------------------------------------
+
+
+class Trace:
+    """Events from every node, in the order they happened (appends are atomic under the GIL)."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+        self.lock = threading.Lock()
+
+    def add(self, *event) -> None:
+        with self.lock:
+            self.events.append(event)
+
+
+class SlowRecordingLog(MemoryLogStore):
+    """A log that takes a while to persist and records when each write finished."""
+
+    def __init__(self, node: str, trace: Trace):
+        super().__init__()
+        self._node, self._trace = node, trace
+
+    def append(self, frames):
+        time.sleep(
+            0.003
+        )  # fault injection: a slow disk widens any window where a message could overtake a write
+        positions = super().append(frames)
+        self._trace.add("append", self._node, self.last_index)
+        return positions
+
+    def truncate_suffix(self, index):
+        super().truncate_suffix(index)
+        self._trace.add("append", self._node, self.last_index)
+
+
+class SlowRecordingMeta(MemoryMetaStore):
+    def __init__(self, node: str, trace: Trace):
+        super().__init__()
+        self._node, self._trace = node, trace
+
+    def save_hard_state(self, hs):
+        time.sleep(0.003)
+        super().save_hard_state(hs)
+        self._trace.add("hs", self._node, hs.term, hs.vote)
+
+
+def violations(events: list[tuple]) -> list[str]:
+    """Every message must follow the writes it depends on, on the node that sent it."""
+    hs: dict[str, list[tuple[int, str | None]]] = {}
+    last: dict[str, int] = {}
+    bad = []
+    for ev in events:
+        if ev[0] == "hs":
+            hs.setdefault(ev[1], []).append((ev[2], ev[3]))
+        elif ev[0] == "append":
+            last[ev[1]] = ev[2]
+        elif ev[0] == "send":
+            node, m = ev[1], ev[2]
+            saved = hs.get(node, [])
+            if isinstance(m, RequestVoteResponse) and m.granted and not m.pre_vote:
+                if (m.term, m.dst) not in saved:
+                    bad.append(f"{node} granted its vote to {m.dst} at term {m.term} before persisting it")
+            elif isinstance(m, RequestVote) and not m.pre_vote:
+                if (m.term, node) not in saved:
+                    bad.append(f"{node} asked for votes at term {m.term} before persisting its own vote")
+            elif isinstance(m, AppendEntriesResponse) and m.success:
+                if last.get(node, -1) < m.match_index:
+                    bad.append(f"{node} acknowledged index {m.match_index} holding only {last.get(node, -1)}")
+            elif isinstance(m, AppendEntries) and m.frames:
+                top = max(h.index for _, h in codec.iter_headers(m.frames))
+                if last.get(node, -1) < top:
+                    bad.append(f"{node} replicated index {top} before persisting it itself")
+    return bad
+
+
+def test_violation_checker_catches_an_early_message():
+    ack = AppendEntriesResponse(1, "n1", "n0", True, match_index=5)
+    assert violations([("append", "n1", 4), ("send", "n1", ack)])
+    assert not violations([("append", "n1", 5), ("send", "n1", ack)])
+    vote = RequestVoteResponse(2, "n1", "n0", True)
+    assert violations([("send", "n1", vote), ("hs", "n1", 2, "n0")])
+    assert not violations([("hs", "n1", 2, "n0"), ("send", "n1", vote)])
+
+
+def test_persist_before_send(tmp_path):
+    trace = Trace()
+
+    async def run():
+        g = LocalGroup(
+            tmp_path, stores=lambda pid: (SlowRecordingLog(pid, trace), SlowRecordingMeta(pid, trace))
+        )
+        for pid, node in g.nodes.items():
+            inner = node.handle_message
+
+            async def answered(msg, _inner=inner, _pid=pid):
+                replies = await _inner(msg)
+                for r in replies:
+                    trace.add("send", _pid, r)
+                return replies
+
+            node.handle_message = answered  # the servicer looks the method up per call
+        await g.start()
+        try:
+            for pid, node in g.nodes.items():
+                transport = node._transport
+                call = transport.call
+
+                async def sent(msg, _call=call, _pid=pid):
+                    trace.add("send", _pid, msg)
+                    return await _call(msg)
+
+                transport.call = sent
+            await g.leader()
+            async with AsyncDLedgerClient(g.addresses) as c:
+                await asyncio.gather(*(c.append(b"y" * 200) for _ in range(300)))
+            # Force a new election so that votes are exercised with the tracing in place too.
+            leader = await g.leader()
+            other = next(p for p in g.nodes if p != leader.id)
+            async with AsyncDLedgerClient(g.addresses) as c:
+                await c.transfer_leadership(other)
+                await c.append(b"after transfer")
+        finally:
+            await g.stop()
+
+    asyncio.run(run())
+    sends = [e for e in trace.events if e[0] == "send"]
+    assert any(isinstance(e[2], AppendEntriesResponse) and e[2].success for e in sends)
+    assert any(isinstance(e[2], RequestVoteResponse) and e[2].granted and not e[2].pre_vote for e in sends)
+    assert violations(trace.events) == []
