@@ -27,6 +27,11 @@ import zlib
 from dataclasses import dataclass
 from typing import Final
 
+try:  # zlib-ng computes the same CRC-32 (zlib's polynomial) about 3x faster on 1 KiB bodies
+    from zlib_ng.zlib_ng import crc32 as _crc32
+except ImportError:  # pragma: no cover - the pinned dependency is normally there
+    _crc32 = zlib.crc32
+
 HEADER: Final = struct.Struct(">iiqqqiIIi")
 HEADER_SIZE: Final = HEADER.size  # 48
 BODY_OFFSET: Final = HEADER_SIZE
@@ -62,10 +67,12 @@ _MAX_BODY: Final = (1 << 31) - 1 - HEADER_SIZE
 class FrameError(ValueError):
     """A frame failed validation; ``offset`` is the byte offset of the bad frame inside the buffer checked."""
 
-    def __init__(self, message: str, offset: int = 0, index: int | None = None):
+    def __init__(self, message: str, offset: int = 0, index: int | None = None, *, truncated: bool = False):
         super().__init__(message)
         self.offset = offset
         self.index = index
+        # True when the frame may be whole but the buffer ends inside it (a reader may fetch more bytes).
+        self.truncated = truncated
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +119,7 @@ class Entry:
 
 def chain_crc(index: int, term: int, body_crc: int, prev_chain_crc: int) -> int:
     """The chained CRC of entry ``index`` given the chain value of entry ``index - 1`` (0 before index 0)."""
-    return zlib.crc32(_CHAIN.pack(index, term, body_crc), prev_chain_crc)
+    return _crc32(_CHAIN.pack(index, term, body_crc), prev_chain_crc)
 
 
 def encode(
@@ -129,8 +136,8 @@ def encode(
     n = len(body)
     if n > _MAX_BODY:
         raise ValueError(f"body of {n} bytes is larger than the format allows ({_MAX_BODY})")
-    body_crc = zlib.crc32(body)
-    chain = zlib.crc32(_CHAIN.pack(index, term, body_crc), prev_chain_crc)
+    body_crc = _crc32(body)
+    chain = _crc32(_CHAIN.pack(index, term, body_crc), prev_chain_crc)
     return HEADER.pack(magic, HEADER_SIZE + n, index, term, pos, 0, chain, body_crc, n) + bytes(body)
 
 
@@ -145,8 +152,8 @@ def encode_into(
 ) -> int:
     """Append one encoded entry to ``buf`` and return its chain_crc (for batching many entries in one buffer)."""
     n = len(body)
-    body_crc = zlib.crc32(body)
-    chain = zlib.crc32(_CHAIN.pack(index, term, body_crc), prev_chain_crc)
+    body_crc = _crc32(body)
+    chain = _crc32(_CHAIN.pack(index, term, body_crc), prev_chain_crc)
     buf += HEADER.pack(magic, HEADER_SIZE + n, index, term, pos, 0, chain, body_crc, n)
     buf += body
     return chain
@@ -187,7 +194,7 @@ def validate(buf, offset: int = 0, prev_chain_crc: int | None = None) -> Header:
     h = decode_header(buf, offset)
     _check_structure(h, len(buf) - offset, offset)
     start = offset + HEADER_SIZE
-    body_crc = zlib.crc32(memoryview(buf)[start : start + h.body_length])
+    body_crc = _crc32(memoryview(buf)[start : start + h.body_length])
     if body_crc != h.body_crc:
         raise FrameError(
             f"body_crc mismatch at offset {offset} (index {h.index}): header {h.body_crc:#010x}, "
@@ -196,7 +203,7 @@ def validate(buf, offset: int = 0, prev_chain_crc: int | None = None) -> Header:
             h.index,
         )
     if prev_chain_crc is not None:
-        expect = zlib.crc32(_CHAIN.pack(h.index, h.term, h.body_crc), prev_chain_crc)
+        expect = _crc32(_CHAIN.pack(h.index, h.term, h.body_crc), prev_chain_crc)
         if expect != h.chain_crc:
             raise FrameError(
                 f"chain_crc mismatch at offset {offset} (index {h.index}): header {h.chain_crc:#010x}, "
@@ -222,10 +229,10 @@ def iter_headers(buf, offset: int = 0, end: int | None = None):
 
 @dataclass(frozen=True, slots=True)
 class FrameRun:
-    """Column view of a validated run of frames: per entry its byte offset in the buffer, pos, size, term, chain.
+    """Column view of a validated run of frames: per entry its offset in the buffer, pos, size, term, chain, magic.
 
     Columns (plain lists) rather than one ``Header`` object per entry, because the storage hot path only needs
-    these five facts and building objects costs more than validating.
+    these facts and building objects costs more than validating.
     """
 
     offsets: list[int]
@@ -233,94 +240,158 @@ class FrameRun:
     sizes: list[int]
     terms: list[int]
     chains: list[int]
+    magics: list[int]
 
     def __len__(self) -> int:
         return len(self.offsets)
 
 
 def scan_frames(
-    buf, first_index: int, first_pos: int | None, prev_chain_crc: int | None, segment_size: int | None = None
+    buf,
+    first_index: int,
+    first_pos: int | None,
+    prev_chain_crc: int | None,
+    segment_size: int | None = None,
+    *,
+    prev_term: int = -1,
 ) -> FrameRun:
     """Validate a run of consecutive encoded entries exactly as ``validate_frames`` does, returning columns.
 
     One pass, one header unpack per entry; raises ``FrameError`` (with the buffer offset and index) on the
     first bad frame, so a caller that writes only after this returns writes nothing for a bad payload.
+    ``prev_term`` is the term of the entry before the run (terms never decrease across it either).
     """
+    run, err = _scan(buf, first_index, first_pos, prev_chain_crc, segment_size, prev_term)
+    if err is not None:
+        raise err
+    return run
+
+
+def scan_prefix(
+    buf,
+    first_index: int,
+    first_pos: int | None,
+    prev_chain_crc: int | None,
+    segment_size: int | None = None,
+    *,
+    prev_term: int = -1,
+) -> tuple[FrameRun, FrameError | None]:
+    """Like ``scan_frames`` but returns the valid prefix and the first error instead of raising (recovery)."""
+    return _scan(buf, first_index, first_pos, prev_chain_crc, segment_size, prev_term)
+
+
+def _scan(
+    buf,
+    first_index: int,
+    first_pos: int | None,
+    prev_chain_crc: int | None,
+    segment_size: int | None,
+    prev_term: int,
+) -> tuple[FrameRun, FrameError | None]:
+    """The one validation loop. It checks everything in one combined condition and calls ``_diagnose`` only
+    when that fails, which keeps the per-entry cost near one unpack and two CRCs."""
     mv = memoryview(buf)
     if mv.ndim != 1 or mv.itemsize != 1:
         mv = mv.cast("B")
     end = len(mv)
     unpack = HEADER.unpack_from
-    crc32 = zlib.crc32
+    crc32 = _crc32
     chain_pack = _CHAIN.pack
     offsets: list[int] = []
     positions: list[int] = []
     sizes: list[int] = []
     terms: list[int] = []
     chains: list[int] = []
-    expect_index = first_index
-    expect_pos = first_pos
-    last_term = -1
+    magics: list[int] = []
+    magic_ok = ENTRY_MAGICS
+    seg = segment_size or 0
+    max_size = seg - MIN_BLANK_LEN if seg else _MAX_BODY + HEADER_SIZE
+    index = first_index
+    want_pos = first_pos
+    last_term = prev_term
     chain = prev_chain_crc
     off = 0
+    # Room left in the current segment after want_pos; an entry stays there only if size + 8 fits.
+    room = (seg - want_pos % seg) if (seg and want_pos is not None) else -1
+    err: FrameError | None = None
     while off < end:
         if end - off < HEADER_SIZE:
-            raise FrameError(f"truncated header: {end - off} of {HEADER_SIZE} bytes", off)
-        magic, size, index, term, pos, _channel, h_chain, h_body_crc, body_length = unpack(mv, off)
-        if magic not in ENTRY_MAGICS:
-            raise FrameError(f"bad magic {magic} at offset {off}", off, index)
-        if body_length < 0 or size != HEADER_SIZE + body_length:
-            raise FrameError(f"size {size} != 48 + body_length {body_length} at offset {off}", off, index)
-        if size > end - off:
-            raise FrameError(
-                f"truncated entry at offset {off}: needs {size} bytes, {end - off} available", off, index
-            )
-        body_crc = crc32(mv[off + HEADER_SIZE : off + size])
-        if body_crc != h_body_crc:
-            raise FrameError(
-                f"body_crc mismatch at offset {off} (index {index}): header {h_body_crc:#010x}, "
-                f"body {body_crc:#010x}",
-                off,
-                index,
-            )
-        if chain is not None:
-            want_chain = crc32(chain_pack(index, term, body_crc), chain)
-            if want_chain != h_chain:
-                raise FrameError(
-                    f"chain_crc mismatch at offset {off} (index {index}): header {h_chain:#010x}, "
-                    f"expected {want_chain:#010x}",
-                    off,
-                    index,
-                )
-        if index != expect_index:
-            raise FrameError(f"index {index} at offset {off}, expected {expect_index}", off, index)
-        if term < last_term:
-            raise FrameError(f"term {term} at index {index} is below previous term {last_term}", off, index)
-        if expect_pos is not None:
-            want = expect_pos
-            if segment_size:
-                if size + MIN_BLANK_LEN > segment_size:
-                    raise FrameError(
-                        f"entry of {size} bytes at index {index} does not fit a {segment_size}-byte segment",
-                        off,
-                        index,
-                    )
-                used = expect_pos % segment_size
-                if segment_size - used < size + MIN_BLANK_LEN:
-                    want = expect_pos - used + segment_size
-            if pos != want:
-                raise FrameError(f"pos {pos} at index {index}, expected {want}", off, index)
+            err = FrameError(f"truncated header: {end - off} of {HEADER_SIZE} bytes", off, truncated=True)
+            break
+        magic, size, h_index, term, pos, _channel, h_chain, h_body_crc, body_length = unpack(mv, off)
+        if want_pos is not None and seg and room < size + MIN_BLANK_LEN:
+            want_pos += room
+            room = seg
+        nxt = off + size
+        if (
+            magic not in magic_ok
+            or size != HEADER_SIZE + body_length
+            or body_length < 0
+            or nxt > end
+            or size > max_size
+            or h_index != index
+            or term < last_term
+            or (want_pos is not None and pos != want_pos)
+            or crc32(mv[off + HEADER_SIZE : nxt]) != h_body_crc
+            or (chain is not None and crc32(chain_pack(h_index, term, h_body_crc), chain) != h_chain)
+        ):
+            err = _diagnose(mv, off, index, last_term, want_pos, chain, seg)
+            break
         offsets.append(off)
         positions.append(pos)
         sizes.append(size)
         terms.append(term)
         chains.append(h_chain)
-        expect_index += 1
-        expect_pos = pos + size
+        magics.append(magic)
+        index += 1
         last_term = term
         chain = h_chain
-        off += size
-    return FrameRun(offsets, positions, sizes, terms, chains)
+        want_pos = pos + size
+        room = (seg - want_pos % seg) if seg else -1
+        off = nxt
+    return FrameRun(offsets, positions, sizes, terms, chains, magics), err
+
+
+def _diagnose(
+    mv, off: int, index: int, last_term: int, want_pos: int | None, chain: int | None, seg: int
+) -> FrameError:
+    """Return the precise ``FrameError`` for the frame at ``off`` that failed ``scan_frames``' combined check."""
+    end = len(mv)
+    magic, size, h_index, term, pos, _channel, h_chain, h_body_crc, body_length = HEADER.unpack_from(mv, off)
+    if magic not in ENTRY_MAGICS:
+        return FrameError(f"bad magic {magic} at offset {off}", off, h_index)
+    if body_length < 0 or size != HEADER_SIZE + body_length:
+        return FrameError(f"size {size} != 48 + body_length {body_length} at offset {off}", off, h_index)
+    if size > end - off:
+        return FrameError(
+            f"truncated entry at offset {off}: needs {size} bytes, {end - off} available",
+            off,
+            h_index,
+            truncated=True,
+        )
+    if h_index != index:
+        return FrameError(f"index {h_index} at offset {off}, expected {index}", off, h_index)
+    if term < last_term:
+        return FrameError(f"term {term} at index {h_index} is below previous term {last_term}", off, h_index)
+    if seg and size + MIN_BLANK_LEN > seg:
+        return FrameError(
+            f"entry of {size} bytes at index {h_index} does not fit a {seg}-byte segment", off, h_index
+        )
+    if want_pos is not None and pos != want_pos:
+        return FrameError(f"pos {pos} at index {h_index}, expected {want_pos}", off, h_index)
+    body_crc = _crc32(mv[off + HEADER_SIZE : off + size])
+    if body_crc != h_body_crc:
+        return FrameError(
+            f"body_crc mismatch at offset {off} (index {h_index}): header {h_body_crc:#010x}, body {body_crc:#010x}",
+            off,
+            h_index,
+        )
+    expect = _crc32(_CHAIN.pack(h_index, term, h_body_crc), chain or 0)
+    return FrameError(
+        f"chain_crc mismatch at offset {off} (index {h_index}): header {h_chain:#010x}, expected {expect:#010x}",
+        off,
+        h_index,
+    )
 
 
 def validate_frames(

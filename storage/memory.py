@@ -67,7 +67,9 @@ class MemoryLogStore:
     def append(self, frames: bytes | bytearray | memoryview) -> list[int]:
         self._check_open()
         t = self.tail()
-        run = codec.scan_frames(frames, t.last_index + 1, t.end_pos, t.chain_crc, self.segment_size)
+        run = codec.scan_frames(
+            frames, t.last_index + 1, t.end_pos, t.chain_crc, self.segment_size, prev_term=t.last_term
+        )
         if not run.offsets:
             return []
         start = self._base + len(self._buf)

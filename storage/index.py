@@ -1,0 +1,209 @@
+"""The index: one 32-byte unit per log index (FORMATS.md section 2), so term(i) and pos(i) cost one lookup.
+
+    offset field  type
+    0      magic  i32   the entry's magic (0 = no unit: never written, or cleared by a truncation)
+    4      pos    i64   the entry's absolute byte position in the data files
+    12     size   i32   the entry's total size (header + body)
+    16     index  i64   the log index (a check that the unit is where it should be)
+    24     term   i64   the entry's term
+
+The unit of index i is at byte ``(i % units_per_file) * 32`` of the file named ``segment_name(first * 32)`` where
+``first = i - i % units_per_file`` (DLedger's naming: a file is named by the absolute position of its first byte).
+
+Index files are derived from the data files and rebuilt from them by recovery, so they are never fsynced on the
+append path. They are preallocated with ``posix_fallocate`` at creation (DLedger preallocates too), which makes
+the mmap writes that fill them safe: a full disk fails the creation, cleanly, never a later store into the map.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from storage.errors import StorageCorruptError
+from storage.fileio import FileIO
+from storage.segments import list_segments, segment_name
+
+UNIT: Final = struct.Struct(">iqiqq")
+UNIT_SIZE: Final = UNIT.size  # 32
+DEFAULT_UNITS_PER_FILE: Final = 5_242_880  # 160 MiB files, as DLedger
+_ZERO_UNIT: Final = bytes(UNIT_SIZE)
+_TERM: Final = struct.Struct(">q")
+_POS_SIZE: Final = struct.Struct(">qi")
+
+
+@dataclass(slots=True)
+class _IndexFile:
+    first: int  # log index of unit 0
+    path: str
+    fd: int
+    mm: mmap.mmap
+
+
+class IndexFiles:
+    """The index files of one log, memory-mapped read-write."""
+
+    def __init__(self, directory: str, units_per_file: int, io: FileIO):
+        if units_per_file <= 0:
+            raise ValueError(f"units_per_file must be positive, got {units_per_file}")
+        self.directory = directory
+        self.units = units_per_file
+        self.io = io
+        self._files: dict[int, _IndexFile] = {}  # file number -> file
+        os.makedirs(directory, exist_ok=True)
+        file_bytes = units_per_file * UNIT_SIZE
+        for base, path in list_segments(directory):
+            if base % file_bytes:
+                raise StorageCorruptError(f"index file name is not a multiple of {file_bytes}", path, 0)
+            fd = io.open(path, os.O_RDWR)
+            try:
+                if io.size(fd) != file_bytes:  # cut by a crash or by hand: units past the cut are rebuilt
+                    io.fallocate(fd, 0, file_bytes)
+                    io.ftruncate(fd, file_bytes)
+                mm = mmap.mmap(fd, file_bytes)
+            except BaseException:
+                io.close(fd)
+                raise
+            self._files[base // file_bytes] = _IndexFile(base // UNIT_SIZE, path, fd, mm)
+
+    def _file(self, index: int) -> _IndexFile | None:
+        return self._files.get(index // self.units)
+
+    def ensure(self, lo: int, hi: int) -> list[int]:
+        """Create (and preallocate) the files that units lo..hi-1 need; returns the file numbers it created."""
+        created = []
+        for num in range(lo // self.units, (hi - 1) // self.units + 1):
+            if num in self._files:
+                continue
+            first = num * self.units
+            path = os.path.join(self.directory, segment_name(first * UNIT_SIZE))
+            fd = self.io.open(path, os.O_RDWR | os.O_CREAT)
+            try:
+                self.io.fallocate(fd, 0, self.units * UNIT_SIZE)
+                mm = mmap.mmap(fd, self.units * UNIT_SIZE)
+            except BaseException:
+                self.io.close(fd)
+                self.io.unlink(path)
+                raise
+            self._files[num] = _IndexFile(first, path, fd, mm)
+            created.append(num)
+        return created
+
+    def remove_files(self, nums: list[int]) -> None:
+        for num in nums:
+            f = self._files.pop(num)
+            f.mm.close()
+            self.io.close(f.fd)
+            self.io.unlink(f.path)
+
+    # -- units ---------------------------------------------------------------------------------------------------
+
+    def write(self, first: int, packed) -> None:
+        """Store consecutive packed units starting at index ``first`` (files must exist: see ``ensure``)."""
+        view = memoryview(packed)
+        i, done, total = first, 0, len(view)
+        while done < total:
+            f = self._files[i // self.units]
+            off = (i - f.first) * UNIT_SIZE
+            n = min(total - done, self.units * UNIT_SIZE - off)
+            f.mm[off : off + n] = view[done : done + n]
+            done += n
+            i += n // UNIT_SIZE
+
+    def read_units(self, lo: int, hi: int) -> bytes:
+        """Packed units lo..hi-1 (zeros where a file is missing)."""
+        out = []
+        i = lo
+        while i < hi:
+            num = i // self.units
+            n = min(hi, (num + 1) * self.units) - i
+            f = self._files.get(num)
+            if f is None:
+                out.append(bytes(n * UNIT_SIZE))
+            else:
+                off = (i - f.first) * UNIT_SIZE
+                out.append(f.mm[off : off + n * UNIT_SIZE])
+            i += n
+        return b"".join(out)
+
+    def clear(self, lo: int, hi: int) -> None:
+        """Zero units lo..hi-1 where their files exist (after a truncation)."""
+        i = lo
+        while i < hi:
+            num = i // self.units
+            n = min(hi, (num + 1) * self.units) - i
+            f = self._files.get(num)
+            if f is not None:
+                off = (i - f.first) * UNIT_SIZE
+                f.mm[off : off + n * UNIT_SIZE] = bytes(n * UNIT_SIZE)
+            i += n
+
+    def unit(self, index: int) -> tuple[int, int, int, int, int]:
+        """(magic, pos, size, index, term) of ``index``; all zeros if there is no file for it."""
+        f = self._files.get(index // self.units)
+        if f is None:
+            return (0, 0, 0, 0, 0)
+        return UNIT.unpack_from(f.mm, (index - f.first) * UNIT_SIZE)
+
+    def term(self, index: int) -> int:
+        f = self._files[index // self.units]
+        return _TERM.unpack_from(f.mm, (index - f.first) * UNIT_SIZE + 24)[0]
+
+    def pos_size(self, index: int) -> tuple[int, int]:
+        f = self._files[index // self.units]
+        return _POS_SIZE.unpack_from(f.mm, (index - f.first) * UNIT_SIZE + 4)
+
+    def pos(self, index: int) -> int:
+        f = self._files[index // self.units]
+        return _TERM.unpack_from(f.mm, (index - f.first) * UNIT_SIZE + 4)[0]
+
+    def last_written(self, floor: int) -> int:
+        """The highest index >= ``floor`` with a non-zero unit, assuming units are zero after the tail; floor - 1
+        if none. Used only as a hint by recovery, which checks the unit against the data."""
+        for num in sorted(self._files, reverse=True):
+            f = self._files[num]
+            lo = max(floor, f.first)
+            hi = f.first + self.units - 1
+            if hi < lo:
+                continue
+            mm = f.mm
+
+            def nonzero(i: int, mm=mm, first=f.first) -> bool:
+                off = (i - first) * UNIT_SIZE
+                return mm[off : off + UNIT_SIZE] != _ZERO_UNIT
+
+            if not nonzero(lo):
+                continue
+            while lo < hi:  # invariant: nonzero(lo)
+                mid = (lo + hi + 1) // 2
+                if nonzero(mid):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lo
+        return floor - 1
+
+    # -- files ---------------------------------------------------------------------------------------------------
+
+    def drop_before(self, index: int) -> None:
+        """Remove files whose every unit is before ``index`` (compaction)."""
+        for num in sorted(self._files):
+            if (num + 1) * self.units <= index:
+                self.remove_files([num])
+
+    def drop_all(self) -> None:
+        self.remove_files(sorted(self._files, reverse=True))
+
+    def flush(self) -> None:
+        """msync every file (on close: a clean shutdown leaves an index recovery needs not rebuild)."""
+        for f in self._files.values():
+            f.mm.flush()
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.mm.close()
+            self.io.close(f.fd)
+        self._files.clear()
