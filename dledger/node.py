@@ -154,6 +154,8 @@ class Node:
         self._commit_index = -1
         self._checkpointed_commit = -1
         self._dirty_since_sync = False
+        # Whether the node must call sync() after each write (stores given by the caller sync by themselves).
+        self._sync_each_ready = False
         self._role = Role.FOLLOWER
         self._unreachable_logged: dict[str, float] = {}
         self.port = 0
@@ -196,8 +198,7 @@ class Node:
                 for peer, q in self._peer_queues.items()
             ],
         ]
-        if cfg.flush == "async":
-            self._tasks.append(asyncio.create_task(self._flusher(), name=f"{self.id}-flusher"))
+        self._tasks.append(asyncio.create_task(self._flusher(), name=f"{self.id}-flusher"))
         for t in self._tasks:
             t.add_done_callback(self._task_done)
         log.info(
@@ -217,14 +218,20 @@ class Node:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         if self._log is None:
+            # The store is opened in its "async" mode whatever the node's policy: the node calls fdatasync
+            # itself (``sync()``, in the I/O thread). The store's lock is held through an fdatasync inside a
+            # "sync" append, and the core reads the store from the event loop; ``sync()`` fsyncs outside the
+            # lock, so the loop never waits behind the disk. Under the "sync" policy every Ready is synced
+            # before anything that depends on it is sent, which is the same promise.
             self._log = FileLogStore.open(
-                cfg.data_dir,
+                str(cfg.data_dir),
                 segment_size=cfg.raft.segment_size,
-                flush=cfg.flush,
+                flush="async",
                 flush_interval_ms=cfg.flush_interval_ms,
             )
+            self._sync_each_ready = cfg.flush == "sync"
         if self._meta is None:
-            self._meta = LmdbMetaStore(cfg.data_dir / "meta")
+            self._meta = LmdbMetaStore(str(cfg.data_dir / "meta"))
 
     def _task_done(self, t: asyncio.Task) -> None:
         if t.cancelled() or self._stopping:
@@ -363,6 +370,9 @@ class Node:
         if rd.frames:
             self._log.append(rd.frames)
             self._dirty_since_sync = True
+        if self._sync_each_ready and (rd.frames or rd.truncate_from is not None):
+            self._log.sync()
+            self._dirty_since_sync = False
         self.stats["persists"] += 1
 
     def _dispatch(self, messages: tuple[Message, ...], waiters: list[_ReplyWaiter]) -> None:
@@ -455,9 +465,11 @@ class Node:
                 self._wake.set()
 
     async def _flusher(self) -> None:
-        """The ``async`` flush policy: entries reach the page cache at once and the disk every interval."""
+        """The ``async`` flush policy: entries reach the page cache at once and the disk every interval.
+        Under both policies, the commit index is checkpointed in the MetaStore (unsynced) for readers such
+        as the audit; Raft itself does not need it."""
         loop = asyncio.get_running_loop()
-        interval = self.config.flush_interval_ms / 1000
+        interval = self.config.flush_interval_ms / 1000 if self.config.flush == "async" else 0.1
         while True:
             await asyncio.sleep(interval)
             if self._dirty_since_sync:
