@@ -244,11 +244,10 @@ class FileLogStore:
             for base, size in touched.items():
                 self._segments.restore_size(base, size)
             self._index.remove_files(created_index)
-            self._segments.sync_dirty()
+            # No fdatasync here: it may fail the same way. The cut files stay dirty and the next sync flushes
+            # them; if a crash comes first, recovery sees at most whole unacknowledged entries or a torn tail.
         except OSError as undo:
-            self._closed = (
-                True  # the files are in an unknown state: refuse further use, recovery will sort it
-            )
+            self._closed = True  # the files are in an unknown state: refuse further use; reopening recovers
             raise StorageError(
                 f"append failed ({exc}) and rolling it back failed too ({undo}); reopen the log to recover"
             ) from undo
