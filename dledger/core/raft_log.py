@@ -1,0 +1,475 @@
+"""The core's view of the log: what storage holds, plus the entries the runtime has not persisted yet.
+
+The core never writes to storage (etcd-io/raft ``log.go`` + ``log_unstable.go``). Entries it creates (a leader's
+proposals, encoded here with ``storage.codec`` so every node stores byte-identical frames at identical positions)
+or receives (a follower's AppendEntries frames, kept as the leader's raw bytes) live in an in-memory tail until
+the runtime has persisted them. The view answers ``term(i)``, ``last_index`` and frame reads from that tail and
+the store, so the core never waits for I/O.
+
+Index space, oldest first::
+
+    [ compacted ... ][ store: first_index .. offset-1 ][ memory: offset .. last_index ]
+                                                         |-- handed --|-- new --|
+
+"handed" entries were given to the runtime in a ``Ready`` that has not been advanced yet: the runtime may be
+writing them right now, so the view keeps answering for them from memory until ``stable()`` says they are durable.
+A conflict found by a follower may cut the memory tail or reach into the store; the store part is then removed by
+the next ``Ready.truncate_from``. Because only the memory tail and a pending snapshot can be newer than the store,
+any index below ``offset`` is read from the store, whose content below ``offset`` no in-flight Ready touches.
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_right
+from typing import Final
+
+from dledger.core.messages import SnapshotMeta
+from storage import codec
+from storage.api import LogStore
+from storage.errors import Compacted, IndexOutOfRange
+
+# magic, size, index, term: enough of a header to place an entry in the tail without decoding it all.
+_HEAD: Final = struct.Struct(">iiqq")
+_CHAIN_CRC: Final = struct.Struct(">I")
+_MIN_BLANK: Final = codec.MIN_BLANK_LEN
+_HEADER_SIZE: Final = codec.HEADER_SIZE
+_ENTRY_MAGICS: Final = codec.ENTRY_MAGICS
+
+
+class LogConflictError(RuntimeError):
+    """The leader asked to overwrite an entry this node already knows is committed: Raft's safety is broken
+    (or storage lost data). The node must stop rather than diverge."""
+
+
+class RaftLog:
+    """Store prefix + in-memory tail. Mutated only by the core; the store is only read."""
+
+    __slots__ = (
+        "_base",
+        "_buf",
+        "_cache_bytes",
+        "_end_pos",
+        "_handed_to",
+        "_last_chain",
+        "_last_index",
+        "_last_term",
+        "_offs",
+        "_offset",
+        "_segment_size",
+        "_snapshot",
+        "_snapshot_handed",
+        "_terms",
+        "_truncate_from",
+        "committed",
+        "store",
+    )
+
+    def __init__(self, store: LogStore, segment_size: int, cache_bytes: int = 0):
+        self.store = store
+        self._cache_bytes = cache_bytes
+        self._segment_size = segment_size
+        tail = store.tail()
+        self._last_index = tail.last_index
+        self._last_term = tail.last_term
+        self._end_pos = tail.end_pos
+        self._last_chain = tail.chain_crc
+        self._offset = tail.last_index + 1  # index of the first entry held in memory
+        self._buf = bytearray()  # frames of the memory tail, back to back
+        self._base = 0  # virtual byte offset of _buf[0]; _offs hold virtual offsets
+        self._offs: list[int] = []  # virtual byte offset of each memory entry
+        self._terms: list[int] = []  # term of each memory entry
+        self._handed_to = self._offset - 1  # last memory index given to a Ready not yet advanced
+        self._truncate_from: int | None = None  # store suffix to drop before the next append
+        self._snapshot: SnapshotMeta | None = None  # installed in memory, not yet advanced
+        self._snapshot_handed = False
+        self.committed = store.first_index - 1
+
+    # -- facts ---------------------------------------------------------------------------------------------------
+
+    @property
+    def last_index(self) -> int:
+        return self._last_index
+
+    @property
+    def last_term(self) -> int:
+        return self._last_term
+
+    @property
+    def first_index(self) -> int:
+        """First index answerable with entries (not a snapshot point)."""
+        if self._snapshot is not None:
+            return self._snapshot.index + 1
+        return self.store.first_index
+
+    @property
+    def end_pos(self) -> int:
+        return self._end_pos
+
+    def term(self, index: int) -> int:
+        """Term of ``index``; also answers for the snapshot point. Raises ``Compacted`` / ``IndexOutOfRange``."""
+        k = index - self._offset
+        if k >= 0:
+            if index > self._last_index:
+                raise IndexOutOfRange(
+                    f"index {index} is past the end of the log (last index {self._last_index})"
+                )
+            return self._terms[k]
+        snap = self._snapshot
+        if snap is not None:
+            if index == snap.index:
+                return snap.term
+            raise Compacted(f"index {index} is below the installed snapshot at {snap.index}")
+        return self.store.term(index)
+
+    def match_term(self, index: int, term: int) -> bool:
+        try:
+            return self.term(index) == term
+        except IndexOutOfRange:  # includes Compacted
+            return False
+
+    def is_up_to_date(self, last_index: int, last_term: int) -> bool:
+        """Raft §5.4.1: is a log ending at (last_index, last_term) at least as up to date as ours?"""
+        return last_term > self._last_term or (
+            last_term == self._last_term and last_index >= self._last_index
+        )
+
+    def chain_at(self, index: int) -> int | None:
+        """chain_crc of entry ``index`` when cheaply known (memory tail, store tail, snapshot point), else None."""
+        if index == self._last_index:
+            return self._last_chain
+        k = index - self._offset
+        if k >= 0:
+            if index > self._last_index:
+                return None
+            return _CHAIN_CRC.unpack_from(self._buf, self._offs[k] - self._base + codec.CHAIN_CRC_OFFSET)[0]
+        snap = self._snapshot
+        if snap is not None:
+            return snap.chain_crc if index == snap.index else None
+        store = self.store
+        try:
+            first = store.first_index
+            if index >= first:
+                return store.entry(index).header.chain_crc
+        except IndexOutOfRange:
+            return None
+        if index == first - 1:
+            point = self._store_snapshot_point()
+            if point is not None and point.index == index:
+                return point.chain_crc
+        return None
+
+    def first_index_of_term(self, term: int, lo: int, hi: int) -> int:
+        """Smallest index in [lo, hi] whose term equals ``term`` (term(hi) == term), by binary search: terms
+        never decrease along a log."""
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.term(mid) < term:
+                lo = mid + 1
+            else:
+                hi = mid
+        return hi
+
+    def last_index_with_term_at_most(self, term: int, hi: int) -> int:
+        """Largest index <= ``hi`` whose term is <= ``term``, or first_index - 1 when there is none."""
+        lo = self.first_index - 1  # the snapshot point (or -1): a floor that always answers
+        hi = min(hi, self._last_index)
+        if hi < lo:
+            return lo
+        try:
+            if self.term(lo) > term:
+                return lo - 1
+        except IndexOutOfRange:
+            return lo
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.term(mid) <= term:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def snapshot_meta(self) -> SnapshotMeta | None:
+        """Describe the compaction point (``first_index - 1``) for an InstallSnapshot, or None if unknown."""
+        if self._snapshot is not None:
+            return self._snapshot
+        point = self._store_snapshot_point()
+        if point is None or point.index < 0:
+            return None
+        return point
+
+    def _store_snapshot_point(self) -> SnapshotMeta | None:
+        store = self.store
+        point_of = getattr(store, "snapshot_point", None)
+        if point_of is not None:
+            p = point_of()
+            return SnapshotMeta(p.last_index, p.last_term, p.chain_crc, p.end_pos)
+        if store.first_index == store.last_index + 1:
+            t = store.tail()
+            return SnapshotMeta(t.last_index, t.last_term, t.chain_crc, t.end_pos)
+        return None
+
+    # -- reads for replication -----------------------------------------------------------------------------------
+
+    def frames_from(self, lo: int, max_bytes: int) -> tuple[bytes, int]:
+        """Encoded frames from ``lo`` on (at least one entry, at most ``max_bytes`` beyond that) and the last
+        index they carry. Raises ``Compacted`` when ``lo`` is below the first index held."""
+        last = self._last_index
+        if lo > last:
+            return b"", lo - 1
+        k = lo - self._offset
+        if k >= 0:
+            offs = self._offs
+            start = offs[k]
+            end_all = self._base + len(self._buf)
+            if end_all - start <= max_bytes:
+                return bytes(self._buf[start - self._base :]), last
+            m = bisect_right(offs, start + max_bytes, k + 1)  # entries k..m-2 end at or before the limit
+            stop = max(m - 1, k + 1)
+            return bytes(self._buf[start - self._base : offs[stop] - self._base]), self._offset + stop - 1
+        if self._snapshot is not None:
+            raise Compacted(f"index {lo} is below the installed snapshot at {self._snapshot.index}")
+        hi = self._offset  # store part only; the memory tail follows in the next message
+        data = self.store.raw(lo, hi, max_bytes)
+        return data, lo + _count_frames(data) - 1
+
+    # -- writes: leader --------------------------------------------------------------------------------------------
+
+    def append_new(self, bodies: list[bytes], term: int, magic: int) -> tuple[int, list[int]]:
+        """Encode ``bodies`` as the next entries (a leader's proposals); return the first index and positions."""
+        if term < self._last_term:
+            raise ValueError(f"term {term} is below the log's last term {self._last_term}")
+        seg = self._segment_size
+        limit = seg - _MIN_BLANK - _HEADER_SIZE
+        for b in bodies:
+            if len(b) > limit:
+                raise ValueError(f"an entry body of {len(b)} bytes does not fit a {seg}-byte segment")
+        buf = self._buf
+        offs = self._offs
+        terms = self._terms
+        encode_into = codec.encode_into
+        index = self._last_index
+        first = index + 1
+        pos = self._end_pos
+        chain = self._last_chain
+        vbase = self._base
+        positions = []
+        for body in bodies:
+            size = _HEADER_SIZE + len(body)
+            used = pos % seg
+            if seg - used < size + _MIN_BLANK:
+                pos += seg - used
+            index += 1
+            offs.append(vbase + len(buf))
+            terms.append(term)
+            chain = encode_into(buf, index, term, pos, body, chain, magic)
+            positions.append(pos)
+            pos += size
+        self._last_index = index
+        self._last_term = term
+        self._end_pos = pos
+        self._last_chain = chain
+        return first, positions
+
+    # -- writes: follower ------------------------------------------------------------------------------------------
+
+    def maybe_append(self, prev_index: int, prev_term: int, frames: bytes) -> int | None:
+        """Raft's AppendEntries receiver rules 2-4: None if we do not hold (prev_index, prev_term); otherwise
+        drop our entries from the first conflict on, append what is new, and return the last index the message
+        covers (``prev_index`` + its entries), which is the index we now agree with the leader up to."""
+        if not self.match_term(prev_index, prev_term):
+            return None
+        if not frames:
+            return prev_index
+        heads = _scan(frames, prev_index + 1)
+        n = len(heads)
+        last_new = prev_index + n
+        # Common case: everything is new.
+        if prev_index == self._last_index:
+            self._append_frames(frames, 0, heads)
+            return last_new
+        # Find the first entry we lack or hold with another term (receiver rule 3).
+        conflict = -1
+        for k in range(n):
+            idx = prev_index + 1 + k
+            if idx > self._last_index or not self.match_term(idx, heads[k][1]):
+                conflict = k
+                break
+        if conflict < 0:
+            return last_new  # a duplicate or an older message: nothing new
+        idx = prev_index + 1 + conflict
+        if idx <= self._last_index:
+            if idx <= self.committed:
+                raise LogConflictError(
+                    f"entry {idx} conflicts with the leader's (term {heads[conflict][1]}) but index "
+                    f"{self.committed} is committed"
+                )
+            self._truncate(idx)
+        self._append_frames(frames, heads[conflict][0], heads[conflict:])
+        return last_new
+
+    def _truncate(self, index: int) -> None:
+        """Forget entries ``index`` and after (in memory now, in the store with the next Ready)."""
+        k = index - self._offset
+        if k >= 0:
+            cut = self._offs[k] - self._base
+            del self._buf[cut:]
+            del self._offs[k:]
+            del self._terms[k:]
+            if self._handed_to >= index:
+                # The runtime is writing (or wrote) those entries: the store must lose them again.
+                self._handed_to = index - 1
+                self._truncate_from = (
+                    index if self._truncate_from is None else min(self._truncate_from, index)
+                )
+        else:
+            if self._snapshot is not None and index <= self._snapshot.index:
+                raise LogConflictError(f"cannot truncate at {index}: below the installed snapshot")
+            self._buf = bytearray()
+            self._base = 0
+            self._offs.clear()
+            self._terms.clear()
+            self._offset = index
+            self._handed_to = index - 1
+            self._truncate_from = index
+        self._last_index = index - 1
+
+    def _append_frames(self, frames: bytes, start: int, heads: list[tuple[int, int]]) -> None:
+        buf = self._buf
+        shift = self._base + len(buf) - start
+        self._offs.extend([off + shift for off, _ in heads])
+        self._terms.extend([t for _, t in heads])
+        if start:
+            buf += memoryview(frames)[start:]
+        else:
+            buf += frames
+        last_off = heads[-1][0]
+        h = codec.HEADER.unpack_from(frames, last_off)
+        self._last_index = h[2]
+        self._last_term = h[3]
+        self._end_pos = h[4] + h[1]
+        self._last_chain = h[6]
+
+    def restore(self, snap: SnapshotMeta) -> None:
+        """Reset to an installed snapshot: every entry is dropped; the log continues after ``snap``."""
+        self._buf = bytearray()
+        self._base = 0
+        self._offs.clear()
+        self._terms.clear()
+        self._offset = snap.index + 1
+        self._handed_to = snap.index
+        self._truncate_from = None
+        self._snapshot = snap
+        self._snapshot_handed = False
+        self._last_index = snap.index
+        self._last_term = snap.term
+        self._end_pos = snap.end_pos
+        self._last_chain = snap.chain_crc
+        self.committed = max(self.committed, snap.index)
+
+    def commit_to(self, index: int) -> bool:
+        if index > self.committed:
+            if index > self._last_index:
+                raise LogConflictError(f"commit index {index} is past the last index {self._last_index}")
+            self.committed = index
+            return True
+        return False
+
+    # -- handing work to the runtime ---------------------------------------------------------------------------
+
+    @property
+    def has_unstable(self) -> bool:
+        return (
+            self._handed_to < self._last_index
+            or self._truncate_from is not None
+            or (self._snapshot is not None and not self._snapshot_handed)
+        )
+
+    def take_unstable(self) -> tuple[SnapshotMeta | None, int | None, bytes]:
+        """(snapshot, truncate_from, frames) for the next Ready; marks them handed."""
+        snap = None
+        if self._snapshot is not None and not self._snapshot_handed:
+            snap = self._snapshot
+            self._snapshot_handed = True
+        truncate_from = self._truncate_from
+        self._truncate_from = None
+        frames = b""
+        if self._handed_to < self._last_index:
+            k = self._handed_to + 1 - self._offset
+            frames = bytes(self._buf[self._offs[k] - self._base :])
+            self._handed_to = self._last_index
+        return snap, truncate_from, frames
+
+    def stable(self) -> None:
+        """The Ready last taken is durable. Its entries stay in memory as a read cache (a leader sends them to
+        followers from here, without a store read) until the tail exceeds ``cache_bytes``; then the oldest
+        durable entries are let go. Entries not yet handed out are never dropped."""
+        if self._snapshot is not None and self._snapshot_handed:
+            self._snapshot = None
+            self._snapshot_handed = False
+        durable = self._handed_to + 1 - self._offset  # memory entries that are (now) in the store
+        if durable <= 0:
+            return
+        excess = len(self._buf) - self._cache_bytes
+        if excess <= 0:
+            return
+        offs = self._offs
+        # Drop the oldest durable entries covering at least `excess` bytes.
+        n = min(durable, bisect_right(offs, self._base + excess - 1))
+        if n == len(offs):
+            self._base += len(self._buf)
+            self._buf = bytearray()
+            offs.clear()
+            self._terms.clear()
+        else:
+            cut = offs[n] - self._base
+            del self._buf[:cut]
+            self._base += cut
+            del offs[:n]
+            del self._terms[:n]
+        self._offset += n
+
+    def memory_entries(self) -> int:
+        """How many entries are held in memory (not yet durable); for status and tests."""
+        return len(self._offs)
+
+
+def _scan(frames: bytes, first_index: int) -> list[tuple[int, int]]:
+    """(byte offset, term) of each frame, checking structure, dense indexes and non-decreasing terms.
+
+    CRCs are the store's job (it validates on append); this pass only needs to place entries in the tail.
+    """
+    end = len(frames)
+    unpack = _HEAD.unpack_from
+    heads: list[tuple[int, int]] = []
+    off = 0
+    expect = first_index
+    last_term = -1
+    while off < end:
+        if end - off < _HEADER_SIZE:
+            raise codec.FrameError(f"truncated header: {end - off} of {_HEADER_SIZE} bytes", off)
+        magic, size, index, term = unpack(frames, off)
+        if magic not in _ENTRY_MAGICS or size < _HEADER_SIZE or size > end - off:
+            raise codec.FrameError(f"bad frame at offset {off}: magic {magic}, size {size}", off, index)
+        if index != expect:
+            raise codec.FrameError(f"index {index} at offset {off}, expected {expect}", off, index)
+        if term < last_term:
+            raise codec.FrameError(
+                f"term {term} at index {index} is below previous term {last_term}", off, index
+            )
+        heads.append((off, term))
+        expect += 1
+        last_term = term
+        off += size
+    return heads
+
+
+def _count_frames(data: bytes) -> int:
+    n = 0
+    off = 0
+    end = len(data)
+    size_of = struct.Struct(">i").unpack_from
+    while off < end:
+        off += size_of(data, off + 4)[0]
+        n += 1
+    return n

@@ -1,0 +1,436 @@
+"""A deterministic in-memory cluster of RaftCores: virtual clock, explicit network verbs, crash and restart.
+
+This is the runtime's job done in a few lines, with every source of nondeterminism made an input: each node has a
+``MemoryLogStore`` and ``MemoryMetaStore`` (its "disk"), each core gets its own ``random.Random`` derived from the
+cluster seed, and messages sit in one visible queue until a verb delivers, drops, delays, duplicates or reorders
+them. Handling a ``Ready`` follows the contract in ``dledger.core.messages.Ready``: persist (hard state, snapshot,
+truncation, frames), then send, then apply, then advance. ``crash(n, stage)`` can stop a node part-way through
+that sequence, losing everything not yet persisted, which is exactly what a kill -9 of the runtime loses.
+
+Safety is checked by ``check_invariants()`` (the property tests call it after every step):
+
+- election safety: at most one leader per term, over the whole history;
+- log matching: entries with the same index and term have the same chain_crc (hence identical prefixes);
+- state machine safety: an index, once committed anywhere, always commits the same entry, and no node ever
+  truncates or loses an entry it had as committed;
+- leader completeness: every leader whose term is newer than a commit holds the committed entry;
+- commit monotonicity: a core's commit index never decreases and never passes its last index.
+
+Every verb appends one readable line to ``transcript`` (as do the cores: "n2 became leader at term 7"), so a
+failing schedule reads like a story.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from dledger.core.config import RaftConfig
+from dledger.core.messages import InstallSnapshot, Message, Ready, Role, SnapshotStatus
+from dledger.core.raft import RaftCore
+from storage.errors import IndexOutOfRange
+from storage.memory import MemoryLogStore, MemoryMetaStore
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+@dataclass
+class Envelope:
+    msg: Message
+    deliver_at: int  # virtual tick at or after which deliver_all() may deliver it
+
+
+@dataclass
+class SimNode:
+    id: str
+    store: MemoryLogStore
+    meta: MemoryMetaStore
+    core: RaftCore | None = None
+    applied: int = -1
+    last_commit: int = -1  # highest commit index this incarnation reported (monotonicity check)
+    crashes: int = 0
+    applied_entries: list[tuple[int, int]] = field(default_factory=list)  # (index, chain_crc) in apply order
+
+    @property
+    def alive(self) -> bool:
+        return self.core is not None
+
+
+CRASH_STAGES = ("before-ready", "after-hard-state", "after-truncate", "after-frames")
+
+
+class Cluster:
+    """N cores wired through an explicit message queue, driven by verbs."""
+
+    def __init__(
+        self,
+        n: int = 3,
+        seed: int = 0,
+        config: RaftConfig | None = None,
+        segment_size: int = 4096,
+        ids: list[str] | None = None,
+        echo: Callable[[str], None] | None = None,
+        check_logs: bool = True,
+    ):
+        self.ids = ids or [f"n{i + 1}" for i in range(n)]
+        self.config = config or RaftConfig(segment_size=segment_size)
+        if self.config.segment_size != segment_size and config is None:
+            self.config = replace(self.config, segment_size=segment_size)
+        self.seed = seed
+        self._seeder = random.Random(seed)
+        self.now = 0
+        self.queue: list[Envelope] = []
+        self.cuts: set[frozenset[str]] = set()
+        self.transcript: list[str] = []
+        self._echo = echo
+        self.check_logs = check_logs
+        self.nodes: dict[str, SimNode] = {}
+        # History for the invariants.
+        self.leaders_by_term: dict[int, str] = {}
+        self.committed: dict[int, tuple[int, int]] = {}  # index -> (term, chain_crc), as first reported
+        self.commit_term: dict[int, int] = {}  # index -> highest term known when it was reported committed
+        self.max_committed = -1
+        self.delivered = 0
+        for nid in self.ids:
+            node = SimNode(nid, MemoryLogStore(self.config.segment_size), MemoryMetaStore())
+            self.nodes[nid] = node
+            self._boot(node)
+
+    # -- transcript ------------------------------------------------------------------------------------------------
+
+    def say(self, line: str) -> None:
+        line = f"t={self.now} {line}"
+        self.transcript.append(line)
+        if self._echo is not None:
+            self._echo(line)
+
+    def dump(self, last: int = 200) -> str:
+        return "\n".join(self.transcript[-last:])
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+
+    def _boot(self, node: SimNode) -> None:
+        hs = node.meta.load_hard_state()
+        raw = node.meta.get("applied")
+        applied = int(raw) if raw is not None else -1
+        applied = max(applied, node.store.first_index - 1)
+        node.applied = applied
+        node.last_commit = applied
+        rng = random.Random(self._seeder.getrandbits(64))
+        node.core = RaftCore(
+            node.id, list(self.ids), node.store, hs, self.config, rng, applied, log_event=self.say
+        )
+
+    def crash(self, nid: str, stage: str = "before-ready") -> None:
+        """Kill ``nid``; with a ``stage`` other than before-ready it dies part-way through handling a Ready."""
+        node = self.nodes[nid]
+        if not node.alive:
+            return
+        core = node.core
+        assert core is not None
+        if stage != "before-ready" and core.has_ready():
+            rd = core.ready()
+            self._persist(node, rd, stop_after=stage)
+        node.core = None
+        node.crashes += 1
+        self.say(f"crash {nid} ({stage})")
+
+    def restart(self, nid: str) -> None:
+        node = self.nodes[nid]
+        if node.alive:
+            return
+        self._boot(node)
+        self.say(f"restart {nid} at term {node.core.term} with log up to {node.store.last_index}")
+
+    # -- network verbs ----------------------------------------------------------------------------------------------
+
+    def cut(self, a: str, b: str) -> None:
+        self.cuts.add(frozenset((a, b)))
+        self.say(f"cut {a}-{b}")
+
+    def isolate(self, nid: str) -> None:
+        for other in self.ids:
+            if other != nid:
+                self.cuts.add(frozenset((nid, other)))
+        self.say(f"isolate {nid}")
+
+    def heal(self) -> None:
+        self.cuts.clear()
+        self.say("heal")
+
+    def connected(self, a: str, b: str) -> bool:
+        return frozenset((a, b)) not in self.cuts
+
+    def drop(self, i: int) -> None:
+        env = self.queue.pop(i)
+        self.say(f"drop {_describe(env.msg)}")
+        self._snapshot_fate(env.msg, False)
+
+    def duplicate(self, i: int) -> None:
+        env = self.queue[i]
+        self.queue.append(Envelope(env.msg, env.deliver_at))
+        self.say(f"duplicate {_describe(env.msg)}")
+
+    def delay(self, i: int, ticks: int) -> None:
+        env = self.queue[i]
+        env.deliver_at = self.now + ticks
+        self.say(f"delay {_describe(env.msg)} by {ticks}")
+
+    def reorder(self, i: int) -> None:
+        """Move message ``i`` to the back of the queue (everything else overtakes it)."""
+        self.queue.append(self.queue.pop(i))
+
+    def deliver(self, i: int = 0) -> bool:
+        """Deliver message ``i`` of the queue (whatever its delivery time); False if it was lost on the way."""
+        env = self.queue.pop(i)
+        return self._deliver(env.msg)
+
+    def deliver_all(self, max_rounds: int = 1000) -> int:
+        """Deliver every due message, including the ones their handling produces, up to ``max_rounds`` rounds."""
+        n = 0
+        for _ in range(max_rounds):
+            self.process_all()
+            due = [e for e in self.queue if e.deliver_at <= self.now]
+            if not due:
+                return n
+            self.queue = [e for e in self.queue if e.deliver_at > self.now]
+            for env in due:
+                self._deliver(env.msg)
+                n += 1
+        raise RuntimeError(f"deliver_all did not settle in {max_rounds} rounds")
+
+    def _deliver(self, m: Message) -> bool:
+        node = self.nodes[m.dst]
+        if not node.alive or not self.connected(m.src, m.dst):
+            self._snapshot_fate(m, False)
+            return False
+        self.delivered += 1
+        core = node.core
+        assert core is not None
+        core.step(m)
+        if type(m) is InstallSnapshot:
+            self._snapshot_fate(m, True)
+        self.process(m.dst)
+        return True
+
+    def _snapshot_fate(self, m: Message, success: bool) -> None:
+        """The leader's runtime learns whether shipping a snapshot worked (it streamed the files itself)."""
+        if type(m) is not InstallSnapshot:
+            return
+        leader = self.nodes[m.src]
+        if leader.alive and leader.core.term == m.term:
+            leader.core.step(SnapshotStatus(m.term, m.dst, m.src, success))
+
+    # -- time ---------------------------------------------------------------------------------------------------
+
+    def tick(self, n: int = 1, nodes: list[str] | None = None) -> None:
+        """Advance the virtual clock ``n`` ticks; every live node (or only ``nodes``) ticks each time."""
+        for _ in range(n):
+            self.now += 1
+            for nid in nodes or self.ids:
+                node = self.nodes[nid]
+                if node.alive:
+                    node.core.tick()
+            self.process_all()
+
+    def run(self, ticks: int) -> None:
+        """Tick and deliver everything due, ``ticks`` times: the network is then reliable and instant."""
+        for _ in range(ticks):
+            self.tick()
+            self.deliver_all()
+
+    def run_until(self, cond: Callable[[], bool], max_ticks: int = 2000) -> int:
+        """Run until ``cond()`` holds; returns the ticks it took. Raises with the transcript tail if it never does."""
+        for t in range(max_ticks + 1):
+            self.deliver_all()
+            if cond():
+                return t
+            self.tick()
+        raise AssertionError(
+            f"condition not reached within {max_ticks} ticks (seed {self.seed})\n{self.dump(60)}"
+        )
+
+    def stabilize(self) -> None:
+        self.deliver_all()
+
+    # -- clients -------------------------------------------------------------------------------------------------
+
+    def leader(self) -> str | None:
+        """The live leader with the highest term, if any."""
+        best = None
+        for node in self.nodes.values():
+            if (
+                node.alive
+                and node.core.role is Role.LEADER
+                and (best is None or node.core.term > self.nodes[best].core.term)
+            ):
+                best = node.id
+        return best
+
+    def propose(self, nid: str, bodies: list[bytes]):
+        core = self.nodes[nid].core
+        assert core is not None
+        p = core.propose(bodies)
+        self.say(
+            f"propose {len(bodies)} on {nid}: indexes {p.first_index}..{p.first_index + len(bodies) - 1}"
+        )
+        self.process(nid)
+        return p
+
+    def compact(self, nid: str, upto: int) -> None:
+        """The runtime took a snapshot at ``upto`` (applied) and compacts the log before it."""
+        node = self.nodes[nid]
+        upto = min(upto, node.applied)
+        if upto < node.store.first_index:
+            return
+        node.store.compact_prefix(upto + 1)
+        self.say(f"compact {nid} up to {upto}")
+
+    # -- the runtime's Ready handling -------------------------------------------------------------------------------
+
+    def process_all(self) -> None:
+        for nid in self.ids:
+            self.process(nid)
+
+    def process(self, nid: str) -> None:
+        node = self.nodes[nid]
+        core = node.core
+        if core is None:
+            return
+        while core.has_ready():
+            rd = core.ready()
+            self._persist(node, rd)
+            for m in rd.messages:
+                self.queue.append(Envelope(m, self.now))
+            self._apply(node, rd)
+            core.advance(rd)
+            self._observe(node)
+
+    def _persist(self, node: SimNode, rd: Ready, stop_after: str | None = None) -> None:
+        if rd.hard_state is not None:
+            node.meta.save_hard_state(rd.hard_state)
+        if stop_after == "after-hard-state":
+            return
+        if rd.snapshot is not None:
+            s = rd.snapshot
+            node.store.reset_to_snapshot(s.index, s.term, s.chain_crc, s.end_pos)
+            node.applied = max(node.applied, s.index)
+            node.meta.put("applied", str(node.applied).encode())
+        if rd.truncate_from is not None:
+            self._check_truncate(node, rd.truncate_from)
+            node.store.truncate_suffix(rd.truncate_from)
+        if stop_after == "after-truncate":
+            return
+        if rd.frames:
+            node.store.append(rd.frames)
+
+    def _apply(self, node: SimNode, rd: Ready) -> None:
+        store = node.store
+        for i in range(node.applied + 1, rd.commit_index + 1):
+            chain = store.entry(i).header.chain_crc
+            node.applied_entries.append((i, chain))
+            self._record_commit(node, i, store.term(i), chain)
+        if rd.commit_index > node.applied:
+            node.applied = rd.commit_index
+            node.meta.put("applied", str(node.applied).encode())
+
+    # -- invariants ------------------------------------------------------------------------------------------------
+
+    def _record_commit(self, node: SimNode, index: int, term: int, chain: int) -> None:
+        known = self.committed.get(index)
+        if known is None:
+            self.committed[index] = (term, chain)
+            self.commit_term[index] = node.core.term if node.core is not None else term
+            if index > self.max_committed:
+                self.max_committed = index
+        elif known != (term, chain):
+            raise InvariantViolation(
+                f"state machine safety: {node.id} applied index {index} as (term {term}, chain {chain:#x}) but "
+                f"it was committed as (term {known[0]}, chain {known[1]:#x}) (seed {self.seed})"
+            )
+
+    def _check_truncate(self, node: SimNode, frm: int) -> None:
+        store = node.store
+        for i in range(max(frm, store.first_index), store.last_index + 1):
+            known = self.committed.get(i)
+            if known is not None and (store.term(i), store.entry(i).header.chain_crc) == known:
+                raise InvariantViolation(
+                    f"{node.id} truncates committed entry {i} (truncate_from {frm}) (seed {self.seed})"
+                )
+
+    def _observe(self, node: SimNode) -> None:
+        core = node.core
+        if core.role is Role.LEADER:
+            prev = self.leaders_by_term.setdefault(core.term, node.id)
+            if prev != node.id:
+                raise InvariantViolation(
+                    f"election safety: {prev} and {node.id} both led term {core.term} (seed {self.seed})"
+                )
+        c = core.commit_index
+        if c < node.last_commit:
+            raise InvariantViolation(
+                f"{node.id} commit index fell from {node.last_commit} to {c} (seed {self.seed})"
+            )
+        if c > core.last_index:
+            raise InvariantViolation(f"{node.id} commit index {c} is past its last index {core.last_index}")
+        node.last_commit = c
+
+    def check_invariants(self) -> None:
+        for node in self.nodes.values():
+            if node.alive:
+                self._observe(node)
+        if not self.check_logs:
+            return
+        # Log matching over the durable logs: same (index, term) implies same chain (hence same prefix).
+        by_index: dict[int, dict[int, int]] = {}
+        for node in self.nodes.values():
+            store = node.store
+            for e in (
+                store.entries(store.first_index, store.last_index + 1)
+                if store.last_index >= store.first_index
+                else []
+            ):
+                h = e.header
+                seen = by_index.setdefault(h.index, {})
+                c = seen.setdefault(h.term, h.chain_crc)
+                if c != h.chain_crc:
+                    raise InvariantViolation(
+                        f"log matching: index {h.index} term {h.term} has two chains ({c:#x}, {h.chain_crc:#x}) "
+                        f"(seed {self.seed})"
+                    )
+                known = self.committed.get(h.index)
+                if known is not None and known[0] == h.term and known[1] != h.chain_crc:
+                    raise InvariantViolation(
+                        f"committed entry {h.index} differs on {node.id} (seed {self.seed})"
+                    )
+        # Leader completeness: a leader of a newer term holds every committed entry.
+        for node in self.nodes.values():
+            core = node.core
+            if core is None or core.role is not Role.LEADER:
+                continue
+            view = core.raft_log
+            for index, (term, chain) in self.committed.items():
+                if core.term <= self.commit_term[index]:
+                    continue
+                try:
+                    t = view.term(index)
+                except IndexOutOfRange:
+                    if index < view.first_index:
+                        continue  # compacted: covered by the snapshot
+                    raise InvariantViolation(
+                        f"leader completeness: leader {node.id} (term {core.term}) lacks committed entry {index} "
+                        f"(seed {self.seed})"
+                    ) from None
+                if t != term or view.chain_at(index) not in (None, chain):
+                    raise InvariantViolation(
+                        f"leader completeness: leader {node.id} (term {core.term}) holds a different entry at "
+                        f"committed index {index} (seed {self.seed})"
+                    )
+
+
+def _describe(m: Message) -> str:
+    name = type(m).__name__
+    return f"{name} {m.src}->{m.dst} term {m.term}"
