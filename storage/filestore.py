@@ -38,7 +38,7 @@ from storage.errors import (
 from storage.fileio import FileIO, is_disk_full
 from storage.index import DEFAULT_UNITS_PER_FILE, UNIT, IndexFiles
 from storage.recovery import LogStart, Recovery, recover
-from storage.segments import DataSegments, list_segments
+from storage.segments import DataSegments
 
 FLUSH_POLICIES = ("sync", "async")
 
@@ -79,11 +79,9 @@ class FileLogStore:
         index_dir = os.path.join(directory, "index")
         os.makedirs(data_dir, exist_ok=True)
         start = LogStart.load(data_dir)
+        record_start = start is None  # a new log, or one whose record is missing: it starts at index 0
         if start is None:
             start = LogStart.fresh(segment_size)
-            had_data = bool(list_segments(data_dir))
-            if not had_data:
-                start.save(data_dir, io)
         elif start.segment_size and start.segment_size != segment_size:
             raise StorageError(
                 f"log in {directory} was written with segment_size {start.segment_size}, opened with {segment_size}"
@@ -113,6 +111,8 @@ class FileLogStore:
             self._segments.close()
             raise
         self._tail = self.recovery.tail
+        if record_start:
+            start.save(data_dir, io)  # after recovery accepted the data as a log from index 0
         if self.recovery.torn_bytes or self.recovery.dropped_entries:
             self._segments.sync_dirty()
 

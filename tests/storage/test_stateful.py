@@ -10,7 +10,14 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from storage import codec
 from storage.filestore import FileLogStore
@@ -122,14 +129,26 @@ class LogAgainstModel(RuleBasedStateMachine):
             ]
 
 
-_fast = settings(
-    max_examples=25, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-TestLogAgainstModel = _fast(LogAgainstModel).TestCase
+def test_log_against_model():
+    run_state_machine_as_test(
+        LogAgainstModel,
+        settings=settings(
+            max_examples=25,
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
 
 
 @pytest.mark.slow
 def test_log_against_model_long():
-    settings(max_examples=400, stateful_step_count=50, deadline=None)(LogAgainstModel).TestCase(
-        "runTest"
-    ).runTest()
+    run_state_machine_as_test(
+        LogAgainstModel,
+        settings=settings(
+            max_examples=400,
+            stateful_step_count=50,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
