@@ -34,7 +34,7 @@ from dledger.errors import (
     UnavailableError,
 )
 from dledger.transport import convert
-from dledger.transport.base import AppendResult, NodeInfo, PeerInfo
+from dledger.transport.base import AppendedRun, AppendResult, NodeInfo, PeerInfo
 from dledger.transport.grpc import open_channel
 from dledger.v1 import client_pb2, client_pb2_grpc
 
@@ -107,7 +107,7 @@ class _AppendStream:
         self._writer = asyncio.create_task(self._write_loop())
         self._reader = asyncio.create_task(self._read_loop())
 
-    async def append(self, bodies: list[bytes]) -> list[AppendResult]:
+    async def append(self, bodies: list[bytes]) -> AppendedRun:
         if self.broken is not None:
             raise UnavailableError(f"{self.address}: stream closed") from self.broken
         fut = asyncio.get_running_loop().create_future()
@@ -150,11 +150,11 @@ class _AppendStream:
                         if not f.done():
                             f.set_exception(err)
                     continue
-                entries = resp.entries
+                first, term, pos = resp.first_index, resp.term, resp.pos
                 i = 0
                 for n, f in waiting:
                     if not f.done():
-                        f.set_result([AppendResult(e.index, e.pos, e.term) for e in entries[i : i + n]])
+                        f.set_result(AppendedRun(first + i, term, tuple(pos[i : i + n])))
                     i += n
             await self._break_from_call()
         except grpc.aio.AioRpcError:
@@ -281,7 +281,7 @@ class AsyncDLedgerClient:
                     max(0.001, min(self.rpc_timeout_s, deadline - loop.time())),
                 )
                 self.leader = address
-                return results
+                return results.results()
             except OutcomeUnknownError:
                 self.leader = None if self.leader == address else self.leader
                 raise
@@ -301,7 +301,7 @@ class AsyncDLedgerClient:
                 attempt += 1
         raise UnavailableError(f"append did not succeed within {self.timeout_s} s; last error: {last}")
 
-    async def _append_once(self, address: str, bodies: list[bytes]) -> list[AppendResult]:
+    async def _append_once(self, address: str, bodies: list[bytes]) -> AppendedRun:
         if self._use_stream:
             s = self._streams.get(address)
             if s is None or s.broken is not None:
@@ -322,7 +322,7 @@ class AsyncDLedgerClient:
                     f"{address} failed while the append was in flight: {e.details()}"
                 ) from e
             raise err from e
-        return [AppendResult(x.index, x.pos, x.term) for x in resp.entries]
+        return AppendedRun(resp.first_index, resp.term, tuple(resp.pos))
 
     async def get(self, index: int, address: str | None = None) -> GetResult:
         """Read a committed entry (from ``address``, else the leader or any node)."""

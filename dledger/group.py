@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dledger.errors import ConfigError, DLedgerError, UnavailableError
+from dledger.errors import ConfigError, DLedgerError, OutcomeUnknownError, UnavailableError
 from dledger.transport.base import NodeInfo
 
 DEFAULT_BASE_PORT = 20911
@@ -392,8 +392,14 @@ async def kill_leader_async(group: GroupSpec, timeout_s: float = 15.0) -> Failov
                 await asyncio.sleep(0.005)
 
         watcher = asyncio.create_task(watch_leader())
-        body = f"after-kill-{leader.id}-{time.time_ns()}".encode()
-        await client.append(body)
+        while True:
+            try:
+                await client.append(f"after-kill-{leader.id}-{time.time_ns()}".encode())
+                break
+            except OutcomeUnknownError:
+                # A survivor changed roles while answering: this append may or may not count; try another.
+                if time.monotonic() - t0 > timeout_s:
+                    raise
         t_append = time.monotonic() - t0
         await asyncio.wait_for(watcher, timeout_s)
         if not new_leader:

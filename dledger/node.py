@@ -60,7 +60,7 @@ from dledger.errors import (
 )
 from dledger.nodeconfig import NodeConfig
 from dledger.transport.base import (
-    AppendResult,
+    AppendedRun,
     NodeInfo,
     PeerInfo,
     PeerTransport,
@@ -181,6 +181,7 @@ class Node:
                 {p: a for p, a in cfg.peers.items() if p != self.id},
                 control_timeout_s=control_timeout,
             )
+        self._transport.set_reply_handler(self._step_all)
         for peer in cfg.peers:
             if peer != self.id:
                 self._peer_queues[peer] = asyncio.Queue()
@@ -315,9 +316,7 @@ class Node:
             if self._log.term(p.last_index) != p.term:
                 _fail(p.future, OutcomeUnknownError("the entries were overwritten by a newer leader"))
                 continue
-            p.future.set_result(
-                [AppendResult(p.first_index + i, pos, p.term) for i, pos in enumerate(p.positions)]
-            )
+            p.future.set_result(AppendedRun(p.first_index, p.term, p.positions))
         for listener in self._commit_listeners:
             listener(commit_index)
 
@@ -491,25 +490,37 @@ class Node:
     # -- peers: outbound ---------------------------------------------------------------------------------------
 
     async def _sender(self, peer: str, queue: asyncio.Queue) -> None:
-        """Deliver messages to one peer in order, several calls in flight (bounded by the core's window)."""
-        inflight: set[asyncio.Task] = set()
-        limit = self.config.raft.max_inflight + 4
-        slots = asyncio.Semaphore(limit)
+        """Deliver messages to one peer in order. Everything queued while the previous write was in progress
+        goes out as one pipe write (AppendEntries, heartbeats, answers); answers come back through
+        ``_step_all``. Votes and TimeoutNow use their own unary calls, snapshots their own stream."""
+        side: set[asyncio.Task] = set()
         try:
             while True:
-                msg = await queue.get()
-                if isinstance(msg, AppendEntries):
-                    await slots.acquire()
-                    t = asyncio.create_task(self._call(msg))
-                    t.add_done_callback(lambda _t: slots.release())
-                elif isinstance(msg, InstallSnapshot):
-                    t = asyncio.create_task(self._send_snapshot(msg))
-                else:
-                    t = asyncio.create_task(self._call(msg))
-                inflight.add(t)
-                t.add_done_callback(inflight.discard)
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                piped = []
+                for m in batch:
+                    if isinstance(m, RequestVote | TimeoutNow):
+                        t = asyncio.create_task(self._call(m))
+                    elif isinstance(m, InstallSnapshot):
+                        t = asyncio.create_task(self._send_snapshot(m))
+                    else:
+                        piped.append(m)
+                        continue
+                    side.add(t)
+                    t.add_done_callback(side.discard)
+                if piped:
+                    try:
+                        await self._transport.deliver(peer, piped)
+                    except PeerUnreachableError as e:
+                        self._note_unreachable(e)
+                        continue
+                    self._unreachable_logged.pop(peer, None)
+                    self.stats["pipe_writes"] += 1
+                    self.stats["piped_messages"] += len(piped)
         finally:
-            for t in inflight:
+            for t in side:
                 t.cancel()
 
     async def _call(self, msg: Message) -> None:
@@ -534,12 +545,27 @@ class Node:
         )
 
     def _step_all(self, messages: list[Message]) -> None:
+        """Answers from peers (and local reports) go into the core; wake the ready loop if there is work."""
         if self._stopping or not messages:
             return
         for m in messages:
-            self._core.step(m)
+            self._step(m)
         if self._core.has_ready():
             self._wake.set()
+
+    def _step(self, m: Message) -> None:
+        """Step one message. A core that raises anything but a refusal has found broken safety (e.g. a log
+        conflict below the commit index): the node stops rather than diverge."""
+        try:
+            self._core.step(m)
+        except DLedgerError:
+            raise
+        except Exception as e:
+            log.critical(
+                "%s: the Raft core failed on %s; stopping the node", self.id, type(m).__name__, exc_info=e
+            )
+            asyncio.get_running_loop().create_task(self.stop())
+            raise UnavailableError(f"node {self.id} stopped: {e}") from e
 
     def _note_unreachable(self, e: PeerUnreachableError) -> None:
         now = time.monotonic()
@@ -561,13 +587,37 @@ class Node:
         if core is None:
             raise UnavailableError(f"node {self.id} is starting")
         kind = _RESPONSE_TO.get(type(msg))
-        core.step(msg)
+        self._step(msg)
         self._wake.set()
         if kind is None:
             return []  # a response delivered one way: nothing answers it
         w = _ReplyWaiter(msg.src, kind, asyncio.get_running_loop().create_future())
         self._reply_waiters.append(w)
         return await w.future
+
+    async def handle_batch(self, messages: list[Message]) -> list[Message]:
+        if self._stopping:
+            raise UnavailableError(f"node {self.id} is shutting down")
+        core = self._core
+        if core is None:
+            raise UnavailableError(f"node {self.id} is starting")
+        waiters = []
+        loop = asyncio.get_running_loop()
+        for msg in messages:
+            if msg.dst != self.id:
+                raise InvalidRequestError(
+                    f"message for {msg.dst} delivered to {self.id}: check the peer addresses"
+                )
+            self._step(msg)
+            kind = _RESPONSE_TO.get(type(msg))
+            if kind is not None:
+                w = _ReplyWaiter(msg.src, kind, loop.create_future())
+                self._reply_waiters.append(w)
+                waiters.append(w.future)
+        self._wake.set()
+        if not waiters:
+            return []
+        return [r for rs in await asyncio.gather(*waiters) for r in rs]
 
     async def handle_snapshot(
         self, msg: InstallSnapshot, chunks: AsyncIterator[SnapshotChunk]
@@ -599,7 +649,7 @@ class Node:
         leader = self._core.leader_id if self._core is not None else None
         return self.config.peers.get(leader) if leader else None
 
-    async def append(self, bodies: list[bytes]) -> list[AppendResult]:
+    async def append(self, bodies: list[bytes]) -> AppendedRun:
         """Append bodies as consecutive entries; resolves once they are committed (and synced under ``sync``)."""
         if self._stopping:
             raise UnavailableError(f"node {self.id} is shutting down")

@@ -9,7 +9,7 @@ decision lives in a transport: it converts, applies deadlines and reports unreac
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,6 +49,19 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
+class AppendedRun:
+    """The entries one append request became: consecutive indexes from ``first_index``, all in ``term``."""
+
+    first_index: int
+    term: int
+    positions: tuple[int, ...]
+
+    def results(self) -> list[AppendResult]:
+        first, term = self.first_index, self.term
+        return [AppendResult(first + i, pos, term) for i, pos in enumerate(self.positions)]
+
+
+@dataclass(frozen=True, slots=True)
 class PeerInfo:
     id: str
     address: str
@@ -78,6 +91,15 @@ class NodeInfo:
 class PeerTransport(Protocol):
     """Outbound Raft traffic of one node."""
 
+    def set_reply_handler(self, handler: Callable[[list[Message]], None]) -> None:
+        """Where answers that arrive on pipes (``deliver``) go; set once, before the first ``deliver``."""
+        ...
+
+    async def deliver(self, dst: str, messages: list[Message]) -> None:
+        """Write ``messages`` (in order) on the pipe to ``dst`` without waiting for answers; they arrive later
+        through the reply handler. Returns once written (flow control); raises ``PeerUnreachableError``."""
+        ...
+
     async def call(self, msg: Message) -> list[Message]:
         """Deliver ``msg`` to ``msg.dst``; return the messages the peer produced for us in answer.
 
@@ -102,6 +124,11 @@ class PeerHandler(Protocol):
         """Step ``msg`` into the core; return the answers addressed to its sender once they are persisted."""
         ...
 
+    async def handle_batch(self, messages: list[Message]) -> list[Message]:
+        """Step ``messages`` in order (all of them before the first await); return the answers to their
+        senders once persisted."""
+        ...
+
     async def handle_snapshot(
         self, msg: InstallSnapshot, chunks: AsyncIterator[SnapshotChunk]
     ) -> list[Message]:
@@ -114,7 +141,7 @@ class ClientHandler(Protocol):
 
     group: str
 
-    async def append(self, bodies: list[bytes]) -> list[AppendResult]: ...
+    async def append(self, bodies: list[bytes]) -> AppendedRun: ...
 
     def get(self, index: int) -> Entry: ...
 

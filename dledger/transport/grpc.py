@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -34,7 +34,7 @@ from dledger.core.messages import (
 from dledger.errors import DLedgerError, InvalidRequestError
 from dledger.transport import convert
 from dledger.transport.base import (
-    AppendResult,
+    AppendedRun,
     ClientHandler,
     NodeInfo,
     PeerHandler,
@@ -91,8 +91,41 @@ class _Peer:
         self.control_stub = raft_pb2_grpc.RaftPeerStub(self.control)
 
 
+class _Pipe:
+    """One ``Pipe`` stream to a peer: writes batches of messages, hands answers to the reply handler."""
+
+    def __init__(self, peer: _Peer, group: str, on_replies: Callable[[list[Message]], None]):
+        self.peer = peer
+        self._group = group
+        self._on_replies = on_replies
+        self.call = peer.data_stub.Pipe()
+        self.broken: str | None = None
+        self._reader = asyncio.create_task(self._read(), name=f"pipe-{peer.id}")
+
+    async def write(self, messages: list[Message]) -> None:
+        g = self._group
+        req = raft_pb2.DeliverRequest(group=g, messages=[convert.message_to_pb(m, g) for m in messages])
+        await self.call.write(req)
+
+    async def _read(self) -> None:
+        try:
+            async for reply in self.call:
+                if reply.messages:
+                    self._on_replies(convert.reply_from_pb(reply))
+            self.broken = "the peer closed the stream"
+        except grpc.aio.AioRpcError as e:
+            self.broken = f"{e.code().name}: {e.details()}"
+
+    async def close(self) -> None:
+        self.broken = self.broken or "closed"
+        self.call.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+
 class GrpcPeerTransport:
-    """``PeerTransport`` over gRPC: one data and one control channel per peer, deadlines on every call."""
+    """``PeerTransport`` over gRPC: a pipe (bidirectional stream) per peer for replication and heartbeats,
+    unary calls with deadlines for votes, TimeoutNow and snapshots. Pipes and unary calls use different
+    connections, so an election's votes never queue behind a large append."""
 
     def __init__(
         self,
@@ -108,9 +141,36 @@ class GrpcPeerTransport:
         self._append_timeout = append_timeout_s
         self._control_timeout = control_timeout_s
         self._snapshot_timeout = snapshot_timeout_s
+        self._pipes: dict[str, _Pipe] = {}
+        self._on_replies: Callable[[list[Message]], None] | None = None
 
     def address(self, peer_id: str) -> str:
         return self._peers[peer_id].address
+
+    def set_reply_handler(self, handler: Callable[[list[Message]], None]) -> None:
+        self._on_replies = handler
+
+    async def deliver(self, dst: str, messages: list[Message]) -> None:
+        peer = self._peers.get(dst)
+        if peer is None:
+            raise PeerUnreachableError(dst, "?", "not a member of this group")
+        if self._on_replies is None:
+            raise RuntimeError("set_reply_handler() before deliver()")
+        pipe = self._pipes.get(dst)
+        if pipe is not None and pipe.broken is not None:
+            await pipe.close()
+            pipe = None
+        if pipe is None:
+            pipe = self._pipes[dst] = _Pipe(peer, self.group, self._on_replies)
+        try:
+            await pipe.write(messages)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as e:
+            # The stream ended (peer down or restarted): what was in flight is lost, as Raft allows. The next
+            # deliver opens a new stream.
+            await pipe.close()
+            self._pipes.pop(dst, None)
+            detail = pipe.broken if pipe.broken and pipe.broken != "closed" else f"{type(e).__name__}: {e}"
+            raise PeerUnreachableError(peer.id, peer.address, detail) from e
 
     async def call(self, msg: Message) -> list[Message]:
         peer = self._peers.get(msg.dst)
@@ -171,6 +231,9 @@ class GrpcPeerTransport:
         return convert.reply_from_pb(reply)
 
     async def close(self) -> None:
+        for pipe in self._pipes.values():
+            await pipe.close()
+        self._pipes.clear()
         for p in self._peers.values():
             await p.data.close()
             await p.control.close()
@@ -208,6 +271,53 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
 
     async def TimeoutNow(self, request, context):
         return await self._one(request, convert.timeout_now_from_pb, context)
+
+    async def Pipe(self, request_iterator, context):
+        """Step each batch as it arrives; answer each batch once its answers are persisted (batches are
+        stepped in arrival order, answers may overtake each other)."""
+        out: asyncio.Queue[raft_pb2.PeerReply | None] = asyncio.Queue()
+        pending: set[asyncio.Task] = set()
+        group = self._group
+
+        async def one(messages: list[Message]) -> None:
+            try:
+                replies = await self._handler.handle_batch(messages)
+            except DLedgerError as e:
+                # The node refused the batch (e.g. it is shutting down): the sender's core times out and
+                # retries, as for any lost message.
+                log.info("pipe: dropped %d messages: %s", len(messages), e)
+                return
+            if replies:
+                out.put_nowait(convert.reply_to_pb(replies, group))
+
+        async def reader() -> None:
+            try:
+                async for req in request_iterator:
+                    if req.group != group:
+                        raise _unknown_group(req.group, group)
+                    t = asyncio.create_task(one([convert.message_from_pb(m) for m in req.messages]))
+                    pending.add(t)
+                    t.add_done_callback(pending.discard)
+                while pending:  # the sender half-closed: answer what it sent, then end the stream
+                    await asyncio.gather(*list(pending))
+            finally:
+                out.put_nowait(None)
+
+        reader_task = asyncio.create_task(reader())
+        try:
+            while True:
+                item = await out.get()
+                if item is None:
+                    break
+                yield item
+            try:
+                await reader_task
+            except DLedgerError as e:
+                await _abort(context, e)
+        finally:
+            reader_task.cancel()
+            for t in list(pending):
+                t.cancel()
 
     async def Deliver(self, request, context):
         if request.group != self._group:
@@ -254,10 +364,9 @@ def _unknown_group(got: str, mine: str) -> InvalidRequestError:
     return InvalidRequestError(f"unknown group {got!r}: this node serves group {mine!r}")
 
 
-def _appended(results: list[AppendResult], request_id: int = 0) -> client_pb2.AppendResponse:
+def _appended(run: AppendedRun, request_id: int = 0) -> client_pb2.AppendResponse:
     return client_pb2.AppendResponse(
-        request_id=request_id,
-        entries=[client_pb2.AppendedEntry(index=r.index, pos=r.pos, term=r.term) for r in results],
+        request_id=request_id, first_index=run.first_index, term=run.term, pos=run.positions
     )
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64ledger/v1/client.proto\x12\ndledger.v1\"B\n\rAppendRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06\x62odies\x18\x02 \x03(\x0c\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\"9\n\rAppendedEntry\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x0b\n\x03pos\x18\x02 \x01(\x03\x12\x0c\n\x04term\x18\x03 \x01(\x03\"p\n\x0b\x41ppendError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\x17\n\x0foutcome_unknown\x18\x05 \x01(\x08\"x\n\x0e\x41ppendResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12*\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x19.dledger.v1.AppendedEntry\x12&\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x17.dledger.v1.AppendError\"*\n\nGetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x03\"T\n\x0bGetResponse\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x0c\n\x04term\x18\x02 \x01(\x03\x12\x0b\n\x03pos\x18\x03 \x01(\x03\x12\r\n\x05magic\x18\x04 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\" \n\x0fMetadataRequest\x12\r\n\x05group\x18\x01 \x01(\t\"<\n\x08PeerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0bmatch_index\x18\x03 \x01(\x03\"\x9e\x02\n\x10MetadataResponse\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12\x11\n\tleader_id\x18\x06 \x01(\t\x12\x16\n\x0eleader_address\x18\x07 \x01(\t\x12\x12\n\nlast_index\x18\x08 \x01(\x03\x12\x14\n\x0c\x63ommit_index\x18\t \x01(\x03\x12\x15\n\rapplied_index\x18\n \x01(\x03\x12#\n\x05peers\x18\x0b \x03(\x0b\x32\x14.dledger.v1.PeerInfo\x12\x10\n\x08\x64\x61ta_dir\x18\x0c \x01(\t\x12\x0b\n\x03pid\x18\r \x01(\x03\x12\r\n\x05\x66lush\x18\x0e \x01(\t\":\n\x19TransferLeadershipRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"/\n\x1aTransferLeadershipResponse\x12\x11\n\tleader_id\x18\x01 \x01(\t2\xf9\x02\n\x07\x44Ledger\x12?\n\x06\x41ppend\x12\x19.dledger.v1.AppendRequest\x1a\x1a.dledger.v1.AppendResponse\x12I\n\x0c\x41ppendStream\x12\x19.dledger.v1.AppendRequest\x1a\x1a.dledger.v1.AppendResponse(\x01\x30\x01\x12\x36\n\x03Get\x12\x16.dledger.v1.GetRequest\x1a\x17.dledger.v1.GetResponse\x12\x45\n\x08Metadata\x12\x1b.dledger.v1.MetadataRequest\x1a\x1c.dledger.v1.MetadataResponse\x12\x63\n\x12TransferLeadership\x12%.dledger.v1.TransferLeadershipRequest\x1a&.dledger.v1.TransferLeadershipResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64ledger/v1/client.proto\x12\ndledger.v1\"B\n\rAppendRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06\x62odies\x18\x02 \x03(\x0c\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\"p\n\x0b\x41ppendError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\x17\n\x0foutcome_unknown\x18\x05 \x01(\x08\"|\n\x0e\x41ppendResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x66irst_index\x18\x02 \x01(\x03\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12\x0b\n\x03pos\x18\x04 \x03(\x03\x12&\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x17.dledger.v1.AppendError\"*\n\nGetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x03\"T\n\x0bGetResponse\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x0c\n\x04term\x18\x02 \x01(\x03\x12\x0b\n\x03pos\x18\x03 \x01(\x03\x12\r\n\x05magic\x18\x04 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\" \n\x0fMetadataRequest\x12\r\n\x05group\x18\x01 \x01(\t\"<\n\x08PeerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0bmatch_index\x18\x03 \x01(\x03\"\x9e\x02\n\x10MetadataResponse\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12\x11\n\tleader_id\x18\x06 \x01(\t\x12\x16\n\x0eleader_address\x18\x07 \x01(\t\x12\x12\n\nlast_index\x18\x08 \x01(\x03\x12\x14\n\x0c\x63ommit_index\x18\t \x01(\x03\x12\x15\n\rapplied_index\x18\n \x01(\x03\x12#\n\x05peers\x18\x0b \x03(\x0b\x32\x14.dledger.v1.PeerInfo\x12\x10\n\x08\x64\x61ta_dir\x18\x0c \x01(\t\x12\x0b\n\x03pid\x18\r \x01(\x03\x12\r\n\x05\x66lush\x18\x0e \x01(\t\":\n\x19TransferLeadershipRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"/\n\x1aTransferLeadershipResponse\x12\x11\n\tleader_id\x18\x01 \x01(\t2\xf9\x02\n\x07\x44Ledger\x12?\n\x06\x41ppend\x12\x19.dledger.v1.AppendRequest\x1a\x1a.dledger.v1.AppendResponse\x12I\n\x0c\x41ppendStream\x12\x19.dledger.v1.AppendRequest\x1a\x1a.dledger.v1.AppendResponse(\x01\x30\x01\x12\x36\n\x03Get\x12\x16.dledger.v1.GetRequest\x1a\x17.dledger.v1.GetResponse\x12\x45\n\x08Metadata\x12\x1b.dledger.v1.MetadataRequest\x1a\x1c.dledger.v1.MetadataResponse\x12\x63\n\x12TransferLeadership\x12%.dledger.v1.TransferLeadershipRequest\x1a&.dledger.v1.TransferLeadershipResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,26 +33,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_APPENDREQUEST']._serialized_start=39
   _globals['_APPENDREQUEST']._serialized_end=105
-  _globals['_APPENDEDENTRY']._serialized_start=107
-  _globals['_APPENDEDENTRY']._serialized_end=164
-  _globals['_APPENDERROR']._serialized_start=166
-  _globals['_APPENDERROR']._serialized_end=278
-  _globals['_APPENDRESPONSE']._serialized_start=280
-  _globals['_APPENDRESPONSE']._serialized_end=400
-  _globals['_GETREQUEST']._serialized_start=402
-  _globals['_GETREQUEST']._serialized_end=444
-  _globals['_GETRESPONSE']._serialized_start=446
-  _globals['_GETRESPONSE']._serialized_end=530
-  _globals['_METADATAREQUEST']._serialized_start=532
-  _globals['_METADATAREQUEST']._serialized_end=564
-  _globals['_PEERINFO']._serialized_start=566
-  _globals['_PEERINFO']._serialized_end=626
-  _globals['_METADATARESPONSE']._serialized_start=629
-  _globals['_METADATARESPONSE']._serialized_end=915
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=917
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=975
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=977
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=1024
-  _globals['_DLEDGER']._serialized_start=1027
-  _globals['_DLEDGER']._serialized_end=1404
+  _globals['_APPENDERROR']._serialized_start=107
+  _globals['_APPENDERROR']._serialized_end=219
+  _globals['_APPENDRESPONSE']._serialized_start=221
+  _globals['_APPENDRESPONSE']._serialized_end=345
+  _globals['_GETREQUEST']._serialized_start=347
+  _globals['_GETREQUEST']._serialized_end=389
+  _globals['_GETRESPONSE']._serialized_start=391
+  _globals['_GETRESPONSE']._serialized_end=475
+  _globals['_METADATAREQUEST']._serialized_start=477
+  _globals['_METADATAREQUEST']._serialized_end=509
+  _globals['_PEERINFO']._serialized_start=511
+  _globals['_PEERINFO']._serialized_end=571
+  _globals['_METADATARESPONSE']._serialized_start=574
+  _globals['_METADATARESPONSE']._serialized_end=860
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=862
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=920
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=922
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=969
+  _globals['_DLEDGER']._serialized_start=972
+  _globals['_DLEDGER']._serialized_end=1349
 # @@protoc_insertion_point(module_scope)

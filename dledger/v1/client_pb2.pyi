@@ -16,16 +16,6 @@ class AppendRequest(_message.Message):
     request_id: int
     def __init__(self, group: _Optional[str] = ..., bodies: _Optional[_Iterable[bytes]] = ..., request_id: _Optional[int] = ...) -> None: ...
 
-class AppendedEntry(_message.Message):
-    __slots__ = ("index", "pos", "term")
-    INDEX_FIELD_NUMBER: _ClassVar[int]
-    POS_FIELD_NUMBER: _ClassVar[int]
-    TERM_FIELD_NUMBER: _ClassVar[int]
-    index: int
-    pos: int
-    term: int
-    def __init__(self, index: _Optional[int] = ..., pos: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
-
 class AppendError(_message.Message):
     __slots__ = ("code", "message", "leader_id", "leader_address", "outcome_unknown")
     CODE_FIELD_NUMBER: _ClassVar[int]
@@ -41,14 +31,18 @@ class AppendError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., outcome_unknown: _Optional[bool] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("request_id", "entries", "error")
+    __slots__ = ("request_id", "first_index", "term", "pos", "error")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    POS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     request_id: int
-    entries: _containers.RepeatedCompositeFieldContainer[AppendedEntry]
+    first_index: int
+    term: int
+    pos: _containers.RepeatedScalarFieldContainer[int]
     error: AppendError
-    def __init__(self, request_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[AppendedEntry, _Mapping]]] = ..., error: _Optional[_Union[AppendError, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., first_index: _Optional[int] = ..., term: _Optional[int] = ..., pos: _Optional[_Iterable[int]] = ..., error: _Optional[_Union[AppendError, _Mapping]] = ...) -> None: ...
 
 class GetRequest(_message.Message):
     __slots__ = ("group", "index")

@@ -34,6 +34,11 @@ class RaftPeerStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Pipe = channel.stream_stream(
+                '/dledger.v1.RaftPeer/Pipe',
+                request_serializer=dledger_dot_v1_dot_raft__pb2.DeliverRequest.SerializeToString,
+                response_deserializer=dledger_dot_v1_dot_raft__pb2.PeerReply.FromString,
+                _registered_method=True)
         self.Vote = channel.unary_unary(
                 '/dledger.v1.RaftPeer/Vote',
                 request_serializer=dledger_dot_v1_dot_raft__pb2.VoteRequest.SerializeToString,
@@ -68,6 +73,16 @@ class RaftPeerStub:
 
 class RaftPeerServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def Pipe(self, request_iterator, context):
+        """The replication hot path: one long-lived stream from a sender to a receiver. Each request carries every
+        message that was queued for the receiver when it was written (AppendEntries, heartbeats, answers), in
+        order; each response carries answers as soon as the receiver has persisted what they depend on. Many
+        AppendEntries stay in flight on it (pipelining) without paying for one call each.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Vote(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -108,6 +123,11 @@ class RaftPeerServicer:
 
 def add_RaftPeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Pipe': grpc.stream_stream_rpc_method_handler(
+                    servicer.Pipe,
+                    request_deserializer=dledger_dot_v1_dot_raft__pb2.DeliverRequest.FromString,
+                    response_serializer=dledger_dot_v1_dot_raft__pb2.PeerReply.SerializeToString,
+            ),
             'Vote': grpc.unary_unary_rpc_method_handler(
                     servicer.Vote,
                     request_deserializer=dledger_dot_v1_dot_raft__pb2.VoteRequest.FromString,
@@ -148,6 +168,33 @@ def add_RaftPeerServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class RaftPeer:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Pipe(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dledger.v1.RaftPeer/Pipe',
+            dledger_dot_v1_dot_raft__pb2.DeliverRequest.SerializeToString,
+            dledger_dot_v1_dot_raft__pb2.PeerReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Vote(request,

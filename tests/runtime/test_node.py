@@ -161,26 +161,41 @@ def test_persist_before_send(tmp_path):
             tmp_path, stores=lambda pid: (SlowRecordingLog(pid, trace), SlowRecordingMeta(pid, trace))
         )
         for pid, node in g.nodes.items():
-            inner = node.handle_message
+            # Answers leave a node when its servicer gets them back: record them there. The servicer looks
+            # these methods up per call, so instance attributes intercept them.
+            one, many = node.handle_message, node.handle_batch
 
-            async def answered(msg, _inner=inner, _pid=pid):
+            async def answered(msg, _inner=one, _pid=pid):
                 replies = await _inner(msg)
                 for r in replies:
                     trace.add("send", _pid, r)
                 return replies
 
-            node.handle_message = answered  # the servicer looks the method up per call
+            async def answered_batch(msgs, _inner=many, _pid=pid):
+                replies = await _inner(msgs)
+                for r in replies:
+                    trace.add("send", _pid, r)
+                return replies
+
+            node.handle_message = answered
+            node.handle_batch = answered_batch
         await g.start()
         try:
             for pid, node in g.nodes.items():
                 transport = node._transport
-                call = transport.call
+                call, deliver = transport.call, transport.deliver
 
                 async def sent(msg, _call=call, _pid=pid):
                     trace.add("send", _pid, msg)
                     return await _call(msg)
 
+                async def piped(dst, msgs, _deliver=deliver, _pid=pid):
+                    for m in msgs:
+                        trace.add("send", _pid, m)
+                    return await _deliver(dst, msgs)
+
                 transport.call = sent
+                transport.deliver = piped
             await g.leader()
             async with AsyncDLedgerClient(g.addresses) as c:
                 await asyncio.gather(*(c.append(b"y" * 200) for _ in range(300)))
