@@ -36,7 +36,8 @@ app = typer.Typer(
 group_app = typer.Typer(no_args_is_help=True, help="Run a local group of node processes on 127.0.0.1.")
 app.add_typer(group_app, name="group")
 
-console = Console()
+# A pipe or a log file gets a wide table rather than rich's 80-column default.
+console = Console(width=None if sys.stdout.isatty() else 150)
 err_console = Console(stderr=True)
 
 DirOption = Annotated[
@@ -306,7 +307,7 @@ def run_demo(dir: Path, entries: int) -> int:
             grp.start_node(spec)
         leader = grp.wait_for_leader(g)
         console.print(f"leader [green]{leader.id}[/green] elected {time.monotonic() - t0:.2f} s after start")
-        _print_status(grp.status(g))
+        _print_status(grp.wait_for_all(g))
 
         step(f"2. append {entries} entries of 1 KiB (batches of 100)")
         with DLedgerClient(g.addresses, g.name) as c:

@@ -337,6 +337,16 @@ def wait_for_leader(group: GroupSpec, timeout_s: float = 15.0, exclude: str | No
     return asyncio.run(wait_for_leader_async(group, timeout_s, exclude))
 
 
+def wait_for_all(group: GroupSpec, timeout_s: float = 10.0) -> list[NodeStatus]:
+    """Poll until every node answers (none is "down"); returns the last status either way."""
+    deadline = time.monotonic() + timeout_s
+    rows = status(group)
+    while any(r.role == "down" for r in rows) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        rows = status(group)
+    return rows
+
+
 def up(
     directory: Path, nodes: int = 3, base_port: int | None = DEFAULT_BASE_PORT, **kwargs
 ) -> tuple[GroupSpec, NodeStatus]:
