@@ -49,3 +49,7 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+
+.PHONY: bench-replication
+bench-replication: $(STAMP)
+	$(BIN)/python -m bench.replication
