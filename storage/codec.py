@@ -117,6 +117,45 @@ class Entry:
         return self.header.magic
 
 
+_new = object.__new__
+(
+    _set_magic,
+    _set_size,
+    _set_index,
+    _set_term,
+    _set_pos,
+    _set_channel,
+    _set_chain_crc,
+    _set_body_crc,
+    _set_body_length,
+) = (Header.__dict__[name].__set__ for name in Header.__slots__)
+_set_header, _set_body = Entry.__dict__["header"].__set__, Entry.__dict__["body"].__set__
+
+
+def decoded_entry(fields: tuple, body: memoryview) -> Entry:
+    """``Entry(Header(*fields), body)`` for a header tuple from ``HEADER.unpack_from``, built about twice as fast.
+
+    Bulk readers decode hundreds of thousands of entries per second, and a frozen dataclass's generated
+    ``__init__`` costs more than the unpack and the body CRC together; this fills the same slots directly
+    (the result is equal to, and indistinguishable from, the normally constructed objects).
+    """
+    magic, size, index, term, pos, channel, chain, body_crc, body_length = fields
+    h = _new(Header)
+    _set_magic(h, magic)
+    _set_size(h, size)
+    _set_index(h, index)
+    _set_term(h, term)
+    _set_pos(h, pos)
+    _set_channel(h, channel)
+    _set_chain_crc(h, chain)
+    _set_body_crc(h, body_crc)
+    _set_body_length(h, body_length)
+    e = _new(Entry)
+    _set_header(e, h)
+    _set_body(e, body)
+    return e
+
+
 def chain_crc(index: int, term: int, body_crc: int, prev_chain_crc: int) -> int:
     """The chained CRC of entry ``index`` given the chain value of entry ``index - 1`` (0 before index 0)."""
     return _crc32(_CHAIN.pack(index, term, body_crc), prev_chain_crc)

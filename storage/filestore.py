@@ -410,7 +410,7 @@ class FileLogStore:
         out: list[Entry] = []
         unpack = codec.HEADER.unpack_from
         crc32 = codec._crc32
-        Header = codec.Header
+        make = codec.decoded_entry
         index = lo
         for data, pos0 in zip(chunks, starts, strict=True):
             mv = memoryview(data)
@@ -432,7 +432,7 @@ class FileLogStore:
                         (pos0 + off) % self.segment_size,
                         index,
                     )
-                out.append(Entry(Header(*h), body))
+                out.append(make(h, body))
                 off += size
                 index += 1
         return out

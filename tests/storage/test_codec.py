@@ -121,3 +121,11 @@ def test_blank_record():
     assert len(b) == 20 and codec.BLANK.unpack_from(b) == (codec.MAGIC_BLANK, 20)
     with pytest.raises(ValueError):
         codec.encode_blank(7)
+
+
+@given(st.tuples(*[st.integers(-(2**31), 2**31 - 1)] * 9), st.binary(max_size=20))
+def test_decoded_entry_equals_the_normal_constructor(fields, body):
+    fast = codec.decoded_entry(fields, memoryview(body))
+    slow = codec.Entry(codec.Header(*fields), memoryview(body))
+    assert fast == slow and fast.header == slow.header and hash(fast.header) == hash(slow.header)
+    assert fast.header.end == slow.header.end and bytes(fast.body) == body
