@@ -24,9 +24,11 @@ class FileIO:
 
     def pwrite(self, fd: int, data, offset: int) -> None:
         """Write all of ``data`` at ``offset``; a short write is retried for the rest, an error propagates."""
+        done = os.pwrite(fd, data, offset)
+        total = len(data)
+        if done == total:
+            return
         view = memoryview(data)
-        total = len(view)
-        done = 0
         while done < total:
             n = os.pwrite(fd, view[done:], offset + done)
             if n <= 0:

@@ -103,8 +103,14 @@ class IndexFiles:
 
     def write(self, first: int, packed) -> None:
         """Store consecutive packed units starting at index ``first`` (files must exist: see ``ensure``)."""
+        f = self._files[first // self.units]
+        off = (first - f.first) * UNIT_SIZE
+        total = len(packed)
+        if off + total <= self.units * UNIT_SIZE:  # the usual case: one file
+            f.mm[off : off + total] = packed
+            return
         view = memoryview(packed)
-        i, done, total = first, 0, len(view)
+        i, done = first, 0
         while done < total:
             f = self._files[i // self.units]
             off = (i - f.first) * UNIT_SIZE
