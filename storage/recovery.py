@@ -219,7 +219,7 @@ def _later_data_exists(segments: DataSegments, bad: BadFrame) -> bool:
     for base in segments.bases():
         if base <= bad_base:
             continue
-        head = segments.read(base, 1 << 16)
+        head = segments.read(base, codec.HEADER_SIZE)
         if len(head) >= codec.HEADER_SIZE:
             h = codec.HEADER.unpack_from(head)
             if h[0] in codec.ENTRY_MAGICS and h[2] > bad.index and h[4] == base:

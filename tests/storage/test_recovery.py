@@ -218,3 +218,20 @@ def test_segment_size_mismatch_is_refused(log):
     d, _ = log
     with pytest.raises(Exception, match="segment_size"):
         FileLogStore.open(str(d), segment_size=SEGMENT * 2, index_units=INDEX_UNITS)
+
+
+@pytest.mark.parametrize("chunk", [60, 100, 333])
+def test_recovery_reads_in_chunks_smaller_than_entries(log, monkeypatch, chunk):
+    """The walk reads the data in chunks; frames split by a chunk boundary or larger than a chunk still count."""
+    import storage.recovery
+
+    d, facts = log
+    monkeypatch.setattr(storage.recovery, "_CHUNK", chunk)
+    s = FileLogStore.open(str(d), segment_size=SEGMENT, index_units=INDEX_UNITS, verify="full")
+    assert s.tail() == facts["tail"] and s.recovery.bad is None and s.recovery.walked_from == 0
+    s.close()
+    pos, _, _ = facts["entries"][-1]
+    flip(data_file(d, pos), pos % SEGMENT + codec.HEADER_SIZE)  # the last entry: a torn tail
+    s = FileLogStore.open(str(d), segment_size=SEGMENT, index_units=INDEX_UNITS, verify="full")
+    assert s.last_index == N - 2
+    s.close()
