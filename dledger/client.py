@@ -276,10 +276,8 @@ class AsyncDLedgerClient:
         while loop.time() < deadline:
             address = self._candidate()
             try:
-                results = await asyncio.wait_for(
-                    self._append_once(address, bodies),
-                    max(0.001, min(self.rpc_timeout_s, deadline - loop.time())),
-                )
+                async with asyncio.timeout(max(0.001, min(self.rpc_timeout_s, deadline - loop.time()))):
+                    results = await self._append_once(address, bodies)
                 self.leader = address
                 return results.results()
             except OutcomeUnknownError:

@@ -274,7 +274,7 @@ class Node:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._io, self._close_storage)
         self._io.shutdown(wait=True)
-        log.info("%s stopped", self.id)
+        log.info("%s stopped; counters: %s", self.id, dict(sorted(self.stats.items())))
         self._stopped.set()
 
     def _close_storage(self) -> None:
@@ -347,7 +347,9 @@ class Node:
                     or rd.truncate_from is not None
                     or rd.frames
                 ):
+                    t0 = time.perf_counter()
                     await loop.run_in_executor(self._io, self._persist, rd)
+                    self.stats["persist_wait_us"] += int((time.perf_counter() - t0) * 1e6)
                 # 2. send (answers ride back on the calls that asked; the rest go through the senders).
                 self._dispatch(rd.messages, waiters)
                 # 3. hand on what committed.
@@ -359,6 +361,7 @@ class Node:
 
     def _persist(self, rd: Ready) -> None:
         """Runs in the I/O thread: the only writer of the log and the metadata."""
+        t0 = time.perf_counter()
         if rd.hard_state is not None:
             self._meta.save_hard_state(rd.hard_state)
         if rd.snapshot is not None:
@@ -373,6 +376,7 @@ class Node:
             self._log.sync()
             self._dirty_since_sync = False
         self.stats["persists"] += 1
+        self.stats["persist_io_us"] += int((time.perf_counter() - t0) * 1e6)
 
     def _dispatch(self, messages: tuple[Message, ...], waiters: list[_ReplyWaiter]) -> None:
         for m in messages:
