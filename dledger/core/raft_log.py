@@ -226,6 +226,8 @@ class RaftLog:
                 return bytes(self._buf[start - self._base :]), last
             m = bisect_right(offs, start + max_bytes, k + 1)  # entries k..m-2 end at or before the limit
             stop = max(m - 1, k + 1)
+            if stop >= len(offs):  # a single entry larger than max_bytes: it goes alone
+                return bytes(self._buf[start - self._base :]), last
             return bytes(self._buf[start - self._base : offs[stop] - self._base]), self._offset + stop - 1
         if self._snapshot is not None:
             raise Compacted(f"index {lo} is below the installed snapshot at {self._snapshot.index}")

@@ -147,7 +147,7 @@ class RaftSchedule(RuleBasedStateMachine):
     def restart(self, a: int) -> None:
         self.cluster.restart(self.node(a))
 
-    @rule(k=st.integers(1, 5), size=st.integers(0, 700))
+    @rule(k=st.integers(1, 5), size=st.integers(0, 1500))
     def propose(self, k: int, size: int) -> None:
         leader = self.cluster.leader()
         if leader is None:

@@ -53,6 +53,9 @@ class SimNode:
     last_commit: int = -1  # highest commit index this incarnation reported (monotonicity check)
     crashes: int = 0
     applied_entries: list[tuple[int, int]] = field(default_factory=list)  # (index, chain_crc) in apply order
+    read_states: list[tuple[int, int]] = field(
+        default_factory=list
+    )  # (context, read index) as Ready gave them
 
     @property
     def alive(self) -> bool:
@@ -84,6 +87,7 @@ class Cluster:
         self.now = 0
         self.queue: list[Envelope] = []
         self.cuts: set[frozenset[str]] = set()
+        self._drop_next: list[Callable[[Message], bool]] = []
         self.transcript: list[str] = []
         self._echo = echo
         self.check_logs = check_logs
@@ -157,6 +161,16 @@ class Cluster:
                 self.cuts.add(frozenset((nid, other)))
         self.say(f"isolate {nid}")
 
+    def partition(self, *groups: set[str]) -> None:
+        """Only nodes in the same group can talk (nodes in no group are isolated)."""
+        self.cuts.clear()
+        where = {n: i for i, g in enumerate(groups) for n in g}
+        for a in self.ids:
+            for b in self.ids:
+                if a < b and (a not in where or where.get(a) != where.get(b)):
+                    self.cuts.add(frozenset((a, b)))
+        self.say("partition " + " | ".join(",".join(sorted(g)) for g in groups))
+
     def heal(self) -> None:
         self.cuts.clear()
         self.say("heal")
@@ -188,6 +202,20 @@ class Cluster:
         env = self.queue.pop(i)
         return self._deliver(env.msg)
 
+    def deliver_where(self, pred: Callable[[Message], bool]) -> int:
+        """Deliver (in queue order) the queued messages ``pred`` selects, leaving the others queued."""
+        picked = [e for e in self.queue if pred(e.msg)]
+        self.queue = [e for e in self.queue if not pred(e.msg)]
+        return sum(1 for e in picked if self._deliver(e.msg))
+
+    def drop_where(self, pred: Callable[[Message], bool]) -> int:
+        picked = [e for e in self.queue if pred(e.msg)]
+        self.queue = [e for e in self.queue if not pred(e.msg)]
+        for e in picked:
+            self.say(f"drop {_describe(e.msg)}")
+            self._snapshot_fate(e.msg, False)
+        return len(picked)
+
     def deliver_all(self, max_rounds: int = 1000) -> int:
         """Deliver every due message, including the ones their handling produces, up to ``max_rounds`` rounds."""
         n = 0
@@ -202,8 +230,18 @@ class Cluster:
                 n += 1
         raise RuntimeError(f"deliver_all did not settle in {max_rounds} rounds")
 
+    def drop_next(self, pred: Callable[[Message], bool]) -> None:
+        """Lose the next message ``pred`` selects, whenever it is delivered (a one-shot network fault)."""
+        self._drop_next.append(pred)
+
     def _deliver(self, m: Message) -> bool:
         node = self.nodes[m.dst]
+        for i, pred in enumerate(self._drop_next):
+            if pred(m):
+                del self._drop_next[i]
+                self.say(f"drop {_describe(m)}")
+                self._snapshot_fate(m, False)
+                return False
         if not node.alive or not self.connected(m.src, m.dst):
             self._snapshot_fate(m, False)
             return False
@@ -235,6 +273,16 @@ class Cluster:
                 if node.alive:
                     node.core.tick()
             self.process_all()
+
+    def campaign(self, nid: str, max_ticks: int = 1000) -> None:
+        """Tick only ``nid`` until its election timer fires (it becomes pre-candidate or candidate)."""
+        core = self.nodes[nid].core
+        assert core is not None
+        for _ in range(max_ticks):
+            if core.role in (Role.PRE_CANDIDATE, Role.CANDIDATE):
+                return
+            self.tick(nodes=[nid])
+        raise AssertionError(f"{nid} did not campaign within {max_ticks} ticks")
 
     def run(self, ticks: int) -> None:
         """Tick and deliver everything due, ``ticks`` times: the network is then reliable and instant."""
@@ -306,6 +354,7 @@ class Cluster:
             for m in rd.messages:
                 self.queue.append(Envelope(m, self.now))
             self._apply(node, rd)
+            node.read_states.extend(rd.read_states)
             core.advance(rd)
             self._observe(node)
 
