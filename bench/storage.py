@@ -42,6 +42,17 @@ class Row:
     baseline_entries_per_s: float
     ratio: float
     note: str = ""
+    # The same ratio per CPU-second of this process (user + system): robust to other load on a shared VM.
+    cpu_ratio: float = 0.0
+
+
+def _now() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(t: tuple[float, float]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) since ``t``."""
+    return time.perf_counter() - t[0], time.process_time() - t[1]
 
 
 def encode_batches(
@@ -62,15 +73,17 @@ def encode_batches(
     return out
 
 
-def time_store(directory: str, flush: str, batches: list[bytes], deadline_s: float) -> tuple[int, float]:
-    """Append batches until done or ``deadline_s``; returns (entries, seconds)."""
+def time_store(
+    directory: str, flush: str, batches: list[bytes], deadline_s: float
+) -> tuple[int, float, float]:
+    """Append batches until done or ``deadline_s``; returns (entries, wall seconds, CPU seconds)."""
     shutil.rmtree(directory, ignore_errors=True)
     store = FileLogStore.open(directory, flush=flush)
     try:
         store.append(batches[0])  # first append creates the files (index preallocation): not the steady state
         n = 0
-        t0 = time.perf_counter()
-        limit = t0 + deadline_s
+        t0 = _now()
+        limit = t0[0] + deadline_s
         for b in batches[1:]:
             store.append(b)
             n += 1
@@ -78,15 +91,16 @@ def time_store(directory: str, flush: str, batches: list[bytes], deadline_s: flo
                 break
         if flush == "async":
             store.sync()  # the async policy's data is flushed by the periodic flusher: count one final flush
-        dt = time.perf_counter() - t0
-        per = len(batches[0]) // FRAME
-        return n * per, dt
+        wall, cpu = _since(t0)
+        return n * (len(batches[0]) // FRAME), wall, cpu
     finally:
         store.close()
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def time_plain(directory: str, flush: str, batches: list[bytes], deadline_s: float) -> tuple[int, float]:
+def time_plain(
+    directory: str, flush: str, batches: list[bytes], deadline_s: float
+) -> tuple[int, float, float]:
     """The baseline: os.write of the same bytes and batches (+ fdatasync per batch under sync)."""
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
@@ -97,8 +111,8 @@ def time_plain(directory: str, flush: str, batches: list[bytes], deadline_s: flo
         if flush == "sync":
             os.fdatasync(fd)
         n = 0
-        t0 = time.perf_counter()
-        limit = t0 + deadline_s
+        t0 = _now()
+        limit = t0[0] + deadline_s
         for b in batches[1:]:
             os.write(fd, b)
             if flush == "sync":
@@ -108,15 +122,19 @@ def time_plain(directory: str, flush: str, batches: list[bytes], deadline_s: flo
                 break
         if flush == "async":
             os.fdatasync(fd)
-        dt = time.perf_counter() - t0
-        return n * (len(batches[0]) // FRAME), dt
+        wall, cpu = _since(t0)
+        return n * (len(batches[0]) // FRAME), wall, cpu
     finally:
         os.close(fd)
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def median_rate(fn: Callable[[], tuple[int, float]], reps: int) -> float:
-    return statistics.median(n / dt for n, dt in (fn() for _ in range(reps)))
+def median_rates(fn: Callable[[], tuple[int, float, float]], reps: int) -> tuple[float, float]:
+    """Median entries per wall second and per CPU second over ``reps`` runs."""
+    runs = [fn() for _ in range(reps)]
+    return statistics.median(n / w for n, w, _ in runs), statistics.median(
+        n / max(c, 1e-9) for n, _, c in runs
+    )
 
 
 def bench_appends(work: str, reps: int, quick: bool) -> list[Row]:
@@ -134,14 +152,17 @@ def bench_appends(work: str, reps: int, quick: bool) -> list[Row]:
         if quick:
             entries, cap = max(batch * 4, entries // 8), cap / 4
         batches = encode_batches(entries // batch + 1, batch)
-        store_rates, plain_rates = [], []
+        store_rates, plain_rates, store_cpu, plain_cpu = [], [], [], []
         for _ in range(reps):  # alternate, so drift hits both sides alike
-            n, dt = time_plain(os.path.join(work, "plain"), flush, batches, cap)
-            plain_rates.append(n / dt)
-            n, dt = time_store(os.path.join(work, "store"), flush, batches, cap)
-            store_rates.append(n / dt)
+            n, wall, cpu = time_plain(os.path.join(work, "plain"), flush, batches, cap)
+            plain_rates.append(n / wall)
+            plain_cpu.append(n / cpu)
+            n, wall, cpu = time_store(os.path.join(work, "store"), flush, batches, cap)
+            store_rates.append(n / wall)
+            store_cpu.append(n / cpu)
         s, p = statistics.median(store_rates), statistics.median(plain_rates)
-        rows.append(Row(f"append {flush:5} batch {batch:4}", s, s * FRAME / 1e6, p, s / p))
+        cpu_ratio = statistics.median(store_cpu) / statistics.median(plain_cpu) if flush == "async" else 0.0
+        rows.append(Row(f"append {flush:5} batch {batch:4}", s, s * FRAME / 1e6, p, s / p, "", cpu_ratio))
         print(_fmt(rows[-1]), flush=True)
     return rows
 
@@ -181,8 +202,8 @@ def bench_reads_and_open(work: str, size_bytes: int, reps: int) -> list[Row]:
         flush=True,
     )
 
-    def plain_read() -> tuple[int, float]:
-        t = time.perf_counter()
+    def plain_read() -> tuple[int, float, float]:
+        t = _now()
         nbytes = 0
         data_dir = os.path.join(d, "data")
         for name in sorted(n for n in os.listdir(data_dir) if n.isdigit()):
@@ -197,39 +218,39 @@ def bench_reads_and_open(work: str, size_bytes: int, reps: int) -> list[Row]:
                     nbytes += len(chunk)
             finally:
                 os.close(fd)
-        return nbytes // FRAME, time.perf_counter() - t
+        return (nbytes // FRAME, *_since(t))
 
     store = FileLogStore.open(d)
     try:
 
-        def read_entries() -> tuple[int, float]:
-            t = time.perf_counter()
+        def read_entries() -> tuple[int, float, float]:
+            t = _now()
             n = 0
             for lo in range(0, total, 1024):
                 n += len(store.entries(lo, min(total, lo + 1024)))
-            return n, time.perf_counter() - t
+            return (n, *_since(t))
 
-        def read_raw() -> tuple[int, float]:
-            t = time.perf_counter()
+        def read_raw() -> tuple[int, float, float]:
+            t = _now()
             nbytes = 0
             for lo in range(0, total, 1024):
                 nbytes += len(store.raw(lo, min(total, lo + 1024)))
-            return nbytes // FRAME, time.perf_counter() - t
+            return (nbytes // FRAME, *_since(t))
 
-        def read_terms() -> tuple[int, float]:
-            t = time.perf_counter()
+        def read_terms() -> tuple[int, float, float]:
+            t = _now()
             for i in range(total):
                 store.term(i)
-            return total, time.perf_counter() - t
+            return (total, *_since(t))
 
-        p = median_rate(plain_read, reps)
+        p, p_cpu = median_rates(plain_read, reps)
         for name, fn, note in (
             ("read entries() x1024", read_entries, "decoded, body_crc checked"),
             ("read raw() x1024", read_raw, "bytes for replication"),
             ("term(i) every index", read_terms, "index lookups"),
         ):
-            s = median_rate(fn, reps)
-            rows.append(Row(name, s, s * FRAME / 1e6, p, s / p, note))
+            s, s_cpu = median_rates(fn, reps)
+            rows.append(Row(name, s, s * FRAME / 1e6, p, s / p, f"{note}; {s_cpu:,.0f}/CPU-s", s_cpu / p_cpu))
             print(_fmt(rows[-1]), flush=True)
     finally:
         store.close()
@@ -267,9 +288,10 @@ def bench_reads_and_open(work: str, size_bytes: int, reps: int) -> list[Row]:
 
 def _fmt(r: Row) -> str:
     if r.baseline_entries_per_s:
+        cpu = f"cpu ratio {r.cpu_ratio:5.2f}" if r.cpu_ratio else " " * 15
         return (
             f"{r.case:28} {r.entries_per_s:12,.0f} entries/s {r.mb_per_s:8,.1f} MB/s   plain "
-            f"{r.baseline_entries_per_s:12,.0f}/s   ratio {r.ratio:5.2f}  {r.note}"
+            f"{r.baseline_entries_per_s:12,.0f}/s   ratio {r.ratio:5.2f}  {cpu}  {r.note}"
         )
     return f"{r.case:28} {r.note}"
 
