@@ -74,22 +74,26 @@ class IndexFiles:
 
     def ensure(self, lo: int, hi: int) -> list[int]:
         """Create (and preallocate) the files that units lo..hi-1 need; returns the file numbers it created."""
-        created = []
-        for num in range(lo // self.units, (hi - 1) // self.units + 1):
-            if num in self._files:
-                continue
-            first = num * self.units
-            path = os.path.join(self.directory, segment_name(first * UNIT_SIZE))
-            fd = self.io.open(path, os.O_RDWR | os.O_CREAT)
-            try:
-                self.io.fallocate(fd, 0, self.units * UNIT_SIZE)
-                mm = mmap.mmap(fd, self.units * UNIT_SIZE)
-            except BaseException:
-                self.io.close(fd)
-                self.io.unlink(path)
-                raise
-            self._files[num] = _IndexFile(first, path, fd, mm)
-            created.append(num)
+        created: list[int] = []
+        try:
+            for num in range(lo // self.units, (hi - 1) // self.units + 1):
+                if num in self._files:
+                    continue
+                first = num * self.units
+                path = os.path.join(self.directory, segment_name(first * UNIT_SIZE))
+                fd = self.io.open(path, os.O_RDWR | os.O_CREAT)
+                try:
+                    self.io.fallocate(fd, 0, self.units * UNIT_SIZE)
+                    mm = mmap.mmap(fd, self.units * UNIT_SIZE)
+                except BaseException:
+                    self.io.close(fd)
+                    self.io.unlink(path)
+                    raise
+                self._files[num] = _IndexFile(first, path, fd, mm)
+                created.append(num)
+        except BaseException:
+            self.remove_files(created)  # all or nothing: a failed append leaves no new index file behind
+            raise
         return created
 
     def remove_files(self, nums: list[int]) -> None:

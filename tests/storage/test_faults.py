@@ -95,3 +95,27 @@ def test_async_flush_error_is_reported(tmp_path):
     s.sync()
     assert not s.dirty
     s.close()
+
+
+def test_enospc_on_the_second_new_index_file_removes_the_first(tmp_path):
+    prepare(tmp_path, n=INDEX_UNITS - 1)
+
+    class SecondFallocateFails(DiskFullIO):
+        calls = 0
+
+        def fallocate(self, fd, offset, length):
+            SecondFallocateFails.calls += 1
+            if SecondFallocateFails.calls == 2:
+                raise OSError(28, "No space left on device (injected at the second fallocate)")
+            super().fallocate(fd, offset, length)
+
+    s = FileLogStore.open(
+        str(tmp_path), segment_size=SEGMENT, index_units=INDEX_UNITS, io=SecondFallocateFails()
+    )
+    before = s.tail()
+    index_files = sorted(os.listdir(os.path.join(tmp_path, "index")))
+    with pytest.raises(DiskFullError):
+        append(s, [b"z"] * (2 * INDEX_UNITS), term=1)  # needs two new index files
+    assert s.tail() == before
+    assert sorted(os.listdir(os.path.join(tmp_path, "index"))) == index_files
+    s.close()
