@@ -302,7 +302,12 @@ def recover(
             dropped = max(dropped, 1)
         torn = segments.end_pos() - w.bad.pos if segments.end_pos() > w.bad.pos else 0
         segments.truncate(w.bad.pos)
-    end_pos = w.end_pos  # may be just before a blank whose next file was never written: the blank stays
+    end_pos = w.end_pos
+    if w.bad is None and segments.end_pos() > end_pos:
+        # A blank (or an empty next file) that a crash left before the next file got its first entry: cut it,
+        # so the last file ends where the log ends; the next append pads again if it needs the next file.
+        torn = segments.end_pos() - end_pos
+        segments.truncate(end_pos)
     if last_unit > w.last_index:
         index_files.clear(w.last_index + 1, last_unit + 1)
     if w.last_index >= floor:

@@ -235,3 +235,22 @@ def test_recovery_reads_in_chunks_smaller_than_entries(log, monkeypatch, chunk):
     s = FileLogStore.open(str(d), segment_size=SEGMENT, index_units=INDEX_UNITS, verify="full")
     assert s.last_index == N - 2
     s.close()
+
+
+def test_crash_between_the_blank_and_the_next_file(tmp_path):
+    s = open_store(tmp_path)
+    append(s, [b"a" * 400, b"b" * 400], term=1)  # 896 bytes used: a third 448-byte entry needs the next file
+    end = s.tail().end_pos
+    s.close()
+    room = SEGMENT - end
+    s = FileLogStore.open(str(tmp_path), segment_size=SEGMENT, index_units=INDEX_UNITS, io=CrashIO(room))
+    with pytest.raises(BaseException, match="crash"):
+        append(s, [b"c" * 400], term=1)  # the blank is written, the crash hits the next file's first write
+    abandon(s)
+    assert os.path.getsize(data_file(tmp_path, 0)) == SEGMENT, "the blank reached the file"
+    s = open_store(tmp_path)
+    assert s.tail().end_pos == end and s.last_index == 1
+    assert os.path.getsize(data_file(tmp_path, 0)) == end, "the orphan blank is cut"
+    assert not os.path.exists(data_file(tmp_path, SEGMENT)), "the empty next file is removed"
+    assert append(s, [b"d" * 10], term=1) == [end]
+    s.close()
