@@ -43,6 +43,15 @@ def wait(cond, timeout_s: float = 15.0, what: str = "condition"):
     raise AssertionError(f"{what} not reached within {timeout_s} s")
 
 
+async def until(cond, what: str, timeout_s: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what}: not reached within {timeout_s} s")
+        await asyncio.sleep(0.01)
+
+
 def caught_up(g: grp.GroupSpec, index: int, ids=None):
     rows = grp.status(g, 0.5)
     return all(
@@ -126,14 +135,14 @@ def test_kill_leader_under_load_loses_nothing_acknowledged(group3):
     async def run() -> grp.Failover:
         async with AsyncDLedgerClient(group3.addresses, group3.name, timeout_s=10, rpc_timeout_s=2) as c:
             tasks = [asyncio.create_task(writer(c, w)) for w in range(8)]
-            while len(acked) < 200:
-                await asyncio.sleep(0.01)
-            f = await grp.kill_leader_async(group3)
-            before = len(acked)
-            while len(acked) < before + 200:  # appends resume after the failover
-                await asyncio.sleep(0.01)
-            stop.set()
-            await asyncio.gather(*tasks)
+            try:
+                await until(lambda: len(acked) >= 200, "200 appends before the kill")
+                f = await grp.kill_leader_async(group3)
+                before = len(acked)
+                await until(lambda: len(acked) >= before + 200, "appends resuming after the failover")
+            finally:
+                stop.set()
+                await asyncio.gather(*tasks)
             return f
 
     f = asyncio.run(run())
