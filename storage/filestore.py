@@ -515,6 +515,8 @@ class FileLogStore:
         if hi < lo:
             raise IndexOutOfRange(f"empty range {lo}..{hi}")
         if lo < self._start.first_index:
+            if lo < 0:
+                raise IndexOutOfRange(f"index {lo} is negative")
             raise Compacted(f"index {lo} is compacted (first index is {self._start.first_index})")
         if hi > self._tail.last_index + 1:
             raise IndexOutOfRange(
@@ -522,7 +524,7 @@ class FileLogStore:
             )
 
     def _raise_range(self, index: int):
-        if index < self._start.first_index:
+        if 0 <= index < self._start.first_index:
             raise Compacted(f"index {index} is compacted (first index is {self._start.first_index})")
         raise IndexOutOfRange(
             f"index {index} is past the end of the log (last index {self._tail.last_index})"

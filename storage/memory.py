@@ -145,9 +145,7 @@ class MemoryLogStore:
 
     def entry(self, index: int) -> Entry:
         self._check_open()
-        k = self._slot(index)
-        start = self._off[k] - self._base
-        return codec.decode(bytes(self._buf[start : start + self._size[k]]))
+        return self.entries(index, index + 1)[0]
 
     def raw(self, lo: int, hi: int, max_bytes: int | None = None) -> bytes:
         self._check_open()
@@ -162,9 +160,15 @@ class MemoryLogStore:
         if a == b:
             return []
         base = self._off[a]
-        data = bytes(self._buf[base - self._base : self._off[b - 1] - self._base + self._size[b - 1]])
-        decode = codec.decode
-        return [decode(data, self._off[k] - base) for k in range(a, b)]
+        data = memoryview(
+            bytes(self._buf[base - self._base : self._off[b - 1] - self._base + self._size[b - 1]])
+        )
+        unpack, make, body_at = codec.HEADER.unpack_from, codec.decoded_entry, codec.BODY_OFFSET
+        out = []
+        for k in range(a, b):
+            off = self._off[k] - base
+            out.append(make(unpack(data, off), data[off + body_at : off + self._size[k]]))
+        return out
 
     # -- helpers -----------------------------------------------------------------------------------------------
 
@@ -173,21 +177,17 @@ class MemoryLogStore:
             raise StoreClosedError("the log store is closed")
 
     def _raise_range(self, index: int):
-        if index < self._first:
+        if 0 <= index < self._first:
             raise Compacted(f"index {index} is compacted (first index is {self._first})")
         raise IndexOutOfRange(f"index {index} is past the end of the log (last index {self.last_index})")
-
-    def _slot(self, index: int) -> int:
-        k = index - self._first
-        if 0 <= k < len(self._off):
-            return k
-        self._raise_range(index)
 
     def _span(self, lo: int, hi: int, max_bytes: int | None) -> tuple[int, int]:
         """Slots [a, b) for entries lo..hi-1, cut so the total stays within ``max_bytes`` (at least one entry)."""
         if hi < lo:
             raise IndexOutOfRange(f"empty range {lo}..{hi}")
         if lo < self._first:
+            if lo < 0:
+                raise IndexOutOfRange(f"index {lo} is negative")
             raise Compacted(f"index {lo} is compacted (first index is {self._first})")
         last = self._first + len(self._off) - 1
         if hi > last + 1:

@@ -227,8 +227,12 @@ def test_reads_out_of_range(store):
         store.entries(4, 2)
     with pytest.raises(IndexOutOfRange):
         store.term(6)
-    with pytest.raises(IndexOutOfRange):
+    with pytest.raises(IndexOutOfRange) as err:
         store.entry(-5)
+    assert not isinstance(err.value, Compacted), "nothing was compacted: -5 is simply not an index"
+    with pytest.raises(IndexOutOfRange) as err:
+        store.term(-7)
+    assert not isinstance(err.value, Compacted)
 
 
 def test_use_after_close(store):
