@@ -1,0 +1,238 @@
+"""``dledger audit DIR... [--master URL] [--ack-log FILE] [--report DIR]``: prove from the files that a group agrees.
+
+The audit reads every node's files (never writes them), in Spark, split by segment file, and runs the four checks
+of ``spark.checks``. Exit status: 0 when every check passes, 1 when any finds a violation, 2 when the input is
+unusable (a missing directory, a file that cannot be read, a malformed ack log), with a message naming it.
+
+``run_audit`` is the library entry (it takes a session, so tests share one); ``main`` parses arguments, builds
+or reuses a session (stopping it only if it started it), prints the summary table and writes the reports.
+``spark/audit_job.py`` is the same ``main`` as a script for ``spark-submit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from rich.console import Console
+
+from spark import checks, session
+from spark.layout import AuditInputError, NodeLayout, discover
+from spark.meta import read_meta
+from spark.report import AuditReport, NodeSummary, render_table, write_reports
+from spark.segment import SegmentTask
+from spark.tasks import (
+    KIND_ENTRY,
+    KIND_SUMMARY,
+    QUEUE_DDL,
+    SCAN_DDL,
+    queue_partition,
+    scan_partition,
+    task_json,
+)
+
+EXIT_OK = 0
+EXIT_VIOLATIONS = 1
+EXIT_INPUT = 2
+
+# Python exceptions raised in a Spark task that mean "the input cannot be read", not "the audit has a bug".
+_INPUT_ERRORS = ("FileNotFoundError", "PermissionError", "IsADirectoryError", "OSError")
+
+
+def segment_tasks(layouts: list[NodeLayout]) -> list[SegmentTask]:
+    tasks = []
+    for lay in layouts:
+        index_files = tuple((f.start, f.path) for f in lay.index)
+        for k, f in enumerate(lay.data):
+            tasks.append(SegmentTask(lay.node, f.path, f.start, k == len(lay.data) - 1, index_files))
+    return tasks
+
+
+def queue_tasks(layouts: list[NodeLayout]) -> list[str]:
+    """One task per node that has ConsumeQueues: its files are small (20 bytes per message), so a node's queues
+    are read by one task rather than paying a task's overhead per file."""
+    out = []
+    for lay in layouts:
+        files = [
+            {"topic": topic, "queue_id": qid, "path": f.path, "start": f.start}
+            for (topic, qid), fs in sorted(lay.queues.items())
+            for f in fs
+        ]
+        if files:
+            out.append(json.dumps({"node": lay.node, "files": files}))
+    return out
+
+
+def _one_task_per_partition(spark: SparkSession, rows: list[str]) -> DataFrame:
+    rdd = spark.sparkContext.parallelize([(r,) for r in rows], max(1, len(rows)))
+    return spark.createDataFrame(rdd, "task string")
+
+
+def run_audit(
+    spark: SparkSession,
+    dirs: Sequence[str],
+    ack_log: str | None = None,
+) -> AuditReport:
+    """Audit the nodes in ``dirs`` with ``spark``; raises ``AuditInputError`` on unusable input."""
+    t0 = time.perf_counter()
+    layouts = discover(list(dirs))
+    metas = [read_meta(lay.meta_dir) for lay in layouts]
+    if ack_log is not None and not os.path.isfile(ack_log):
+        raise AuditInputError(f"{ack_log}: ack log not found (a file of JSON lines is expected)")
+    if ack_log is not None and not os.access(ack_log, os.R_OK):
+        raise AuditInputError(f"{ack_log}: permission denied (the audit needs to read it)")
+    tasks = segment_tasks(layouts)
+    session.prepare(spark, len(tasks))
+    timings: dict[str, float] = {}
+
+    scanned = (
+        _one_task_per_partition(spark, [task_json(t) for t in tasks]).mapInArrow(scan_partition, SCAN_DDL)
+        if tasks
+        else spark.createDataFrame([], SCAN_DDL)
+    ).persist()
+    try:
+        t = time.perf_counter()
+        summaries = [json.loads(r["info"]) for r in scanned.filter(F.col("kind") == KIND_SUMMARY).collect()]
+        timings["scan_s"] = time.perf_counter() - t
+        entries = scanned.filter(F.col("kind") == KIND_ENTRY).drop("kind", "info")
+        integrity, scan_findings, logs = checks.integrity(layouts, summaries)
+
+        t = time.perf_counter()
+        agreement, commit, commit_source = checks.agreement(spark, entries, layouts, metas, logs)
+        timings["agreement_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        q = queue_tasks(layouts)
+        units = _one_task_per_partition(spark, q).mapInArrow(queue_partition, QUEUE_DDL) if q else None
+        message_count = sum(s.get("messages", 0) for s in summaries)
+        broker = checks.broker(
+            entries, units, layouts, metas, commit, scan_findings[checks.CHECK_BROKER], message_count
+        )
+        timings["broker_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        acks = None
+        n_acks = 0
+        if ack_log is not None:
+            acks = checks.read_acks(spark, ack_log)
+            n_acks, n_bad, bad = checks.invalid_acks(acks)
+            if n_bad:
+                raise AuditInputError(
+                    f"{ack_log}: {n_bad} records are neither a raw append {{index, pos, body_crc}} nor a message "
+                    f"{{msg_id, topic, queue_id, queue_offset, commitlog_offset}}; first: {bad[0].asDict()}"
+                )
+        if acks is not None or message_count:
+            delivery = checks.delivery(spark, entries, layouts, commit, acks, ack_log, n_acks)
+        else:
+            delivery = checks.CheckResult(
+                checks.CHECK_DELIVERY,
+                "4. delivery (ack log)",
+                checks.SKIP,
+                0,
+                "acks",
+                notes=("no --ack-log and no broker messages",),
+            )
+        timings["delivery_s"] = time.perf_counter() - t
+    finally:
+        scanned.unpersist()
+    timings["total_s"] = time.perf_counter() - t0
+    terms: dict[str, dict[int, int]] = {lay.name: {} for lay in layouts}
+    for s in summaries:
+        per = terms[layouts[s["node"]].name]
+        for term, n in s["terms"].items():
+            per[int(term)] = per.get(int(term), 0) + n
+    nodes = tuple(
+        NodeSummary(
+            lay.name,
+            lay.root,
+            log.segments,
+            log.entries,
+            log.first_index,
+            log.last_index,
+            m.commit_index,
+            m.commit_key,
+        )
+        for lay, m, log in zip(layouts, metas, logs, strict=True)
+    )
+    return AuditReport(
+        nodes=nodes,
+        commit_index=commit,
+        commit_source=commit_source,
+        checks=(integrity, agreement, broker, delivery),
+        terms={name: dict(sorted(per.items())) for name, per in terms.items()},
+        timings=timings,
+        master=spark.sparkContext.master,
+    )
+
+
+def _input_failure(err: Exception) -> str | None:
+    """The message to show when a Spark job failed because a file could not be read (else None)."""
+    text = str(err)
+    for name in _INPUT_ERRORS:
+        at = text.find(name + ":")
+        if at >= 0:
+            return text[at:].splitlines()[0]
+    if "FAILFAST" in text or "Malformed records" in text:
+        return "the ack log holds a line that is not a JSON object of the documented schema"
+    return None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dledger audit",
+        description="Replay every node's files in Spark and prove that the group agrees (read-only).",
+    )
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="node data directories, or a group directory")
+    p.add_argument("--master", default=None, help="Spark master URL (default local[*], or spark-submit's)")
+    p.add_argument("--ack-log", default=None, metavar="FILE", help="producers' acknowledgements, JSON lines")
+    p.add_argument("--report", default=None, metavar="DIR", help="write audit.json and audit.html here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    console = Console(stderr=False)
+    err = Console(stderr=True)
+    try:
+        discover(args.dirs)  # fail fast on bad input, before starting a JVM
+        if args.ack_log is not None and not os.path.isfile(args.ack_log):
+            raise AuditInputError(f"{args.ack_log}: ack log not found (a file of JSON lines is expected)")
+    except AuditInputError as e:
+        err.print(f"[bold red]audit: unusable input:[/] {e}", highlight=False, soft_wrap=True)
+        return EXIT_INPUT
+    started = SparkSession.getActiveSession() is None
+    t = time.perf_counter()
+    spark = session.build_session(args.master)
+    startup = time.perf_counter() - t
+    try:
+        report = run_audit(spark, args.dirs, args.ack_log)
+    except AuditInputError as e:
+        err.print(f"[bold red]audit: unusable input:[/] {e}", highlight=False, soft_wrap=True)
+        return EXIT_INPUT
+    except (PySparkException, Py4JJavaError) as e:
+        why = _input_failure(e)
+        if why is None:
+            raise
+        err.print(f"[bold red]audit: unusable input:[/] {why}", highlight=False, soft_wrap=True)
+        return EXIT_INPUT
+    finally:
+        if started:
+            spark.stop()
+    report.timings["spark_startup_s"] = startup
+    render_table(report, console)
+    if args.report:
+        json_path, html_path = write_reports(report, args.report)
+        console.print(f"reports: {json_path} {html_path}")
+    return EXIT_OK if report.ok else EXIT_VIOLATIONS
+
+
+if __name__ == "__main__":
+    sys.exit(main())

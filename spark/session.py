@@ -1,0 +1,83 @@
+"""The Spark session the audit runs in, and shipping the audit's own code to the executors.
+
+``local[*]`` by default; ``--master`` is honoured; under ``spark-submit`` the submitter's master applies. In local
+mode the driver binds 127.0.0.1 and the web UI is off (nothing listens beyond the loopback). The executors get
+the audit's Python modules (``spark``, ``storage``, ``broker_adapter``) as one zip added with ``addPyFile``, so a
+cluster needs only pyspark, numpy and pyarrow installed, not this project.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Final
+
+from pyspark.sql import SparkSession
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+SHIPPED_PACKAGES: Final = ("spark", "storage", "broker_adapter")
+
+
+def code_zip() -> str:
+    """A zip of the packages the workers import, named by its content hash (so adding it twice is harmless)."""
+    files = []
+    for pkg in SHIPPED_PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            files.append((path.relative_to(ROOT).as_posix(), path.read_bytes()))
+    digest = hashlib.sha256()
+    for name, data in files:
+        digest.update(name.encode() + b"\0" + data)
+    out_dir = Path(tempfile.gettempdir()) / f"dledger-audit-{os.getuid()}"
+    out_dir.mkdir(mode=0o700, exist_ok=True)
+    target = out_dir / f"dledger_audit_{digest.hexdigest()[:16]}.zip"
+    if not target.exists():
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for name, data in files:
+                z.writestr(name, data)
+        os.replace(tmp, target)
+    return str(target)
+
+
+def under_spark_submit() -> bool:
+    """True when this driver was launched by spark-submit (the JVM exists and chose the master)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def build_session(master: str | None = None, app_name: str = "dledger-audit") -> SparkSession:
+    builder = SparkSession.builder.appName(app_name)
+    if master is None and not under_spark_submit():
+        master = "local[*]"
+    if master is not None:
+        builder = builder.master(master)
+    if master is not None and master.startswith("local"):
+        builder = (
+            builder.config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.memory", os.environ.get("DLEDGER_AUDIT_DRIVER_MEMORY", "2g"))
+            .config("spark.pyspark.python", sys.executable)
+        )
+        # PySpark starts local workers with $PYSPARK_PYTHON (default python3): use this interpreter, which
+        # has numpy and pyarrow, unless the user chose one.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # The JVM's block manager and RPC endpoints bind this address: keep them on the loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        builder.config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.adaptive.enabled", "true")
+    )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def prepare(spark: SparkSession, segments: int) -> None:
+    """Per-run settings: ship the code, size shuffles to the work (a few partitions per core)."""
+    spark.sparkContext.addPyFile(code_zip())
+    cores = spark.sparkContext.defaultParallelism
+    spark.conf.set("spark.sql.shuffle.partitions", str(max(2 * cores, min(segments, 8 * cores))))
