@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 
 from storage import codec
 from storage.filestore import FileLogStore
+from storage.memory import MemoryLogStore
 
 BODY = 1024
 FRAME = codec.HEADER_SIZE + BODY
@@ -163,6 +164,44 @@ def bench_appends(work: str, reps: int, quick: bool) -> list[Row]:
         s, p = statistics.median(store_rates), statistics.median(plain_rates)
         cpu_ratio = statistics.median(store_cpu) / statistics.median(plain_cpu) if flush == "async" else 0.0
         rows.append(Row(f"append {flush:5} batch {batch:4}", s, s * FRAME / 1e6, p, s / p, "", cpu_ratio))
+        print(_fmt(rows[-1]), flush=True)
+    return rows
+
+
+def bench_memory(reps: int, quick: bool) -> list[Row]:
+    """MemoryLogStore (the simulator's log) appends, against appending the same bytes to a bytearray."""
+    rows = []
+    for batch in (1, 64, 1024):
+        entries = (20_000 if batch == 1 else 200_000) // (8 if quick else 1)
+        batches = encode_batches(entries // batch, batch)
+
+        def store_run(batches: list[bytes] = batches, batch: int = batch) -> tuple[int, float, float]:
+            store = MemoryLogStore()
+            t = _now()
+            for b in batches:
+                store.append(b)
+            return (len(batches) * batch, *_since(t))
+
+        def plain_run(batches: list[bytes] = batches, batch: int = batch) -> tuple[int, float, float]:
+            buf = bytearray()
+            t = _now()
+            for b in batches:
+                buf += b
+            return (len(batches) * batch, *_since(t))
+
+        s, s_cpu = median_rates(store_run, reps)
+        p, p_cpu = median_rates(plain_run, reps)
+        rows.append(
+            Row(
+                f"memory append batch {batch:4}",
+                s,
+                s * FRAME / 1e6,
+                p,
+                s / p,
+                "vs bytearray +=",
+                s_cpu / p_cpu,
+            )
+        )
         print(_fmt(rows[-1]), flush=True)
     return rows
 
@@ -310,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"# FileLogStore vs plain file I/O, 1 KiB bodies ({FRAME}-byte frames), medians of {args.reps}")
         rows = bench_appends(work, args.reps, args.quick)
+        rows += bench_memory(args.reps, args.quick)
         size = int((0.01 if args.quick else args.size_gib) * 2**30)
         rows += bench_reads_and_open(work, size, args.reps)
         if args.json:

@@ -65,11 +65,15 @@ class MemoryLogStore:
     # -- writes ------------------------------------------------------------------------------------------------
 
     def append(self, frames: bytes | bytearray | memoryview) -> list[int]:
-        self._check_open()
-        t = self.tail()
-        run = codec.scan_frames(
-            frames, t.last_index + 1, t.end_pos, t.chain_crc, self.segment_size, prev_term=t.last_term
-        )
+        if self._closed:
+            raise StoreClosedError("the log store is closed")
+        if self._off:  # the tail's facts, without building a LogPosition on this hot path
+            nxt, end = self._first + len(self._off), self._pos[-1] + self._size[-1]
+            chain, term = self._chain[-1], self._term[-1]
+        else:
+            p = self._prev
+            nxt, end, chain, term = p.last_index + 1, p.end_pos, p.chain_crc, p.last_term
+        run = codec.scan_frames(frames, nxt, end, chain, self.segment_size, prev_term=term)
         if not run.offsets:
             return []
         start = self._base + len(self._buf)
