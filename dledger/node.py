@@ -665,6 +665,11 @@ class Node:
                 raise InvalidRequestError(
                     f"body {i} has {len(b)} bytes; the limit is {limit} (max_body_bytes)"
                 )
+        if len(bodies) > self.config.max_pending_entries:
+            raise InvalidRequestError(
+                f"a batch of {len(bodies)} bodies can never fit: at most {self.config.max_pending_entries} "
+                "entries may wait to commit (max_pending_entries); split it"
+            )
         core = self._core
         if core.role is not Role.LEADER:
             raise self._not_leader()

@@ -81,13 +81,13 @@ def test_uncommitted_index_is_not_found(group3, roles):
         assert e.code() is grpc.StatusCode.NOT_FOUND and "not committed" in e.details()
 
 
-def test_backpressure_is_resource_exhausted(group3, roles):
+def test_a_batch_beyond_the_pending_limit_is_invalid(group3, roles):
     lead, _ = roles
     ch, s = stub(lead.address)
     with ch:
         many = [b"."] * 20_001  # more than max_pending_entries can ever hold
         e = code_of(lambda: s.Append(client_pb2.AppendRequest(group="orders", bodies=many), timeout=10))
-        assert e.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "back off" in e.details()
+        assert e.code() is grpc.StatusCode.INVALID_ARGUMENT and "max_pending_entries" in e.details()
 
 
 def test_stream_errors_arrive_in_band(group3, roles):

@@ -10,7 +10,7 @@ import pytest
 
 from dledger.client import AsyncDLedgerClient
 from dledger.core.messages import AppendEntries, AppendEntriesResponse, RequestVote, RequestVoteResponse
-from dledger.errors import BackpressureError, InvalidRequestError, NotFoundError, NotLeaderError
+from dledger.errors import InvalidRequestError, NotFoundError, NotLeaderError
 from storage import codec
 from storage.memory import MemoryLogStore, MemoryMetaStore
 from tests.runtime.cluster import LocalGroup
@@ -53,7 +53,7 @@ def test_bad_appends_are_refused_before_proposing(tmp_path):
                 await leader.append([])
             with pytest.raises(InvalidRequestError, match="limit is 2048"):
                 await leader.append([b"x" * 2049])
-            with pytest.raises(BackpressureError, match="back off"):
+            with pytest.raises(InvalidRequestError, match="max_pending_entries"):
                 await leader.append([b"x"] * 6)
             await g.until(lambda: follower.core.leader_id == leader.id, what="follower knows the leader")
             with pytest.raises(NotLeaderError) as ei:
