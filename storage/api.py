@@ -62,6 +62,11 @@ class LogStore(Protocol):
         """Last index, term, end position and chain_crc: what the next append must follow."""
         ...
 
+    def snapshot_point(self) -> LogPosition:
+        """The position just before ``first_index``: the last compacted (snapshot) entry, or the fresh-log
+        origin ``LogPosition(-1, 0, 0, 0)``; ``term(first_index - 1)`` answers from it."""
+        ...
+
     def append(self, frames: bytes | memoryview) -> list[int]:
         """Validate and append consecutive encoded entries that follow ``tail()``; return each entry's pos.
 
