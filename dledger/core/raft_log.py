@@ -56,11 +56,13 @@ class RaftLog:
         "_last_term",
         "_offs",
         "_offset",
+        "_read_memo",
         "_segment_size",
         "_snapshot",
         "_snapshot_handed",
         "_terms",
         "_truncate_from",
+        "_unhanded",
         "committed",
         "store",
     )
@@ -84,6 +86,11 @@ class RaftLog:
         self._snapshot: SnapshotMeta | None = None  # installed in memory, not yet advanced
         self._snapshot_handed = False
         self.committed = store.first_index - 1
+        # Copy avoidance: the frames of the one message whose entries are all that is not handed out yet (a
+        # follower's usual case: the Ready hands those very bytes on), and the last replication read (a leader
+        # reads the same range for every follower in step).
+        self._unhanded: bytes | None = None
+        self._read_memo: tuple[int, int, int, bytes, int] | None = None
 
     # -- facts ---------------------------------------------------------------------------------------------------
 
@@ -219,21 +226,31 @@ class RaftLog:
             return b"", lo - 1
         k = lo - self._offset
         if k >= 0:
-            offs = self._offs
-            start = offs[k]
-            end_all = self._base + len(self._buf)
-            if end_all - start <= max_bytes:
-                return bytes(self._buf[start - self._base :]), last
-            m = bisect_right(offs, start + max_bytes, k + 1)  # entries k..m-2 end at or before the limit
-            stop = max(m - 1, k + 1)
-            if stop >= len(offs):  # a single entry larger than max_bytes: it goes alone
-                return bytes(self._buf[start - self._base :]), last
-            return bytes(self._buf[start - self._base : offs[stop] - self._base]), self._offset + stop - 1
+            memo = self._read_memo
+            if memo is not None and memo[0] == lo and memo[1] == max_bytes and memo[2] == last:
+                return memo[3], memo[4]
+            data, hi = self._memory_frames(k, max_bytes)
+            self._read_memo = (lo, max_bytes, last, data, hi)
+            return data, hi
         if self._snapshot is not None:
             raise Compacted(f"index {lo} is below the installed snapshot at {self._snapshot.index}")
         hi = self._offset  # store part only; the memory tail follows in the next message
         data = self.store.raw(lo, hi, max_bytes)
         return data, lo + _count_frames(data) - 1
+
+    def _memory_frames(self, k: int, max_bytes: int) -> tuple[bytes, int]:
+        """Frames from memory entry ``k`` (list position), cut at ``max_bytes`` but at least one entry."""
+        last = self._last_index
+        offs = self._offs
+        start = offs[k]
+        end_all = self._base + len(self._buf)
+        if end_all - start <= max_bytes:
+            return bytes(self._buf[start - self._base :]), last
+        m = bisect_right(offs, start + max_bytes, k + 1)  # entries k..m-2 end at or before the limit
+        stop = max(m - 1, k + 1)
+        if stop >= len(offs):  # a single entry larger than max_bytes: it goes alone
+            return bytes(self._buf[start - self._base :]), last
+        return bytes(self._buf[start - self._base : offs[stop] - self._base]), self._offset + stop - 1
 
     # -- writes: leader --------------------------------------------------------------------------------------------
 
@@ -246,6 +263,7 @@ class RaftLog:
         for b in bodies:
             if len(b) > limit:
                 raise ValueError(f"an entry body of {len(b)} bytes does not fit a {seg}-byte segment")
+        self._unhanded = None
         buf = self._buf
         offs = self._offs
         terms = self._terms
@@ -283,18 +301,18 @@ class RaftLog:
             return None
         if not frames:
             return prev_index
-        heads = _scan(frames, prev_index + 1)
-        n = len(heads)
+        offs, terms = _scan(frames, prev_index + 1)
+        n = len(offs)
         last_new = prev_index + n
         # Common case: everything is new.
         if prev_index == self._last_index:
-            self._append_frames(frames, 0, heads)
+            self._append_frames(frames, offs, terms, 0)
             return last_new
         # Find the first entry we lack or hold with another term (receiver rule 3).
         conflict = -1
         for k in range(n):
             idx = prev_index + 1 + k
-            if idx > self._last_index or not self.match_term(idx, heads[k][1]):
+            if idx > self._last_index or not self.match_term(idx, terms[k]):
                 conflict = k
                 break
         if conflict < 0:
@@ -303,15 +321,17 @@ class RaftLog:
         if idx <= self._last_index:
             if idx <= self.committed:
                 raise LogConflictError(
-                    f"entry {idx} conflicts with the leader's (term {heads[conflict][1]}) but index "
+                    f"entry {idx} conflicts with the leader's (term {terms[conflict]}) but index "
                     f"{self.committed} is committed"
                 )
             self._truncate(idx)
-        self._append_frames(frames, heads[conflict][0], heads[conflict:])
+        self._append_frames(frames, offs, terms, conflict)
         return last_new
 
     def _truncate(self, index: int) -> None:
         """Forget entries ``index`` and after (in memory now, in the store with the next Ready)."""
+        self._read_memo = None
+        self._unhanded = None
         k = index - self._offset
         if k >= 0:
             cut = self._offs[k] - self._base
@@ -336,17 +356,24 @@ class RaftLog:
             self._truncate_from = index
         self._last_index = index - 1
 
-    def _append_frames(self, frames: bytes, start: int, heads: list[tuple[int, int]]) -> None:
+    def _append_frames(self, frames: bytes, offs: list[int], terms: list[int], k: int) -> None:
+        """Append entries k.. of ``frames`` (their byte offsets and terms as ``_scan`` found them)."""
         buf = self._buf
+        start = offs[k]
         shift = self._base + len(buf) - start
-        self._offs.extend([off + shift for off, _ in heads])
-        self._terms.extend([t for _, t in heads])
-        if start:
+        whole = k == 0 and self._handed_to == self._last_index and type(frames) is bytes
+        self._unhanded = frames if whole else None
+        if k:
+            del offs[:k]
+            del terms[:k]
             buf += memoryview(frames)[start:]
         else:
             buf += frames
-        last_off = heads[-1][0]
-        h = codec.HEADER.unpack_from(frames, last_off)
+        if shift:
+            offs = [off + shift for off in offs]
+        self._offs += offs
+        self._terms += terms
+        h = codec.HEADER.unpack_from(frames, offs[-1] - shift)
         self._last_index = h[2]
         self._last_term = h[3]
         self._end_pos = h[4] + h[1]
@@ -354,6 +381,8 @@ class RaftLog:
 
     def restore(self, snap: SnapshotMeta) -> None:
         """Reset to an installed snapshot: every entry is dropped; the log continues after ``snap``."""
+        self._read_memo = None
+        self._unhanded = None
         self._buf = bytearray()
         self._base = 0
         self._offs.clear()
@@ -397,9 +426,13 @@ class RaftLog:
         self._truncate_from = None
         frames = b""
         if self._handed_to < self._last_index:
-            k = self._handed_to + 1 - self._offset
-            frames = bytes(self._buf[self._offs[k] - self._base :])
+            if self._unhanded is not None:
+                frames = self._unhanded
+            else:
+                k = self._handed_to + 1 - self._offset
+                frames = bytes(self._buf[self._offs[k] - self._base :])
             self._handed_to = self._last_index
+        self._unhanded = None
         return snap, truncate_from, frames
 
     def stable(self) -> None:
@@ -412,23 +445,28 @@ class RaftLog:
         durable = self._handed_to + 1 - self._offset  # memory entries that are (now) in the store
         if durable <= 0:
             return
-        excess = len(self._buf) - self._cache_bytes
+        offs = self._offs
+        base = self._base
+        buf = self._buf
+        excess = base + len(buf) - offs[0] - self._cache_bytes  # live bytes beyond the cache budget
         if excess <= 0:
             return
-        offs = self._offs
         # Drop the oldest durable entries covering at least `excess` bytes.
-        n = min(durable, bisect_right(offs, self._base + excess - 1))
+        n = min(durable, bisect_right(offs, offs[0] + excess - 1))
         if n == len(offs):
-            self._base += len(self._buf)
+            self._base = base + len(buf)
             self._buf = bytearray()
             offs.clear()
             self._terms.clear()
         else:
-            cut = offs[n] - self._base
-            del self._buf[:cut]
-            self._base += cut
             del offs[:n]
             del self._terms[:n]
+            # Release the dead prefix only once it outweighs the live part: a bytearray that lost its front
+            # copies itself on the next growth, so doing it every time would copy the whole cache per Ready.
+            dead = offs[0] - base
+            if dead > len(buf) - dead:
+                del buf[:dead]
+                self._base = base + dead
         self._offset += n
 
     def memory_entries(self) -> int:
@@ -436,34 +474,42 @@ class RaftLog:
         return len(self._offs)
 
 
-def _scan(frames: bytes, first_index: int) -> list[tuple[int, int]]:
-    """(byte offset, term) of each frame, checking structure, dense indexes and non-decreasing terms.
+def _scan(frames: bytes, first_index: int) -> tuple[list[int], list[int]]:
+    """Byte offset and term of each frame, checking structure, dense indexes and non-decreasing terms.
 
     CRCs are the store's job (it validates on append); this pass only needs to place entries in the tail.
     """
     end = len(frames)
     unpack = _HEAD.unpack_from
-    heads: list[tuple[int, int]] = []
+    offs: list[int] = []
+    terms: list[int] = []
     off = 0
     expect = first_index
     last_term = -1
+    magics = _ENTRY_MAGICS
     while off < end:
         if end - off < _HEADER_SIZE:
             raise codec.FrameError(f"truncated header: {end - off} of {_HEADER_SIZE} bytes", off)
         magic, size, index, term = unpack(frames, off)
-        if magic not in _ENTRY_MAGICS or size < _HEADER_SIZE or size > end - off:
-            raise codec.FrameError(f"bad frame at offset {off}: magic {magic}, size {size}", off, index)
-        if index != expect:
-            raise codec.FrameError(f"index {index} at offset {off}, expected {expect}", off, index)
-        if term < last_term:
+        if (
+            magic not in magics
+            or size < _HEADER_SIZE
+            or size > end - off
+            or index != expect
+            or term < last_term
+        ):
             raise codec.FrameError(
-                f"term {term} at index {index} is below previous term {last_term}", off, index
+                f"bad frame at offset {off}: magic {magic}, size {size}, index {index} (expected {expect}), "
+                f"term {term} (previous {last_term})",
+                off,
+                index,
             )
-        heads.append((off, term))
+        offs.append(off)
+        terms.append(term)
         expect += 1
         last_term = term
         off += size
-    return heads
+    return offs, terms
 
 
 def _count_frames(data: bytes) -> int:

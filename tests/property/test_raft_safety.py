@@ -49,7 +49,7 @@ settings.register_profile(
 settings.register_profile(
     "raft-soak",
     max_examples=SOAK_SCHEDULES,
-    stateful_step_count=60,
+    stateful_step_count=50,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
