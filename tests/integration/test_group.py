@@ -236,3 +236,49 @@ def test_async_policy_survives_kill_9_of_every_node(make_group):
         wait(lambda: c.find_leader().commit_index >= results[-1].index, what="commit after restart")
         for i, r in enumerate(results):
             assert c.get(r.index).body == f"async-{i}".encode()
+
+
+def test_old_leader_truncates_its_uncommitted_tail(make_group):
+    """A leader cut off from its followers writes entries nobody else has; after it dies the others commit
+    different entries at those indexes; restarted, it must drop its tail and take the new leader's log."""
+    import grpc
+
+    from dledger.v1 import client_pb2, client_pb2_grpc
+
+    g = make_group(3)
+    with DLedgerClient(g.addresses, g.name) as c:
+        base = c.append_batch([b"shared"] * 10)[-1].index
+        wait(lambda: caught_up(g, base), what="everyone has the shared prefix")
+    rows = grp.status(g)
+    lead = g.node(grp.leader_of(rows).id)
+    followers = [n for n in g.nodes if n.id != lead.id]
+    for f in followers:  # the followers die: the leader can still write to its own log, never commit
+        grp.kill_node(f)
+    with grpc.insecure_channel(lead.address) as ch:
+        stub = client_pb2_grpc.DLedgerStub(ch)
+        fut = stub.Append.future(client_pb2.AppendRequest(group=g.name, bodies=[b"orphan"] * 5), timeout=30)
+        info = wait(lambda: _uncommitted_tail(lead.address, g.name), what="the leader's uncommitted tail")
+        grp.kill_node(lead)
+        fut.cancel()
+    for f in followers:
+        grp.start_node(f)
+    with DLedgerClient([f.address for f in followers], g.name) as c:
+        new = c.append_batch([b"winner"] * 10)
+    assert new[0].index <= info.last_index, "the new entries overlap the orphaned tail"
+    grp.start_node(lead)
+    wait(lambda: caught_up(g, new[-1].index), what="the old leader catching up")
+    logs = {s.id: read_log(s.data_dir) for s in g.nodes}
+    bodies = [bytes(e.body) for e in logs[lead.id]]
+    assert b"orphan" not in bodies, "the uncommitted tail was truncated"
+    ref = [(e.index, e.header.chain_crc) for e in logs[followers[0].id]]
+    assert [(e.index, e.header.chain_crc) for e in logs[lead.id]][: len(ref)] == ref
+
+
+def _uncommitted_tail(address: str, group: str):
+    """Metadata of ``address`` once its log holds more than it has committed (else None)."""
+    with DLedgerClient([address], group, timeout_s=1) as c:
+        try:
+            info = c.metadata(address)
+        except DLedgerError:
+            return None
+    return info if info.last_index > info.commit_index else None
