@@ -128,7 +128,8 @@ class RaftCore:
         self._config = config
         self._rng = rng
         self._log_event = log_event if log_event is not None else _logger.info
-        self._raft_log = RaftLog(log, config.segment_size, config.max_inflight * config.max_append_bytes)
+        self._raft_log = RaftLog(log, config.segment_size)
+        self._leader_cache_bytes = config.max_inflight * config.max_append_bytes
         self._election_min, self._election_max = config.election_ticks
         self._heartbeat_ticks = config.heartbeat_ticks
         self._max_append_bytes = config.max_append_bytes
@@ -419,6 +420,7 @@ class RaftCore:
         self._reset(term)
         self._role = Role.FOLLOWER
         self._leader = leader
+        self._raft_log.cache_bytes = 0
         self._step = self._step_follower
         self._tick = self._tick_election
         if old != (Role.FOLLOWER, term, leader):
@@ -451,6 +453,7 @@ class RaftCore:
         self._reset(self._term)
         self._role = Role.LEADER
         self._leader = self._id
+        self._raft_log.cache_bytes = self._leader_cache_bytes  # followers are served from memory
         self._step = self._step_leader
         self._tick = self._tick_heartbeat
         log = self._raft_log

@@ -32,6 +32,7 @@ from storage.errors import Compacted, IndexOutOfRange
 # magic, size, index, term: enough of a header to place an entry in the tail without decoding it all.
 _HEAD: Final = struct.Struct(">iiqq")
 _CHAIN_CRC: Final = struct.Struct(">I")
+_SIZE: Final = struct.Struct(">i")
 _MIN_BLANK: Final = codec.MIN_BLANK_LEN
 _HEADER_SIZE: Final = codec.HEADER_SIZE
 _ENTRY_MAGICS: Final = codec.ENTRY_MAGICS
@@ -215,6 +216,15 @@ class RaftLog:
             t = store.tail()
             return SnapshotMeta(t.last_index, t.last_term, t.chain_crc, t.end_pos)
         return None
+
+    @property
+    def cache_bytes(self) -> int:
+        return self._cache_bytes
+
+    @cache_bytes.setter
+    def cache_bytes(self, value: int) -> None:
+        """How many bytes of durable entries to keep in memory for replication reads (a leader's need)."""
+        self._cache_bytes = max(0, value)
 
     # -- reads for replication -----------------------------------------------------------------------------------
 
@@ -475,40 +485,52 @@ class RaftLog:
 
 
 def _scan(frames: bytes, first_index: int) -> tuple[list[int], list[int]]:
-    """Byte offset and term of each frame, checking structure, dense indexes and non-decreasing terms.
+    """Byte offset and term of each frame: enough to place entries in the tail.
 
-    CRCs are the store's job (it validates on append); this pass only needs to place entries in the tail.
+    Walks the size fields (each must be at least a header and stay inside the buffer), checks that the first and
+    last frames are well-formed entries numbered ``first_index`` and ``first_index + n - 1``, and reads every
+    term only when the run spans more than one term (then also checking dense indexes and non-decreasing
+    terms). Full validation (every magic, body CRC, chain, positions) is the store's, before it writes anything.
     """
     end = len(frames)
-    unpack = _HEAD.unpack_from
+    size_at = _SIZE.unpack_from
     offs: list[int] = []
-    terms: list[int] = []
+    append = offs.append
     off = 0
-    expect = first_index
-    last_term = -1
-    magics = _ENTRY_MAGICS
     while off < end:
         if end - off < _HEADER_SIZE:
             raise codec.FrameError(f"truncated header: {end - off} of {_HEADER_SIZE} bytes", off)
-        magic, size, index, term = unpack(frames, off)
-        if (
-            magic not in magics
-            or size < _HEADER_SIZE
-            or size > end - off
-            or index != expect
-            or term < last_term
-        ):
+        size = size_at(frames, off + 4)[0]
+        if size < _HEADER_SIZE or size > end - off:
+            raise codec.FrameError(f"bad frame size {size} at offset {off} ({end - off} bytes left)", off)
+        append(off)
+        off += size
+    n = len(offs)
+    unpack = _HEAD.unpack_from
+    m0, _s0, i0, t0 = unpack(frames, 0)
+    m1, _s1, i1, t1 = unpack(frames, offs[-1])
+    if m0 not in _ENTRY_MAGICS or m1 not in _ENTRY_MAGICS or i0 != first_index or i1 != first_index + n - 1:
+        raise codec.FrameError(
+            f"frames numbered {i0}..{i1} (magics {m0}, {m1}) where {first_index}..{first_index + n - 1} were "
+            "expected",
+            0,
+            i0,
+        )
+    if t0 == t1:
+        return offs, [t0] * n
+    terms: list[int] = []
+    last_term = -1
+    for k, o in enumerate(offs):
+        magic, _size, index, term = unpack(frames, o)
+        if magic not in _ENTRY_MAGICS or index != first_index + k or term < last_term:
             raise codec.FrameError(
-                f"bad frame at offset {off}: magic {magic}, size {size}, index {index} (expected {expect}), "
-                f"term {term} (previous {last_term})",
-                off,
+                f"bad frame at offset {o}: magic {magic}, index {index} (expected {first_index + k}), term {term} "
+                f"(previous {last_term})",
+                o,
                 index,
             )
-        offs.append(off)
         terms.append(term)
-        expect += 1
         last_term = term
-        off += size
     return offs, terms
 
 
@@ -516,7 +538,7 @@ def _count_frames(data: bytes) -> int:
     n = 0
     off = 0
     end = len(data)
-    size_of = struct.Struct(">i").unpack_from
+    size_of = _SIZE.unpack_from
     while off < end:
         off += size_of(data, off + 4)[0]
         n += 1
