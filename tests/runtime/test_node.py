@@ -213,3 +213,40 @@ def test_persist_before_send(tmp_path):
     assert any(isinstance(e[2], AppendEntriesResponse) and e[2].success for e in sends)
     assert any(isinstance(e[2], RequestVoteResponse) and e[2].granted and not e[2].pre_vote for e in sends)
     assert violations(trace.events) == []
+
+
+class AdjustableSlowLog(MemoryLogStore):
+    """A log whose writes take ``delay`` seconds (a disk stalling under load)."""
+
+    delay = 0.0
+
+    def append(self, frames):
+        if self.delay:
+            time.sleep(self.delay)
+        return super().append(frames)
+
+
+def test_a_follower_busy_writing_does_not_start_an_election(tmp_path):
+    """Writes longer than the whole election timeout run off the loop, so the follower keeps stepping the
+    leader's messages (each one proof of life) and never campaigns; the group keeps committing."""
+    logs: dict[str, AdjustableSlowLog] = {}
+
+    def stores(pid):
+        logs[pid] = AdjustableSlowLog()
+        return logs[pid], MemoryMetaStore()
+
+    async def run():
+        async with LocalGroup(tmp_path, stores=stores) as g:
+            leader = await g.leader()
+            term = leader.core.term
+            slow = next(p for p in g.nodes if p != leader.id)
+            logs[slow].delay = 0.4  # above election_timeout_max_ms (300 ms)
+            async with AsyncDLedgerClient(g.addresses) as c:
+                for _ in range(10):
+                    await asyncio.gather(*(c.append(b"z" * 100) for _ in range(20)))
+                top = (await c.append(b"last")).index
+            await g.until(lambda: g.nodes[slow].core.commit_index >= top, timeout_s=30, what="slow follower")
+            assert all(n.core.term == term for n in g.nodes.values()), "nobody started an election"
+            assert g.nodes[slow].stats["persists"] >= 2
+
+    asyncio.run(run())
