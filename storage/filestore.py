@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 from storage import codec
 from storage.api import LogPosition
@@ -594,8 +593,3 @@ class AsyncFlusher:
             raise self.error
         if self.store.dirty:
             self.store.sync()
-
-
-def monotonic_ms() -> float:
-    """The clock ``flush_due`` expects, for callers without their own."""
-    return time.monotonic() * 1000.0
