@@ -291,7 +291,8 @@ class AsyncDLedgerClient:
                 if not e.retriable:
                     raise
                 last = e
-                redirected = isinstance(e, NotLeaderError) and e.leader_hint
+                # Follow a hint at once, unless it points back where we just were (a stale hint): then wait.
+                redirected = isinstance(e, NotLeaderError) and e.leader_hint and e.leader_hint != address
                 self._learn(e, address)
                 self.stats["retries"] += 1
                 if not redirected:
@@ -316,6 +317,7 @@ class AsyncDLedgerClient:
         except grpc.aio.AioRpcError as e:
             err = _error_from_rpc(e, address)
             if isinstance(err, UnavailableError) and not _never_sent(e) and not _is_node_refusal(e):
+                # The call broke (connection lost, node killed) after the request may have arrived.
                 raise OutcomeUnknownError(
                     f"{address} failed while the append was in flight: {e.details()}"
                 ) from e
@@ -414,10 +416,10 @@ class AsyncDLedgerClient:
 
 
 def _is_node_refusal(e: grpc.aio.AioRpcError) -> bool:
-    """UNAVAILABLE raised by a node's own code (no quorum, shutting down) rather than by a broken connection:
-    the node says so in the message, so the request was not proposed."""
-    d = e.details() or ""
-    return "shutting down" in d or "was not proposed" in d or "is starting" in d
+    """UNAVAILABLE raised by a node's own code (no leader, shutting down, starting) rather than by a broken
+    connection: the node marks it, and the request was not acted on."""
+    md = {k: v for k, v in (e.trailing_metadata() or ()) if isinstance(v, str)}
+    return md.get(convert.REFUSED_KEY) == "1"
 
 
 class DLedgerClient:

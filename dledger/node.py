@@ -637,7 +637,8 @@ class Node:
 
     # -- clients (ClientHandler) -------------------------------------------------------------------------------
 
-    def _not_leader(self) -> NotLeaderError:
+    def _not_leader(self) -> NotLeaderError | UnavailableError:
+        """Not the leader: point at the one we know (FAILED_PRECONDITION), or UNAVAILABLE when none is known."""
         core = self._core
         leader = core.leader_id if core is not None else None
         if leader and leader != self.id:
@@ -645,9 +646,13 @@ class Node:
             return NotLeaderError(
                 leader, f"node {self.id} is not the leader; the leader is {leader} at {addr}"
             )
-        return NotLeaderError(
-            None, f"node {self.id} is not the leader and no leader is known yet; retry shortly"
+        return UnavailableError(
+            f"node {self.id} is not the leader and no leader is known (an election is under way or there is "
+            "no quorum); retry shortly"
         )
+
+    def address_of(self, node_id: str) -> str | None:
+        return self.config.peers.get(node_id)
 
     def leader_address(self) -> str | None:
         leader = self._core.leader_id if self._core is not None else None

@@ -236,6 +236,7 @@ def request_group(p) -> str:
 LEADER_ID_KEY = "leader-id"
 LEADER_ADDRESS_KEY = "leader-address"
 OUTCOME_UNKNOWN_KEY = "outcome-unknown"
+REFUSED_KEY = "refused"  # UNAVAILABLE from the node itself: the request was not acted on (safe to retry)
 
 
 def status_code(err: DLedgerError) -> grpc.StatusCode:
@@ -252,6 +253,8 @@ def error_metadata(err: DLedgerError, leader_address: str | None = None) -> tupl
             md.append((LEADER_ADDRESS_KEY, leader_address))
     if isinstance(err, OutcomeUnknownError):
         md.append((OUTCOME_UNKNOWN_KEY, "1"))
+    if isinstance(err, UnavailableError):
+        md.append((REFUSED_KEY, "1"))
     return tuple(md)
 
 

@@ -31,7 +31,7 @@ from dledger.core.messages import (
     RequestVoteResponse,
     TimeoutNow,
 )
-from dledger.errors import DLedgerError, InvalidRequestError
+from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError
 from dledger.transport import convert
 from dledger.transport.base import (
     AppendedRun,
@@ -398,6 +398,12 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
         self._handler = handler
         self._group = handler.group
 
+    def _hint_address(self, err: DLedgerError) -> str | None:
+        """The address of the node a not-leader error points at (the leader, or a transfer's target)."""
+        if isinstance(err, NotLeaderError) and err.leader_hint:
+            return self._handler.address_of(err.leader_hint)
+        return None
+
     async def _check_group(self, group: str, context) -> None:
         # An empty group means "whatever this node serves" so that ad-hoc tools need not know it.
         if group and group != self._group:
@@ -408,7 +414,7 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
         try:
             results = await self._handler.append(list(request.bodies))
         except DLedgerError as e:
-            await _abort(context, e, self._handler.leader_address())
+            await _abort(context, e, self._hint_address(e))
         return _appended(results, request.request_id)
 
     async def AppendStream(self, request_iterator, context):
@@ -426,7 +432,7 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
                 out.put_nowait(
                     client_pb2.AppendResponse(
                         request_id=req.request_id,
-                        error=convert.error_to_append_error(e, self._handler.leader_address()),
+                        error=convert.error_to_append_error(e, self._hint_address(e)),
                     )
                 )
 
@@ -473,7 +479,7 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
         try:
             leader = await self._handler.transfer_leadership(request.target)
         except DLedgerError as e:
-            await _abort(context, e, self._handler.leader_address())
+            await _abort(context, e, self._hint_address(e))
         return client_pb2.TransferLeadershipResponse(leader_id=leader)
 
 

@@ -83,3 +83,20 @@ def test_unreachable_group_fails_within_the_deadline(tmp_path):
             assert loop.time() - t0 < 5  # bounded by the deadline (generous: not a timing assertion on speed)
 
     asyncio.run(run())
+
+
+def test_no_leader_known_is_unavailable_and_retried(tmp_path):
+    async def run():
+        async with LocalGroup(tmp_path) as g:
+            leader = await g.leader()
+            survivor = next(n for n in g.nodes.values() if n is not leader)
+            await asyncio.gather(*(n.stop() for n in g.nodes.values() if n is not survivor))
+            await g.until(lambda: survivor.core.leader_id is None, what="the survivor forgets the leader")
+            with pytest.raises(UnavailableError, match="no leader is known"):
+                await survivor.append([b"x"])
+            async with AsyncDLedgerClient([survivor.config.address], timeout_s=0.5, use_stream=False) as c:
+                with pytest.raises(UnavailableError, match="no leader is known"):
+                    await c.append(b"refused, so retried, never 'outcome unknown'")
+                assert c.stats["retries"] >= 1
+
+    asyncio.run(run())

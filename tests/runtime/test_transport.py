@@ -64,7 +64,7 @@ class Scripted:
         self.seen.append(msg)
         return answer(msg)
 
-    def leader_address(self):
+    def address_of(self, node_id):
         return None
 
 
