@@ -163,7 +163,7 @@ class RaftLog:
             return None
         if index == first - 1:
             point = self._store_snapshot_point()
-            if point is not None and point.index == index:
+            if point.index == index:
                 return point.chain_crc
         return None
 
@@ -202,20 +202,11 @@ class RaftLog:
         if self._snapshot is not None:
             return self._snapshot
         point = self._store_snapshot_point()
-        if point is None or point.index < 0:
-            return None
-        return point
+        return point if point.index >= 0 else None
 
-    def _store_snapshot_point(self) -> SnapshotMeta | None:
-        store = self.store
-        point_of = getattr(store, "snapshot_point", None)
-        if point_of is not None:
-            p = point_of()
-            return SnapshotMeta(p.last_index, p.last_term, p.chain_crc, p.end_pos)
-        if store.first_index == store.last_index + 1:
-            t = store.tail()
-            return SnapshotMeta(t.last_index, t.last_term, t.chain_crc, t.end_pos)
-        return None
+    def _store_snapshot_point(self) -> SnapshotMeta:
+        p = self.store.snapshot_point()
+        return SnapshotMeta(p.last_index, p.last_term, p.chain_crc, p.end_pos)
 
     @property
     def cache_bytes(self) -> int:
