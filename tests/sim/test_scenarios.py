@@ -1,8 +1,8 @@
 """Scripted scenarios: the classic Raft cases, each a short story told by the cluster's transcript.
 
 Each test drives the simulated cluster with explicit verbs, checks the safety invariants after every step that
-matters, and asserts the key transcript lines in order. On failure the transcript is printed (pytest shows the
-captured ``print``), so the story of what went wrong is in the report.
+matters, and asserts the key transcript lines in order. On failure ``conftest.py`` attaches every cluster's
+transcript to the report, so the story of what went wrong is right there.
 """
 
 from __future__ import annotations
@@ -30,15 +30,6 @@ def elect(c: Cluster, nid: str) -> None:
     c.campaign(nid)
     c.stabilize()
     assert c.nodes[nid].core.role is Role.LEADER, c.dump(40)
-
-
-@pytest.fixture(autouse=True)
-def _print_transcript_on_failure(request):
-    yield
-    c = getattr(request.node, "cluster", None)
-    rep = getattr(request.node, "rep_call", None)
-    if c is not None and rep is not None and rep.failed:
-        print(c.dump(200))
 
 
 def win_without_appends(c: Cluster, nid: str, max_ticks: int = 1000) -> None:
