@@ -160,6 +160,7 @@ class Node:
         self._unreachable_logged: dict[str, float] = {}
         self.port = 0
         self.stats = collections.Counter()
+        self.failure: BaseException | None = None  # why the node stopped on its own, if it did
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -241,6 +242,7 @@ class Node:
         if exc is not None:
             # A runtime task died: the node cannot keep its promises any more. Stop rather than limp on.
             log.critical("%s: task %s failed; stopping the node", self.id, t.get_name(), exc_info=exc)
+            self.failure = self.failure or exc
             asyncio.get_running_loop().create_task(self.stop())
 
     async def stop(self, grace_s: float = 1.0) -> None:
@@ -568,6 +570,7 @@ class Node:
             log.critical(
                 "%s: the Raft core failed on %s; stopping the node", self.id, type(m).__name__, exc_info=e
             )
+            self.failure = self.failure or e
             asyncio.get_running_loop().create_task(self.stop())
             raise UnavailableError(f"node {self.id} stopped: {e}") from e
 
@@ -775,3 +778,7 @@ async def run_node(config: NodeConfig) -> None:
     await node.start()
     node.install_signal_handlers()
     await node.wait_stopped()
+    if node.failure is not None:
+        raise UnavailableError(
+            f"node {config.node_id} stopped after a failure: {node.failure!r}"
+        ) from node.failure

@@ -12,6 +12,7 @@ from dledger.client import AsyncDLedgerClient
 from dledger.core.messages import AppendEntries, AppendEntriesResponse, RequestVote, RequestVoteResponse
 from dledger.errors import InvalidRequestError, NotFoundError, NotLeaderError
 from storage import codec
+from storage.errors import StorageError
 from storage.memory import MemoryLogStore, MemoryMetaStore
 from tests.runtime.cluster import LocalGroup
 
@@ -248,5 +249,35 @@ def test_a_follower_busy_writing_does_not_start_an_election(tmp_path):
             await g.until(lambda: g.nodes[slow].core.commit_index >= top, timeout_s=30, what="slow follower")
             assert all(n.core.term == term for n in g.nodes.values()), "nobody started an election"
             assert g.nodes[slow].stats["persists"] >= 2
+
+    asyncio.run(run())
+
+
+class BreakableLog(MemoryLogStore):
+    broken = False
+
+    def append(self, frames):
+        if self.broken:
+            raise StorageError("injected: the disk went away")
+        return super().append(frames)
+
+
+def test_a_node_whose_storage_fails_stops_and_says_why(tmp_path):
+    logs: dict[str, BreakableLog] = {}
+
+    def stores(pid):
+        logs[pid] = BreakableLog()
+        return logs[pid], MemoryMetaStore()
+
+    async def run():
+        async with LocalGroup(tmp_path, stores=stores) as g:
+            leader = await g.leader()
+            victim = next(n for n in g.nodes.values() if n is not leader)
+            logs[victim.id].broken = True
+            async with AsyncDLedgerClient(g.addresses) as c:
+                r = await c.append(b"committed by the two healthy nodes")
+                await asyncio.wait_for(victim.wait_stopped(), 10)
+                assert isinstance(victim.failure, StorageError)
+                assert (await c.get(r.index)).body == b"committed by the two healthy nodes"
 
     asyncio.run(run())
