@@ -8,14 +8,16 @@ Tasks (ARCHITECTURE.md "Hot path"):
   persist (hard state, snapshot reset, truncation, append + fsync per flush policy) in a single-thread
   executor, then send the messages, then hand on what committed, then ``core.advance(ready)``. Persist
   before send is enforced here and nowhere else;
-- one **sender** per peer keeps several calls in flight (pipelining); heartbeats and votes go on a separate
-  connection so data never queues in front of them;
-- the gRPC **server** steps inbound messages into the core and returns the core's answers on the same call
-  once they are persisted (``handle_message``).
+- one **sender** per peer writes everything queued for that peer (AppendEntries, heartbeats, answers) as one
+  message on a long-lived stream (the ``Pipe``), without waiting for answers: many AppendEntries are in flight
+  at once (pipelining, bounded by the core's window), and a heartbeat is never queued behind more than the one
+  write in progress. Votes and TimeoutNow use unary calls on a separate connection;
+- the gRPC **server** steps inbound messages into the core and returns the core's answers (on the same call, or
+  on the pipe's answer stream) once what they depend on is persisted (``handle_message``, ``handle_batch``).
 
 Group commit: client appends are queued; every turn of the ready loop proposes everything queued as one batch,
 so whatever arrived while the previous batch was being written goes out as one write, one fsync and one
-AppendEntries per follower.
+pipe write per follower.
 
 A client's append resolves at commit with (index, pos) of each body: ``_committed`` is the one seam where
 committed entries are handed on (a state machine's apply loop registers through ``add_commit_listener``).

@@ -2,9 +2,11 @@
 
 Each node runs one ``grpc.aio`` server with the ``RaftPeer`` and ``DLedger`` services plus standard health
 checking and reflection, so ``grpcurl``/``grpc_health_probe`` work against it. Outbound, a node keeps two
-channels per peer: one for replication (AppendEntries, snapshots) and one for control traffic (heartbeats,
-votes, TimeoutNow, one-way replies), each on its own HTTP/2 connection, so a large append in flight never
-delays a heartbeat behind it (ARCHITECTURE.md, "Keeping leadership under load").
+channels per peer, each on its own HTTP/2 connection: the data channel carries the ``Pipe`` (one
+bidirectional stream: AppendEntries, heartbeats and answers, many messages per write) and snapshots; the
+control channel carries votes and TimeoutNow as unary calls, so an election never waits behind replication.
+Followers count every message from the leader as proof of life, so heartbeats sharing the pipe with data is
+safe (ARCHITECTURE.md, "Keeping leadership under load", measure D).
 
 The servicers only convert and map errors; every decision is the node's.
 """
