@@ -105,7 +105,9 @@ def node(
 @group_app.command("up")
 def group_up(
     dir: DirOption,
-    nodes: Annotated[int, typer.Option(help="number of nodes (3 or 5 make sense)")] = 3,
+    nodes: Annotated[
+        int | None, typer.Option(help="nodes of a new group (default 3; 5 also makes sense)")
+    ] = None,
     base_port: Annotated[
         int | None, typer.Option(help="first port; 0 picks free ports")
     ] = grp.DEFAULT_BASE_PORT,

@@ -108,18 +108,25 @@ def _node_toml(spec: NodeSpec, group: GroupSpec, raft: dict[str, int]) -> str:
 
 def create(
     directory: Path,
-    nodes: int = 3,
+    nodes: int | None = None,
     base_port: int | None = DEFAULT_BASE_PORT,
     *,
     name: str = "dledger",
     flush: str = "sync",
     raft: dict[str, int] | None = None,
 ) -> GroupSpec:
-    """Write the manifest and node configs (an existing group in ``directory`` is reused as it is)."""
+    """Write the manifest and node configs (default 3 nodes). An existing group in ``directory`` is reused as
+    it is; asking for a different size is an error rather than a silent surprise."""
     directory = directory.resolve()
     existing = load(directory, missing_ok=True)
     if existing is not None:
+        if nodes is not None and nodes != len(existing.nodes):
+            raise ConfigError(
+                f"the group in {directory} has {len(existing.nodes)} nodes, not {nodes}: "
+                "use another --dir (or `group down` and delete it) to change its size"
+            )
         return existing
+    nodes = 3 if nodes is None else nodes
     if not 1 <= nodes <= 9:
         raise ConfigError(f"--nodes must be in 1..9, got {nodes}")
     ports = free_ports(nodes) if base_port is None else [base_port + i for i in range(nodes)]
@@ -348,7 +355,7 @@ def wait_for_all(group: GroupSpec, timeout_s: float = 10.0) -> list[NodeStatus]:
 
 
 def up(
-    directory: Path, nodes: int = 3, base_port: int | None = DEFAULT_BASE_PORT, **kwargs
+    directory: Path, nodes: int | None = None, base_port: int | None = DEFAULT_BASE_PORT, **kwargs
 ) -> tuple[GroupSpec, NodeStatus]:
     """Create (or reuse) the group in ``directory``, start every node, return once a leader is elected."""
     group = create(directory, nodes, base_port, **kwargs)

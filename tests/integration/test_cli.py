@@ -85,3 +85,9 @@ def test_bad_node_config_is_refused_with_a_clear_message(tmp_path):
 def test_status_of_a_missing_group_explains(tmp_path):
     r = dledger("group", "status", "--dir", str(tmp_path / "nothing"), check=False)
     assert r.returncode == 1 and "group up" in r.stderr
+
+
+def test_group_up_refuses_to_resize_an_existing_group(tmp_path):
+    grp.create(tmp_path / "g", 3, None)
+    r = dledger("group", "up", "--dir", str(tmp_path / "g"), "--nodes", "5", check=False)
+    assert r.returncode == 1 and "has 3 nodes, not 5" in r.stderr
