@@ -38,7 +38,7 @@ app.add_typer(group_app, name="group")
 
 # A pipe or a log file gets a wide table rather than rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 150)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole (scripts grep them)
 
 DirOption = Annotated[
     Path, typer.Option("--dir", help="the group directory (holds group.json and one dir per node)")
