@@ -261,31 +261,33 @@ class RaftLog:
             raise ValueError(f"term {term} is below the log's last term {self._last_term}")
         seg = self._segment_size
         limit = seg - _MIN_BLANK - _HEADER_SIZE
-        for b in bodies:
-            if len(b) > limit:
-                raise ValueError(f"an entry body of {len(b)} bytes does not fit a {seg}-byte segment")
+        if bodies and max(map(len, bodies)) > limit:
+            raise ValueError(
+                f"an entry body of {max(map(len, bodies))} bytes does not fit a {seg}-byte segment"
+            )
         self._unhanded = None
         buf = self._buf
-        offs = self._offs
-        terms = self._terms
+        add_off = self._offs.append
         encode_into = codec.encode_into
         index = self._last_index
         first = index + 1
         pos = self._end_pos
         chain = self._last_chain
-        vbase = self._base
-        positions = []
+        voff = self._base + len(buf)  # virtual offset of the next frame in the tail buffer
+        positions: list[int] = []
+        add_pos = positions.append
         for body in bodies:
             size = _HEADER_SIZE + len(body)
-            used = pos % seg
-            if seg - used < size + _MIN_BLANK:
-                pos += seg - used
+            room = seg - pos % seg
+            if room < size + _MIN_BLANK:  # codec.place: never straddle a segment, keep room for a blank
+                pos += room
             index += 1
-            offs.append(vbase + len(buf))
-            terms.append(term)
+            add_off(voff)
             chain = encode_into(buf, index, term, pos, body, chain, magic)
-            positions.append(pos)
+            add_pos(pos)
             pos += size
+            voff += size
+        self._terms += [term] * len(bodies)
         self._last_index = index
         self._last_term = term
         self._end_pos = pos
