@@ -403,14 +403,16 @@ class Node:
         proposed ones with "outcome unknown" (they may still commit), queued ones with "not leader"."""
         core = self._core
         role = core.role
-        if (self._proposed or self._queued) and (role is not Role.LEADER or core.term != self._leader_term):
-            reason = (
+        if self._proposed and (role is not Role.LEADER or core.term != self._leader_term):
+            self._fail_proposed(
                 f"node {self.id} lost leadership (now {role.value} at term {core.term}, "
                 f"leader {core.leader_id or 'unknown'}): the outcome of the append is unknown"
             )
-            self._fail_proposed(reason)
+        if self._queued and role is not Role.LEADER:
+            # Not proposed yet (e.g. they arrived while the previous write was in progress): nothing happened.
+            err = self._not_leader()
             for p in self._queued:
-                _fail(p.future, self._not_leader())
+                _fail(p.future, err)
             self._queued.clear()
             self._queued_entries = 0
         self._role = role
