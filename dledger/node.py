@@ -51,6 +51,7 @@ from dledger.core.messages import (
     SnapshotStatus,
     TimeoutNow,
 )
+from dledger.core.raft import RaftCore
 from dledger.errors import (
     BackpressureError,
     DLedgerError,
@@ -69,6 +70,7 @@ from dledger.transport.base import (
     PeerUnreachableError,
     SnapshotChunk,
 )
+from dledger.transport.grpc import GrpcPeerTransport, NodeServer
 from storage.api import LogStore, MetaStore
 from storage.codec import Entry
 from storage.errors import Compacted, IndexOutOfRange
@@ -167,8 +169,6 @@ class Node:
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from dledger.core.raft import RaftCore  # imported here so the transport layer can load without it
-
         loop = asyncio.get_running_loop()
         cfg = self.config
         if self._log is None or self._meta is None:
@@ -176,8 +176,6 @@ class Node:
         hard_state = self._meta.load_hard_state()
         self._core = RaftCore(self.id, cfg.voters, self._log, hard_state, cfg.raft, self._rng)
         if self._transport is None:
-            from dledger.transport.grpc import GrpcPeerTransport
-
             control_timeout = max(0.2, cfg.raft.election_timeout_min_ms / 1000)
             self._transport = GrpcPeerTransport(
                 self.group,
@@ -189,8 +187,6 @@ class Node:
             if peer != self.id:
                 self._peer_queues[peer] = asyncio.Queue()
         if self._serve:
-            from dledger.transport.grpc import NodeServer
-
             self._server = NodeServer(self, self, cfg.bind)
             self.port = self._server.port
             await self._server.start()
@@ -276,10 +272,15 @@ class Node:
         if self._transport is not None:
             await self._transport.close()
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._io, self._close_storage)
-        self._io.shutdown(wait=True)
-        log.info("%s stopped; counters: %s", self.id, dict(sorted(self.stats.items())))
-        self._stopped.set()
+        try:
+            await loop.run_in_executor(self._io, self._close_storage)
+        except Exception as e:  # the storage may be what failed: report it, and still finish stopping
+            log.error("%s: closing storage failed: %r", self.id, e)
+            self.failure = self.failure or e
+        finally:
+            self._io.shutdown(wait=True)
+            log.info("%s stopped; counters: %s", self.id, dict(sorted(self.stats.items())))
+            self._stopped.set()
 
     def _close_storage(self) -> None:
         if self._log is not None:
