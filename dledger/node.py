@@ -243,7 +243,7 @@ class Node:
             self.failure = self.failure or exc
             asyncio.get_running_loop().create_task(self.stop())
 
-    async def stop(self, grace_s: float = 1.0) -> None:
+    async def stop(self, grace_s: float = 0.5) -> None:
         """Stop serving, finish the write in progress, fail what waits, close files. Idempotent."""
         if self._stopping:
             await self._stopped.wait()
