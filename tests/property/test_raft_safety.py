@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -62,13 +63,20 @@ LIVENESS_TICKS = 3000
 
 
 class RaftSchedule(RuleBasedStateMachine):
+    coverage: Counter[str] = Counter()  # filled by teardown, checked by the tests below
+
     def __init__(self) -> None:
         super().__init__()
         self.cluster: Cluster | None = None
         self.proposals = 0
 
-    @initialize(n=st.sampled_from([3, 3, 5]), seed=st.integers(0, 2**32 - 1), pre_vote=st.booleans())
-    def boot(self, n: int, seed: int, pre_vote: bool) -> None:
+    @initialize(
+        n=st.sampled_from([3, 3, 5]),
+        seed=st.integers(0, 2**32 - 1),
+        pre_vote=st.booleans(),
+        warm=st.integers(0, 9),
+    )
+    def boot(self, n: int, seed: int, pre_vote: bool, warm: int) -> None:
         cfg = RaftConfig(
             segment_size=CONFIG.segment_size,
             max_append_bytes=CONFIG.max_append_bytes,
@@ -76,7 +84,12 @@ class RaftSchedule(RuleBasedStateMachine):
             pre_vote=pre_vote,
             check_quorum=pre_vote,
         )
-        self.cluster = Cluster(n, seed=seed, config=cfg, segment_size=cfg.segment_size)
+        self.cluster = c = Cluster(n, seed=seed, config=cfg, segment_size=cfg.segment_size)
+        if warm:  # most schedules start from a working group with a few committed entries; some from scratch
+            c.run_until(lambda: c.leader() is not None)
+            for k in range(warm):
+                c.propose(c.leader(), [f"warm{k}".encode() * (1 + 40 * k)])
+            c.stabilize()
 
     def node(self, i: int) -> str:
         ids = self.cluster.ids
@@ -88,7 +101,7 @@ class RaftSchedule(RuleBasedStateMachine):
     def tick(self, k: int) -> None:
         self.cluster.tick(k)
 
-    @rule(k=st.integers(1, 40))
+    @rule(k=st.integers(1, 60))
     def tick_and_deliver(self, k: int) -> None:
         for _ in range(k):
             self.cluster.tick()
@@ -147,7 +160,7 @@ class RaftSchedule(RuleBasedStateMachine):
     def restart(self, a: int) -> None:
         self.cluster.restart(self.node(a))
 
-    @rule(k=st.integers(1, 5), size=st.integers(0, 1500))
+    @rule(k=st.integers(1, 8), size=st.integers(0, 1500))
     def propose(self, k: int, size: int) -> None:
         leader = self.cluster.leader()
         if leader is None:
@@ -170,6 +183,12 @@ class RaftSchedule(RuleBasedStateMachine):
     def compact(self, a: int, back: int) -> None:
         node = self.cluster.nodes[self.node(a)]
         self.cluster.compact(node.id, node.applied - back)
+
+    @rule(back=st.integers(0, 3))
+    def compact_everyone(self, back: int) -> None:
+        """Every node snapshots near its applied index: a follower that lags must then install a snapshot."""
+        for node in self.cluster.nodes.values():
+            self.cluster.compact(node.id, node.applied - back)
 
     # -- checks ------------------------------------------------------------------------------------------------------
 
@@ -199,6 +218,16 @@ class RaftSchedule(RuleBasedStateMachine):
         if c is None:
             return
         # Liveness: faults stop, everyone is back, the network is reliable: a leader commits a new entry.
+        # Coverage: the test asserts that enough schedules elected, committed, crashed, and lost messages.
+        stats = RaftSchedule.coverage
+        stats["schedules"] += 1
+        stats["elected a leader"] += bool(c.leaders_by_term)
+        stats["had two or more terms with a leader"] += len(c.leaders_by_term) >= 2
+        stats["committed 5+ entries"] += c.max_committed >= 5
+        stats["crashed a node"] += any(n.crashes for n in c.nodes.values())
+        stats["dropped a message"] += any(" drop " in line for line in c.transcript)
+        stats["installed a snapshot"] += any("installed snapshot" in line for line in c.transcript)
+        stats["truncated a follower log"] += c.truncations > 0
         c.heal()
         for nid in c.ids:
             c.restart(nid)
@@ -222,11 +251,32 @@ class RaftSchedule(RuleBasedStateMachine):
 
 def test_schedules() -> None:
     """>= 2,000 generated fault schedules (``RAFT_SCHEDULES`` overrides), each ending with a liveness check."""
+    RaftSchedule.coverage.clear()
     run_state_machine_as_test(RaftSchedule, settings=settings.get_profile("raft-ci"))
+    _check_coverage(RaftSchedule.coverage)
+
+
+def _check_coverage(stats: Counter[str]) -> None:
+    """A generator that stopped producing interesting schedules would pass vacuously: refuse that."""
+    n = stats["schedules"]
+    print("schedule coverage:", {k: f"{v}/{n}" for k, v in sorted(stats.items())})
+    assert n >= CI_SCHEDULES // 2
+    for key, share in [
+        ("elected a leader", 0.5),
+        ("had two or more terms with a leader", 0.1),
+        ("committed 5+ entries", 0.1),
+        ("crashed a node", 0.2),
+        ("dropped a message", 0.1),
+        ("installed a snapshot", 0.005),
+        ("truncated a follower log", 0.005),
+    ]:
+        assert stats[key] >= share * n, f"only {stats[key]} of {n} schedules {key}"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(0)
 def test_soak() -> None:
     """``make soak`` (SOAK=1): the same machine with fresh randomness and >= 100,000 schedules."""
+    RaftSchedule.coverage.clear()
     run_state_machine_as_test(RaftSchedule, settings=settings.get_profile("raft-soak"))
+    _check_coverage(RaftSchedule.coverage)

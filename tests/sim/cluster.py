@@ -98,6 +98,7 @@ class Cluster:
         self.commit_term: dict[int, int] = {}  # index -> highest term known when it was reported committed
         self.max_committed = -1
         self.delivered = 0
+        self.truncations = 0  # Ready.truncate_from handled (a follower dropping a conflicting suffix)
         for nid in self.ids:
             node = SimNode(nid, MemoryLogStore(self.config.segment_size), MemoryMetaStore())
             self.nodes[nid] = node
@@ -369,6 +370,7 @@ class Cluster:
             node.applied = max(node.applied, s.index)
             node.meta.put("applied", str(node.applied).encode())
         if rd.truncate_from is not None:
+            self.truncations += 1
             self._check_truncate(node, rd.truncate_from)
             node.store.truncate_suffix(rd.truncate_from)
         if stop_after == "after-truncate":
