@@ -355,19 +355,23 @@ def test_read_index_on_an_isolated_leader_never_completes() -> None:
 
 
 def test_crash_between_vote_and_persist_forgets_nothing_promised() -> None:
-    """A node that dies after saving its vote but before sending the grant still refuses a second candidate."""
+    """A node that saved its vote and died before its grant left still refuses a second candidate of that term."""
     cfg = RaftConfig(segment_size=1 << 20, pre_vote=False, check_quorum=False)
     c = Cluster(3, seed=14, config=cfg, segment_size=cfg.segment_size)
-    c.campaign("n1")
-    c.deliver_where(lambda m: m.dst == "n2")  # n2 votes for n1 at term 1 (persisted, reply queued)
+    c.campaign("n1")  # candidate at term 1
+    c.deliver_where(lambda m: m.dst == "n2" and m.src == "n1")  # n2 grants: vote persisted, reply queued
     assert c.nodes["n2"].meta.load_hard_state() == HardState(1, "n1")
+    c.drop_where(lambda m: m.src == "n2")  # the grant dies with the node
     c.crash("n2")
     c.restart("n2")
-    c.campaign("n3")  # n3 also at term 1 would need n2's vote
-    c.deliver_where(lambda m: m.dst == "n2" and m.src == "n3")
-    if c.nodes["n3"].core.term == 1:
-        assert c.nodes["n3"].core.role is not Role.LEADER
+    c.drop_where(lambda m: m.src == "n1")
+    c.campaign("n3")  # also a candidate at term 1: it needs n2's vote
+    assert c.nodes["n3"].core.term == 1
+    c.deliver_where(lambda m: m.src == "n3" and m.dst == "n2")
+    (answer,) = [e.msg for e in c.queue if e.msg.src == "n2" and e.msg.dst == "n3"]
+    assert answer.term == 1 and not answer.granted, "one vote per term, even across a crash"
     c.stabilize()
+    c.run_until(lambda: c.leader() is not None)
     c.check_invariants()
 
 
