@@ -11,6 +11,7 @@ and the gRPC transport (``dledger.transport.convert``). Fields may be added with
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from storage.api import HardState
@@ -162,6 +163,11 @@ class SoftState:
     role: Role
     leader: str | None
     term: int
+
+
+# prepare(index, pos, body) -> body of the same length: fills in what depends on an entry's place (the broker's
+# PHYSICALOFFSET) when the leader assigns it; see RaftCore.propose.
+Prepare = Callable[[int, int, bytes], bytes]
 
 
 @dataclass(frozen=True, slots=True)

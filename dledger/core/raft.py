@@ -44,6 +44,7 @@ from dledger.core.messages import (
     HeartbeatResponse,
     InstallSnapshot,
     Message,
+    Prepare,
     Proposed,
     Ready,
     RequestVote,
@@ -269,8 +270,13 @@ class RaftCore:
         else:
             self._step(m)
 
-    def propose(self, bodies: list[bytes], magic: int = codec.MAGIC_NORMAL) -> Proposed:
+    def propose(
+        self, bodies: list[bytes], magic: int = codec.MAGIC_NORMAL, prepare: Prepare | None = None
+    ) -> Proposed:
         """Append ``bodies`` as new entries of this leader's term; raises ``NotLeaderError`` elsewhere.
+
+        ``prepare(index, pos, body) -> body`` (same length) may fill in what depends on the entry's place
+        (see ``RaftLog.append_new``); it must be pure, like everything the core calls.
 
         The entries are not committed yet: they commit once a quorum holds them (watch ``Ready.commit_index``).
         """
@@ -286,7 +292,7 @@ class RaftCore:
         if magic not in codec.ENTRY_MAGICS:
             raise InvalidRequestError(f"magic {magic} is not an entry magic (1 normal, 2 no-op, 3 config)")
         try:
-            first, positions = self._raft_log.append_new(bodies, self._term, magic)
+            first, positions = self._raft_log.append_new(bodies, self._term, magic, prepare)
         except ValueError as e:
             raise InvalidRequestError(str(e)) from e
         if not self._peers:

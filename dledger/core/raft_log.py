@@ -24,7 +24,7 @@ import struct
 from bisect import bisect_right
 from typing import Final
 
-from dledger.core.messages import SnapshotMeta
+from dledger.core.messages import Prepare, SnapshotMeta
 from storage import codec
 from storage.api import LogStore
 from storage.errors import Compacted, IndexOutOfRange
@@ -255,8 +255,14 @@ class RaftLog:
 
     # -- writes: leader --------------------------------------------------------------------------------------------
 
-    def append_new(self, bodies: list[bytes], term: int, magic: int) -> tuple[int, list[int]]:
-        """Encode ``bodies`` as the next entries (a leader's proposals); return the first index and positions."""
+    def append_new(
+        self, bodies: list[bytes], term: int, magic: int, prepare: Prepare | None = None
+    ) -> tuple[int, list[int]]:
+        """Encode ``bodies`` as the next entries (a leader's proposals); return the first index and positions.
+
+        ``prepare(index, pos, body)`` (optional) sees each body once its place is known and returns the body to
+        store, of the same length: the broker writes a message's PHYSICALOFFSET (pos + 48) this way, as RocketMQ
+        does, before the entry is encoded."""
         if term < self._last_term:
             raise ValueError(f"term {term} is below the log's last term {self._last_term}")
         seg = self._segment_size
@@ -265,6 +271,8 @@ class RaftLog:
             raise ValueError(
                 f"an entry body of {max(map(len, bodies))} bytes does not fit a {seg}-byte segment"
             )
+        if prepare is not None:
+            bodies = self._prepared(bodies, prepare)
         self._unhanded = None
         buf = self._buf
         add_off = self._offs.append
@@ -293,6 +301,27 @@ class RaftLog:
         self._end_pos = pos
         self._last_chain = chain
         return first, positions
+
+    def _prepared(self, bodies: list[bytes], prepare: Prepare) -> list[bytes]:
+        """Run ``prepare`` over every body at its future place before anything is appended, so a bad result
+        leaves the log untouched."""
+        seg = self._segment_size
+        index, pos = self._last_index, self._end_pos
+        out = []
+        for body in bodies:
+            size = _HEADER_SIZE + len(body)
+            room = seg - pos % seg
+            if room < size + _MIN_BLANK:
+                pos += room
+            index += 1
+            prepared = prepare(index, pos, body)
+            if len(prepared) != len(body):
+                raise ValueError(
+                    f"prepare changed the body of entry {index} from {len(body)} to {len(prepared)} bytes"
+                )
+            out.append(prepared)
+            pos += size
+        return out
 
     # -- writes: follower ------------------------------------------------------------------------------------------
 

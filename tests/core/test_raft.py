@@ -384,3 +384,25 @@ def test_single_node_group_commits_alone() -> None:
     assert core.commit_index == p.first_index
     core.read_index(3)
     assert core.ready().read_states == ((3, p.first_index),)
+
+
+def test_propose_prepare_sees_each_place_and_may_fill_the_body():
+    """The broker writes PHYSICALOFFSET (pos + 48) into a message once the leader has placed its entry."""
+    store = MemoryLogStore()
+    core = make(store=store)
+    elect(core, store)
+    seen = []
+
+    def prepare(index, pos, body):
+        seen.append((index, pos))
+        return pos.to_bytes(8, "big") + body[8:]
+
+    proposed = core.propose([bytes(16), bytes(16)], prepare=prepare)
+    assert [i for i, _ in seen] == [proposed.first_index, proposed.first_index + 1]
+    assert tuple(p for _, p in seen) == proposed.positions
+    drain(core, store)
+    filled = store.entries(proposed.first_index, proposed.first_index + 2)
+    assert [int.from_bytes(e.body[:8], "big") for e in filled] == list(proposed.positions)
+    with pytest.raises(InvalidRequestError, match="changed the body"):
+        core.propose([b"abc"], prepare=lambda i, p, b: b + b"x")
+    assert store.last_index == proposed.first_index + 1 and core.status().last_index == store.last_index
