@@ -44,6 +44,7 @@ from dledger.core.messages import (
     HeartbeatResponse,
     InstallSnapshot,
     Message,
+    Prepare,
     Ready,
     RequestVote,
     RequestVoteResponse,
@@ -71,6 +72,9 @@ from dledger.transport.base import (
     SnapshotChunk,
 )
 from dledger.transport.grpc import GrpcPeerTransport, NodeServer
+from statemachine.api import StateMachine
+from statemachine.apply_loop import Applied, ApplyLoop
+from statemachine.snapshot import SnapshotStore
 from storage.api import LogStore, MetaStore
 from storage.codec import Entry
 from storage.errors import Compacted, IndexOutOfRange
@@ -110,9 +114,12 @@ class _PendingAppend:
 
     bodies: list[bytes]
     future: asyncio.Future
+    prepare: Prepare | None = None
+    want_results: bool = False  # register with the apply loop at proposal (``Node.submit``)
     first_index: int = -1
     term: int = -1
     positions: tuple[int, ...] = ()
+    applied: list[asyncio.Future] = field(default_factory=list)
 
     @property
     def last_index(self) -> int:
@@ -131,6 +138,7 @@ class Node:
         transport: PeerTransport | None = None,
         rng: random.Random | None = None,
         serve: bool = True,
+        state_machine: StateMachine | None = None,
     ):
         self.config = config
         self.group = config.group
@@ -155,6 +163,11 @@ class Node:
         self._reply_waiters: list[_ReplyWaiter] = []
         self._peer_queues: dict[str, asyncio.Queue] = {}
         self._commit_listeners: list[Callable[[int], None]] = []
+        self._role_listeners: list[Callable[[Role, int], None]] = []
+        self._seen_role_term: tuple[Role, int] = (Role.FOLLOWER, -1)
+        self._state_machine = state_machine
+        self._apply: ApplyLoop | None = None
+        self.snapshots: SnapshotStore | None = None
         self._commit_index = -1
         self._checkpointed_commit = -1
         self._dirty_since_sync = False
@@ -174,7 +187,14 @@ class Node:
         if self._log is None or self._meta is None:
             await loop.run_in_executor(self._io, self._open_storage)
         hard_state = self._meta.load_hard_state()
-        self._core = RaftCore(self.id, cfg.voters, self._log, hard_state, cfg.raft, self._rng)
+        applied = -1
+        if self._state_machine is not None:
+            applied = await loop.run_in_executor(self._io, self._restore_state_machine)
+            self._apply = ApplyLoop(self._state_machine, self._log, applied)
+            self.add_commit_listener(self._apply.commit_advanced)
+        self._core = RaftCore(
+            self.id, cfg.voters, self._log, hard_state, cfg.raft, self._rng, applied=applied
+        )
         if self._transport is None:
             control_timeout = max(0.2, cfg.raft.election_timeout_min_ms / 1000)
             self._transport = GrpcPeerTransport(
@@ -199,6 +219,8 @@ class Node:
             ],
         ]
         self._tasks.append(asyncio.create_task(self._flusher(), name=f"{self.id}-flusher"))
+        if self._apply is not None:
+            self._tasks.append(asyncio.create_task(self._apply.run(), name=f"{self.id}-apply"))
         for t in self._tasks:
             t.add_done_callback(self._task_done)
         log.info(
@@ -232,6 +254,27 @@ class Node:
             self._sync_each_ready = cfg.flush == "sync"
         if self._meta is None:
             self._meta = LmdbMetaStore(str(cfg.data_dir / "meta"))
+
+    def _restore_state_machine(self) -> int:
+        """Load the newest intact snapshot the log can continue from; return the applied index it covers.
+
+        Runs in the I/O thread. The state machine's durable state is its snapshot, so the apply loop resumes at
+        the entry after it and nothing is applied twice or skipped."""
+        sm = self._state_machine
+        self.snapshots = SnapshotStore(self.config.data_dir / "snapshot")
+        first = self._log.first_index
+        info = self.snapshots.latest(usable=lambda s: s.state_machine == sm.name and s.index >= first - 1)
+        if info is None:
+            if first > 0:
+                raise UnavailableError(
+                    f"node {self.id}: the log starts at index {first} but no snapshot of {sm.name!r} covers the "
+                    f"entries before it in {self.snapshots.root}"
+                )
+            return -1
+        with self.snapshots.open_data(info) as f:
+            sm.load_snapshot(f)
+        log.info("%s restored %s from snapshot at index %d", self.id, sm.name, info.index)
+        return info.index
 
     def _task_done(self, t: asyncio.Task) -> None:
         if t.cancelled() or self._stopping:
@@ -300,6 +343,11 @@ class Node:
             loop.add_signal_handler(sig, lambda: loop.create_task(self.stop()))
 
     # -- the commit seam ---------------------------------------------------------------------------------------
+
+    def add_role_listener(self, listener: Callable[[Role, int], None]) -> None:
+        """Call ``listener(role, term)`` whenever this node's role or term changes (e.g. the broker resets what
+        it allocated as leader)."""
+        self._role_listeners.append(listener)
 
     def add_commit_listener(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(commit_index)`` whenever the commit index advances (entries are in storage by then).
@@ -419,11 +467,18 @@ class Node:
         self._role = role
         if role is Role.LEADER:
             self._leader_term = core.term
+        if (role, core.term) != self._seen_role_term:
+            self._seen_role_term = (role, core.term)
+            for listener in self._role_listeners:
+                listener(role, core.term)
 
     def _fail_proposed(self, reason: str) -> None:
         while self._proposed:
             _fail(self._proposed.popleft().future, OutcomeUnknownError(reason))
         self._proposed_entries = 0
+        if self._apply is not None:
+            # Committed entries still apply here; only what may never commit is reported as unknown.
+            self._apply.fail_pending(reason, above=self._commit_index)
 
     def _propose_queued(self) -> None:
         """Group commit: everything queued becomes one proposal (one write, one fsync, one AppendEntries)."""
@@ -436,7 +491,7 @@ class Node:
             return
         bodies = [b for p in queued for b in p.bodies]
         try:
-            proposed = core.propose(bodies)
+            proposed = core.propose(bodies, prepare=_combined_prepare(queued))
         except DLedgerError as e:
             for p in queued:
                 _fail(p.future, e)
@@ -448,6 +503,8 @@ class Node:
             p.first_index = proposed.first_index + i
             p.term = proposed.term
             p.positions = proposed.positions[i : i + n]
+            if p.want_results:
+                p.applied = [self._apply.register(p.first_index + k, p.term) for k in range(n)]
             i += n
             self._proposed.append(p)
         self._proposed_entries += len(bodies)
@@ -666,8 +723,26 @@ class Node:
         leader = self._core.leader_id if self._core is not None else None
         return self.config.peers.get(leader) if leader else None
 
-    async def append(self, bodies: list[bytes]) -> AppendedRun:
-        """Append bodies as consecutive entries; resolves once they are committed (and synced under ``sync``)."""
+    async def append(self, bodies: list[bytes], prepare: Prepare | None = None) -> AppendedRun:
+        """Append bodies as consecutive entries; resolves once they are committed (and synced under ``sync``).
+
+        ``prepare(index, pos, body)`` may fill in what depends on an entry's place (see ``RaftCore.propose``)."""
+        return await self._enqueue(bodies, prepare, want_results=False).future
+
+    async def submit(
+        self, bodies: list[bytes], prepare: Prepare | None = None
+    ) -> list[Applied | BaseException]:
+        """Append bodies and wait until the state machine has applied them; one outcome per body: an
+        ``Applied`` carrying the state machine's result, or the error it returned for that entry.
+
+        Raises like ``append`` when the entries did not commit (not leader, outcome unknown, ...)."""
+        if self._apply is None:
+            raise InvalidRequestError(f"node {self.id} runs no state machine")
+        p = self._enqueue(bodies, prepare, want_results=True)
+        await p.future
+        return list(await asyncio.gather(*p.applied, return_exceptions=True))
+
+    def _enqueue(self, bodies: list[bytes], prepare: Prepare | None, want_results: bool) -> _PendingAppend:
         if self._stopping:
             raise UnavailableError(f"node {self.id} is shutting down")
         if not bodies:
@@ -692,11 +767,11 @@ class Node:
                 f"{pending} entries are waiting to commit (limit {self.config.max_pending_entries}); "
                 "back off and retry"
             )
-        fut = asyncio.get_running_loop().create_future()
-        self._queued.append(_PendingAppend(list(bodies), fut))
+        p = _PendingAppend(list(bodies), asyncio.get_running_loop().create_future(), prepare, want_results)
+        self._queued.append(p)
         self._queued_entries += len(bodies)
         self._wake.set()
-        return await fut
+        return p
 
     def get(self, index: int) -> Entry:
         commit = self._commit_index
@@ -729,7 +804,7 @@ class Node:
             leader_address=self.config.peers.get(leader) if leader else None,
             last_index=st.last_index,
             commit_index=st.commit_index,
-            applied_index=self._commit_index,
+            applied_index=self._apply.applied_index if self._apply is not None else self._commit_index,
             peers=tuple(
                 PeerInfo(p, a, st.match.get(p, -1) if st.role is Role.LEADER else -1)
                 for p, a in sorted(self.config.peers.items())
@@ -770,6 +845,22 @@ class Node:
     @property
     def log_store(self) -> LogStore:
         return self._log
+
+
+def _combined_prepare(queued: list[_PendingAppend]) -> Prepare | None:
+    """One prepare for a group-commit batch: each body goes through the prepare of the append it came from."""
+    fns = [p.prepare for p in queued for _ in p.bodies]
+    if not any(fns):
+        return None
+    first: list[int] = []
+
+    def prepare(index: int, pos: int, body: bytes) -> bytes:
+        if not first:
+            first.append(index)
+        fn = fns[index - first[0]]
+        return body if fn is None else fn(index, pos, body)
+
+    return prepare
 
 
 def _fail(fut: asyncio.Future, err: BaseException) -> None:

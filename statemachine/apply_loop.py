@@ -81,14 +81,15 @@ class ApplyLoop:
         self._waiters[index] = (term, fut)
         return fut
 
-    def fail_pending(self, reason: str) -> int:
-        """Leadership was lost: every waiter learns the outcome is unknown (its entry may still commit)."""
+    def fail_pending(self, reason: str, above: int = -1) -> int:
+        """Leadership was lost: waiters for entries after ``above`` (the commit index) learn the outcome is
+        unknown (their entry may still commit); committed ones still apply here and resolve normally."""
         n = 0
-        for _, fut in self._waiters.values():
+        for index in [i for i in self._waiters if i > above]:
+            _, fut = self._waiters.pop(index)
             if not fut.done():
                 fut.set_exception(OutcomeUnknownError(reason))
                 n += 1
-        self._waiters.clear()
         return n
 
     def reset_to_snapshot(self, index: int) -> None:
