@@ -89,8 +89,17 @@ def run_audit(
         raise AuditInputError(f"{ack_log}: ack log not found (a file of JSON lines is expected)")
     if ack_log is not None and not os.access(ack_log, os.R_OK):
         raise AuditInputError(f"{ack_log}: permission denied (the audit needs to read it)")
+    acks, n_acks = None, 0
+    if ack_log is not None:  # validated before any file of the group is read
+        acks = checks.read_acks(spark, ack_log)
+        n_acks, n_bad, bad = checks.invalid_acks(acks)
+        if n_bad:
+            raise AuditInputError(
+                f"{ack_log}: {n_bad} records are neither a raw append {{index, pos, body_crc}} nor a message "
+                f"{{msg_id, topic, queue_id, queue_offset, commitlog_offset}}; first: {bad[0].asDict()}"
+            )
     tasks = segment_tasks(layouts)
-    session.prepare(spark, len(tasks))
+    session.prepare(spark, sum(f.length for lay in layouts for f in lay.data))
     timings: dict[str, float] = {}
 
     scanned = (
@@ -119,16 +128,6 @@ def run_audit(
         timings["broker_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        acks = None
-        n_acks = 0
-        if ack_log is not None:
-            acks = checks.read_acks(spark, ack_log)
-            n_acks, n_bad, bad = checks.invalid_acks(acks)
-            if n_bad:
-                raise AuditInputError(
-                    f"{ack_log}: {n_bad} records are neither a raw append {{index, pos, body_crc}} nor a message "
-                    f"{{msg_id, topic, queue_id, queue_offset, commitlog_offset}}; first: {bad[0].asDict()}"
-                )
         if acks is not None or message_count:
             delivery = checks.delivery(spark, entries, layouts, commit, acks, ack_log, n_acks)
         else:

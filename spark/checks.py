@@ -238,14 +238,15 @@ def _flag_boundary(samples, violations, lay: NodeLayout, s, rule: str, detail: s
 
 
 def _first_per_rule(samples: list[dict[str, Any]], counts: dict[str, int]) -> list[dict[str, Any]]:
-    """Violations sorted by node and index, keeping the first few of each rule (warnings after violations)."""
-    seen: dict[str, int] = {}
+    """The first few violations of each rule on each node, in file order (warnings after violations)."""
+    seen: dict[tuple[str, int], int] = {}
     out = []
     for d in samples:
-        n = seen.get(d["rule"], 0)
+        key = (d["rule"], d["node"])
+        n = seen.get(key, 0)
         if n < SAMPLES_PER_RULE:
             out.append(d)
-            seen[d["rule"]] = n + 1
+            seen[key] = n + 1
     return sorted(
         out,
         key=lambda d: (

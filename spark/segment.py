@@ -28,14 +28,20 @@ import mmap
 import os
 import struct
 import zlib
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
 
-from spark.broker import BODY_BAD_MESSAGE, BODY_MESSAGE, MESSAGE_MAGIC_BYTES, body_kind, message_fields
+from spark.broker import (
+    BODY_BAD_MESSAGE,
+    BODY_COMMAND,
+    BODY_MESSAGE,
+    COMMAND_MAGIC_BYTES,
+    MESSAGE_MAGIC_BYTES,
+    message_fields,
+)
 from storage import codec
 
 SAMPLES_PER_RULE: Final = 5
@@ -47,6 +53,20 @@ INDEX_UNIT_DTYPE: Final = np.dtype(
 assert INDEX_UNIT_DTYPE.itemsize == INDEX_UNIT
 
 _CHAIN: Final = struct.Struct(">qqI")
+HEADER_DTYPE: Final = np.dtype(
+    [
+        ("magic", ">i4"),
+        ("size", ">i4"),
+        ("index", ">i8"),
+        ("term", ">i8"),
+        ("pos", ">i8"),
+        ("channel", ">i4"),
+        ("chain_crc", ">u4"),
+        ("body_crc", ">u4"),
+        ("body_length", ">i4"),
+    ]
+)
+assert HEADER_DTYPE.itemsize == codec.HEADER_SIZE
 _PREFIX: Final = struct.Struct(">ii")
 
 CHECK_INTEGRITY: Final = "integrity"
@@ -66,17 +86,17 @@ class SegmentTask:
 
 @dataclass(slots=True)
 class EntryChunk:
-    """Columns of up to ``CHUNK_ROWS`` entries, in file order (a builder: filled by the scan, then handed on)."""
+    """Columns of up to ``CHUNK_ROWS`` consecutive entries of one segment, in file order (numpy arrays)."""
 
-    index: array = field(default_factory=lambda: array("q"))
-    term: array = field(default_factory=lambda: array("q"))
-    pos: array = field(default_factory=lambda: array("q"))
-    size: array = field(default_factory=lambda: array("i"))
-    magic: array = field(default_factory=lambda: array("i"))
-    body_crc: array = field(default_factory=lambda: array("q"))
-    chain_crc: array = field(default_factory=lambda: array("q"))
-    body_kind: array = field(default_factory=lambda: array("b"))
-    # Sparse broker columns: row numbers of the message entries and their fields.
+    index: np.ndarray
+    term: np.ndarray
+    pos: np.ndarray
+    size: np.ndarray  # int32
+    magic: np.ndarray  # int32
+    body_crc: np.ndarray
+    chain_crc: np.ndarray
+    body_kind: np.ndarray  # int8, spark.broker.BODY_*
+    # Sparse broker columns: row numbers (within the chunk) of the message entries and their fields.
     msg_rows: list[int] = field(default_factory=list)
     topic: list[str] = field(default_factory=list)
     queue_id: list[int] = field(default_factory=list)
@@ -130,12 +150,12 @@ def _read_index_span(files: tuple[tuple[int, str], ...], lo: int, hi: int) -> by
     return bytes(out)
 
 
-def _check_index_units(task: SegmentTask, chunk: EntryChunk, offsets: array, found: _Findings) -> None:
-    """Compare the chunk's headers with the index file units at the same indexes (vectorised)."""
-    n = len(chunk)
+def _check_index_units(task: SegmentTask, cols: dict[str, np.ndarray], found: _Findings) -> None:
+    """Compare the headers with the index file units at the same indexes (vectorised)."""
+    idx = cols["index"]
+    n = len(idx)
     if n == 0:
         return
-    idx = np.frombuffer(chunk.index, dtype=np.int64)
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi - lo > 4 * n + 1024:  # corrupt indexes: compare the plausible run only
         lo = max(0, int(idx[0]))
@@ -153,11 +173,11 @@ def _check_index_units(task: SegmentTask, chunk: EntryChunk, offsets: array, fou
     if len(units):
         u = units[r]
         bad |= inside & (
-            (u["magic"] != np.frombuffer(chunk.magic, dtype=np.int32))
-            | (u["pos"] != np.frombuffer(chunk.pos, dtype=np.int64))
-            | (u["size"] != np.frombuffer(chunk.size, dtype=np.int32))
+            (u["magic"] != cols["magic"])
+            | (u["pos"] != cols["pos"])
+            | (u["size"] != cols["size"])
             | (u["index"] != idx)
-            | (u["term"] != np.frombuffer(chunk.term, dtype=np.int64))
+            | (u["term"] != cols["term"])
         )
     bad_rows = np.flatnonzero(bad)
     for row in bad_rows[:SAMPLES_PER_RULE].tolist():
@@ -166,12 +186,13 @@ def _check_index_units(task: SegmentTask, chunk: EntryChunk, offsets: array, fou
             got = units[int(r[row])]
             what = (
                 f"index unit has magic {int(got['magic'])}, pos {int(got['pos'])}, size {int(got['size'])}, "
-                f"index {int(got['index'])}, term {int(got['term'])}; the header has magic {chunk.magic[row]}, "
-                f"pos {chunk.pos[row]}, size {chunk.size[row]}, index {i}, term {chunk.term[row]}"
+                f"index {int(got['index'])}, term {int(got['term'])}; the header has magic "
+                f"{int(cols['magic'][row])}, pos {int(cols['pos'][row])}, size {int(cols['size'][row])}, "
+                f"index {i}, term {int(cols['term'][row])}"
             )
         else:
             what = f"no index unit for index {i} (the index files end before byte {(i + 1) * INDEX_UNIT})"
-        found.flag(CHECK_INTEGRITY, "index_unit", offsets[row], i, what)
+        found.flag(CHECK_INTEGRITY, "index_unit", int(cols["offset"][row]), i, what)
     if len(bad_rows) > SAMPLES_PER_RULE:
         found.counts["index_unit"] += len(bad_rows) - SAMPLES_PER_RULE
 
@@ -226,86 +247,39 @@ def scan_segment(
 
 
 def _walk(task, mm, mv, length, found, terms, summary, on_chunk, chunk_rows) -> None:
+    """The per-entry loop does only what needs each entry's bytes (structure, body_crc, chain_crc) and keeps the
+    48-byte headers; everything else is checked on the header columns with numpy afterwards."""
     unpack_header = codec.HEADER.unpack_from
     unpack_prefix = _PREFIX.unpack_from
     pack_chain = _CHAIN.pack
     crc32 = zlib.crc32
     magics = codec.ENTRY_MAGICS
-    start = task.start
+    header_size = codec.HEADER_SIZE
     flag = found.flag
-    chunk = EntryChunk()
-    offsets = array("q")
-    expect_index: int | None = None
+    headers = bytearray()
     prev_chain: int | None = None
-    prev_term: int | None = None
-    count = 0
+    last_index: int | None = None
     off = 0
-
-    def flush() -> None:
-        nonlocal chunk, offsets
-        if len(chunk):
-            _check_index_units(task, chunk, offsets, found)
-            t, c = np.unique(np.frombuffer(chunk.term, dtype=np.int64), return_counts=True)
-            for term, n in zip(t.tolist(), c.tolist(), strict=True):
-                terms[term] = terms.get(term, 0) + n
-            summary["messages"] += len(chunk.msg_rows)
-            on_chunk(chunk)
-        chunk = EntryChunk()
-        offsets = array("q")
-
     while off + codec.MIN_BLANK_LEN <= length:
-        magic, size = unpack_prefix(mm, off)
-        if magic == codec.MAGIC_BLANK:
-            summary["tail"] = "blank"
-            if off + size != length:
-                flag(
-                    CHECK_INTEGRITY,
-                    "segment_end",
-                    off,
-                    expect_index,
-                    f"blank filler at offset {off} claims {size} bytes but {length - off} remain in the file",
-                )
-            break
-        if magic == 0 and size == 0:
-            summary["tail"] = "zeros"
-            nonzero = _first_nonzero(mm, off, length)
-            if nonzero is not None:
+        if length - off < header_size:
+            magic, size = unpack_prefix(mm, off)
+            if magic not in (codec.MAGIC_BLANK, 0):
                 _structural(
                     task,
                     found,
-                    nonzero,
-                    expect_index,
-                    f"non-zero bytes at offset {nonzero} after "
-                    f"unwritten (zero) space that starts at offset {off}",
+                    off,
+                    _next(last_index),
+                    f"{length - off} bytes at offset {off} are too short for an entry header",
                     summary,
                 )
-            elif not task.last:
-                flag(
-                    CHECK_INTEGRITY,
-                    "segment_end",
-                    off,
-                    expect_index,
-                    f"segment is not the node's last but ends in unwritten space at offset {off} "
-                    "instead of a blank filler",
-                )
-            break
-        if off + codec.HEADER_SIZE > length:
-            _structural(
-                task,
-                found,
-                off,
-                expect_index,
-                f"{length - off} bytes at offset {off} are too short for an entry header",
-                summary,
-            )
-            break
-        magic, size, index, term, pos, _ch, chain, bcrc, blen = unpack_header(mm, off)
+                break
+            magic, size, index, term, _pos, _ch, chain, bcrc, blen = magic, size, 0, 0, 0, 0, 0, 0, 0
+        else:
+            magic, size, index, term, _pos, _ch, chain, bcrc, blen = unpack_header(mm, off)
         if magic not in magics:
-            _structural(
-                task, found, off, expect_index, f"bad magic {magic} at offset {off}", summary, "bad_magic"
-            )
+            _tail(task, mm, length, off, magic, size, last_index, found, summary)
             break
-        if blen < 0 or size != codec.HEADER_SIZE + blen or off + size > length:
+        if blen < 0 or size != header_size + blen or off + size > length:
             _structural(
                 task,
                 found,
@@ -316,21 +290,7 @@ def _walk(task, mm, mv, length, found, terms, summary, on_chunk, chunk_rows) -> 
                 "bad_size",
             )
             break
-        real = start + off
-        if pos != real:
-            flag(CHECK_INTEGRITY, "pos_mismatch", off, index, f"header pos {pos}, real byte position {real}")
-        if expect_index is not None and index != expect_index:
-            flag(
-                CHECK_INTEGRITY,
-                "index_continuity",
-                off,
-                index,
-                f"index {index} follows index {expect_index - 1} (expected {expect_index})",
-            )
-        if prev_term is not None and term < prev_term:
-            flag(CHECK_INTEGRITY, "term_decrease", off, index, f"term {term} after term {prev_term}")
-        body_at = off + codec.HEADER_SIZE
-        real_crc = crc32(mv[body_at : off + size])
+        real_crc = crc32(mv[off + header_size : off + size])
         if real_crc != bcrc:
             flag(
                 CHECK_INTEGRITY,
@@ -339,16 +299,7 @@ def _walk(task, mm, mv, length, found, terms, summary, on_chunk, chunk_rows) -> 
                 index,
                 f"header body_crc {bcrc:#010x}, body hashes to {real_crc:#010x}",
             )
-        if prev_chain is None:
-            summary["first"] = {
-                "index": index,
-                "term": term,
-                "body_crc": bcrc,
-                "chain_crc": chain,
-                "pos": pos,
-                "offset": off,
-            }
-        else:
+        if prev_chain is not None:
             want = crc32(pack_chain(index, term, bcrc), prev_chain)
             if want != chain:
                 flag(
@@ -358,33 +309,9 @@ def _walk(task, mm, mv, length, found, terms, summary, on_chunk, chunk_rows) -> 
                     index,
                     f"header chain_crc {chain:#010x}, expected {want:#010x} from the previous entry",
                 )
-        kind = 0
-        if blen >= 8:
-            kind = body_kind(mm[body_at + 4 : body_at + 8])
-            if kind == BODY_MESSAGE:
-                kind = _message(chunk, mv[body_at : off + size], len(chunk), real, index, off, found)
-        chunk.index.append(index)
-        chunk.term.append(term)
-        chunk.pos.append(pos)
-        chunk.size.append(size)
-        chunk.magic.append(magic)
-        chunk.body_crc.append(bcrc)
-        chunk.chain_crc.append(chain)
-        chunk.body_kind.append(kind)
-        offsets.append(off)
-        count += 1
-        expect_index = index + 1
         prev_chain = chain
-        prev_term = term
-        summary["final"] = {
-            "index": index,
-            "term": term,
-            "chain_crc": chain,
-            "end_pos": real + size,
-            "end_offset": off + size,
-        }
-        if len(chunk) >= chunk_rows:
-            flush()
+        last_index = index
+        headers += mv[off : off + header_size]
         off += size
     else:
         if off < length and any(mm[off:length]):
@@ -392,7 +319,7 @@ def _walk(task, mm, mv, length, found, terms, summary, on_chunk, chunk_rows) -> 
                 task,
                 found,
                 off,
-                expect_index,
+                _next(last_index),
                 f"{length - off} trailing bytes at offset {off} are not an entry",
                 summary,
             )
@@ -401,11 +328,164 @@ def _walk(task, mm, mv, length, found, terms, summary, on_chunk, chunk_rows) -> 
                 CHECK_INTEGRITY,
                 "segment_end",
                 off,
-                expect_index,
+                _next(last_index),
                 f"segment is not the node's last but ends at offset {off} without a blank filler",
             )
-    flush()
-    summary["entries"] = count
+    h = np.frombuffer(headers, dtype=HEADER_DTYPE)
+    n = len(h)
+    summary["entries"] = n
+    if n == 0:
+        return
+    cols = {
+        "index": h["index"].astype(np.int64),
+        "term": h["term"].astype(np.int64),
+        "pos": h["pos"].astype(np.int64),
+        "size": h["size"].astype(np.int32),
+        "magic": h["magic"].astype(np.int32),
+        "body_crc": h["body_crc"].astype(np.int64),
+        "chain_crc": h["chain_crc"].astype(np.int64),
+    }
+    sizes = cols["size"].astype(np.int64)
+    offset = np.zeros(n, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=offset[1:])
+    cols["offset"] = offset
+    _vector_checks(task, cols, found)
+    _check_index_units(task, cols, found)
+    kind = np.zeros(n, dtype=np.int8)
+    has_head = np.flatnonzero(cols["size"] >= header_size + 8)
+    if len(has_head):
+        raw = np.frombuffer(mm, dtype=np.uint8)
+        at = offset[has_head] + header_size + 4
+        head = raw[at[:, None] + np.arange(4)]
+        del raw
+        code = head.view(">u4").reshape(-1)
+        kind[has_head[code == _MESSAGE_CODE]] = BODY_MESSAGE
+        kind[has_head[code == _COMMAND_CODE]] = BODY_COMMAND
+    cols["body_kind"] = kind
+    msg_rows = np.flatnonzero(kind == BODY_MESSAGE).tolist()
+    messages: dict[int, tuple] = {}
+    for row in msg_rows:
+        o = int(offset[row])
+        fields = _message(
+            mv[o + header_size : o + int(sizes[row])], task.start + o, int(cols["index"][row]), o, found
+        )
+        if fields is None:
+            kind[row] = BODY_BAD_MESSAGE
+        else:
+            messages[row] = fields
+    summary["messages"] = len(messages)
+    t, c = np.unique(cols["term"], return_counts=True)
+    for term, count in zip(t.tolist(), c.tolist(), strict=True):
+        terms[term] = terms.get(term, 0) + count
+    first, last = 0, n - 1
+    summary["first"] = {
+        "index": int(cols["index"][first]),
+        "term": int(cols["term"][first]),
+        "body_crc": int(cols["body_crc"][first]),
+        "chain_crc": int(cols["chain_crc"][first]),
+        "pos": int(cols["pos"][first]),
+        "offset": 0,
+    }
+    summary["final"] = {
+        "index": int(cols["index"][last]),
+        "term": int(cols["term"][last]),
+        "chain_crc": int(cols["chain_crc"][last]),
+        "end_pos": task.start + int(offset[last]) + int(sizes[last]),
+        "end_offset": int(offset[last]) + int(sizes[last]),
+    }
+    for lo in range(0, n, chunk_rows):
+        hi = min(n, lo + chunk_rows)
+        chunk = EntryChunk(*(cols[name][lo:hi] for name in _CHUNK_COLUMNS))
+        for row in (r for r in msg_rows if lo <= r < hi and r in messages):
+            topic, queue_id, queue_offset, tags_code, msg_id = messages[row]
+            chunk.msg_rows.append(row - lo)
+            chunk.topic.append(topic)
+            chunk.queue_id.append(queue_id)
+            chunk.queue_offset.append(queue_offset)
+            chunk.tags_code.append(tags_code)
+            chunk.msg_id.append(msg_id)
+        on_chunk(chunk)
+
+
+_CHUNK_COLUMNS: Final = ("index", "term", "pos", "size", "magic", "body_crc", "chain_crc", "body_kind")
+_MESSAGE_CODE: Final = int.from_bytes(MESSAGE_MAGIC_BYTES, "big")
+_COMMAND_CODE: Final = int.from_bytes(COMMAND_MAGIC_BYTES, "big")
+
+
+def _next(index: int | None) -> int | None:
+    return None if index is None else index + 1
+
+
+def _vector_checks(task: SegmentTask, cols: dict[str, np.ndarray], found: _Findings) -> None:
+    """pos equals the real byte position; indexes follow each other; terms never decrease."""
+    idx, term, pos, offset = cols["index"], cols["term"], cols["pos"], cols["offset"]
+    real = offset + task.start
+
+    def pos_detail(row: int) -> str:
+        return f"header pos {int(pos[row])}, real byte position {int(real[row])}"
+
+    def index_detail(row: int) -> str:
+        return f"index {int(idx[row])} follows index {int(idx[row - 1])} (expected {int(idx[row - 1]) + 1})"
+
+    def term_detail(row: int) -> str:
+        return f"term {int(term[row])} after term {int(term[row - 1])}"
+
+    _flag_rows(found, "pos_mismatch", np.flatnonzero(pos != real), offset, idx, pos_detail)
+    _flag_rows(
+        found, "index_continuity", np.flatnonzero(idx[1:] != idx[:-1] + 1) + 1, offset, idx, index_detail
+    )
+    _flag_rows(found, "term_decrease", np.flatnonzero(term[1:] < term[:-1]) + 1, offset, idx, term_detail)
+
+
+def _flag_rows(
+    found: _Findings, rule: str, rows: np.ndarray, offset, idx, detail: Callable[[int], str]
+) -> None:
+    """Describe the first few flagged rows; count the others."""
+    for row in rows[:SAMPLES_PER_RULE].tolist():
+        found.flag(CHECK_INTEGRITY, rule, int(offset[row]), int(idx[row]), detail(row))
+    if len(rows) > SAMPLES_PER_RULE:
+        found.counts[rule] += len(rows) - SAMPLES_PER_RULE
+
+
+def _tail(task, mm, length, off, magic, size, last_index, found, summary) -> None:
+    """What ends the walk when the next record is not an entry: a blank filler, unwritten zeros, or damage."""
+    if magic == codec.MAGIC_BLANK:
+        summary["tail"] = "blank"
+        if off + size != length:
+            found.flag(
+                CHECK_INTEGRITY,
+                "segment_end",
+                off,
+                _next(last_index),
+                f"blank filler at offset {off} claims {size} bytes but {length - off} remain in the file",
+            )
+        return
+    if magic == 0 and size == 0:
+        summary["tail"] = "zeros"
+        nonzero = _first_nonzero(mm, off, length)
+        if nonzero is not None:
+            _structural(
+                task,
+                found,
+                nonzero,
+                _next(last_index),
+                f"non-zero bytes at offset {nonzero} after "
+                f"unwritten (zero) space that starts at offset {off}",
+                summary,
+            )
+        elif not task.last:
+            found.flag(
+                CHECK_INTEGRITY,
+                "segment_end",
+                off,
+                _next(last_index),
+                f"segment is not the node's last but ends in unwritten space at offset {off} instead of "
+                "a blank filler",
+            )
+        return
+    _structural(
+        task, found, off, _next(last_index), f"bad magic {magic} at offset {off}", summary, "bad_magic"
+    )
 
 
 def _structural(task, found, off, index, what, summary, rule="bad_frame") -> None:
@@ -419,12 +499,13 @@ def _structural(task, found, off, index, what, summary, rule="bad_frame") -> Non
         found.flag(CHECK_INTEGRITY, rule, off, index, what)
 
 
-def _message(chunk: EntryChunk, body, row: int, real_pos: int, index: int, off: int, found: _Findings) -> int:
+def _message(body, real_pos: int, index: int, off: int, found: _Findings) -> tuple | None:
+    """(topic, queue_id, queue_offset, tags_code, msg_id) of a message body, or None (flagged) if it is bad."""
     try:
         m = message_fields(body)
     except ValueError as err:
         found.flag(CHECK_BROKER, "bad_message", off, index, f"message body does not decode: {err}")
-        return BODY_BAD_MESSAGE
+        return None
     want = real_pos + codec.HEADER_SIZE
     if m.physical_offset != want:
         found.flag(
@@ -434,13 +515,7 @@ def _message(chunk: EntryChunk, body, row: int, real_pos: int, index: int, off: 
             index,
             f"message PHYSICALOFFSET {m.physical_offset}, its body is at {want}",
         )
-    chunk.msg_rows.append(row)
-    chunk.topic.append(m.topic)
-    chunk.queue_id.append(m.queue_id)
-    chunk.queue_offset.append(m.queue_offset)
-    chunk.tags_code.append(m.tags_code)
-    chunk.msg_id.append(m.msg_id)
-    return BODY_MESSAGE
+    return m.topic, m.queue_id, m.queue_offset, m.tags_code, m.msg_id
 
 
 __all__ = ["MESSAGE_MAGIC_BYTES", "EntryChunk", "SegmentTask", "scan_segment"]

@@ -76,8 +76,10 @@ def build_session(master: str | None = None, app_name: str = "dledger-audit") ->
     return spark
 
 
-def prepare(spark: SparkSession, segments: int) -> None:
-    """Per-run settings: ship the code, size shuffles to the work (a few partitions per core)."""
+def prepare(spark: SparkSession, data_bytes: int) -> None:
+    """Per-run settings: ship the code; size shuffles to the data (about one partition per 128 MiB of log, at
+    most eight per core), since every shuffle partition is a task and small audits are dominated by task
+    overhead, not by work."""
     spark.sparkContext.addPyFile(code_zip())
     cores = spark.sparkContext.defaultParallelism
-    spark.conf.set("spark.sql.shuffle.partitions", str(max(2 * cores, min(segments, 8 * cores))))
+    spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(8 * cores, data_bytes // (128 << 20)))))

@@ -16,7 +16,7 @@ import pytest
 
 from spark.audit import EXIT_INPUT, EXIT_OK, EXIT_VIOLATIONS, main, run_audit
 from spark.layout import AuditInputError
-from spark.report import FAIL, PASS, SKIP
+from spark.report import PASS, SKIP
 from storage import codec
 from tests.spark import builder as b
 
@@ -40,10 +40,12 @@ def _raw_acks(path: Path, written: b.Written, upto: int, skip: tuple[int, ...] =
     return path
 
 
-def _msg_acks(path: Path, written: b.Written, upto: int, extra: list[dict] | None = None) -> Path:
+def _msg_acks(
+    path: Path, written: b.Written, upto: int, extra: list[dict] | None = None, skip_ids: tuple[str, ...] = ()
+) -> Path:
     with open(path, "w") as f:
         for e in written.entries[: upto + 1]:
-            if e.msg is not None:
+            if e.msg is not None and e.msg.msg_id not in skip_ids:
                 m = e.msg
                 rec = {
                     "msg_id": m.msg_id,
@@ -84,71 +86,67 @@ def test_clean_group_passes_reads_only_and_writes_reports(spark, tmp_path, capsy
     assert "audit PASS" in out
 
 
-def test_flipped_body_byte_on_one_follower(spark, tmp_path):
-    nodes = b.build_group(tmp_path, b.raw_items(TERMS), commit=60)
-    b.flip_body_byte(nodes[2], 10)
-    r = run_audit(spark, [str(tmp_path / f"n{k}") for k in range(3)])
-    assert not r.ok
-    integrity = r.check("integrity")
-    assert integrity.violations == {"body_crc": 1}
-    v = integrity.samples[0]
-    assert (v.rule, v.node, v.index) == ("body_crc", "n2", 10)
-    assert v.file.endswith("n2/data/00000000000000000000") and v.offset == nodes[2].entries[10].pos
-    assert r.check("agreement").status == PASS  # the headers still agree: only the bytes on n2 are bad
+def _check(doc: dict, name: str) -> dict:
+    return next(c for c in doc["checks"] if c["name"] == name)
 
 
-def test_entry_removed_from_the_middle(spark, tmp_path):
-    nodes = b.build_group(tmp_path, b.raw_items(TERMS), commit=60)
-    k = b.interior_entry(nodes[1], 30)  # not the first or last entry of its segment
-    b.remove_entry(nodes[1], k)
-    r = run_audit(spark, [str(tmp_path)])
-    integrity = r.check("integrity")
-    assert integrity.status == FAIL
-    assert {"index_continuity", "pos_mismatch", "chain_crc"} <= set(integrity.violations)
-    gap = next(v for v in integrity.samples if v.rule == "index_continuity")
-    assert (gap.node, gap.index) == ("n1", k + 1)
-    assert gap.offset == nodes[1].entries[k].pos % b.SEGMENT_SIZE
-    assert f"expected {k}" in gap.detail
-    # Two nodes of three still hold index k: committed, but not under-replicated.
-    assert r.check("agreement").status == PASS
-
-
-def test_two_entries_swapped(spark, tmp_path):
-    nodes = b.build_group(tmp_path, b.raw_items(TERMS), commit=60)
-    a = b.same_segment_pair(nodes[0], 40)
-    b.swap_entries(nodes[0], a)
-    r = run_audit(spark, [str(tmp_path)])
-    integrity = r.check("integrity")
-    assert integrity.status == FAIL
-    assert {"index_continuity", "pos_mismatch", "chain_crc"} <= set(integrity.violations)
-    first = next(v for v in integrity.samples if v.rule == "index_continuity")
-    assert (first.node, first.index) == ("n0", a + 1)  # found where entry a should be
-    assert {v.node for v in integrity.samples} == {"n0"}
-
-
-def test_diverging_committed_entry_is_named_and_uncommitted_tails_may_differ(spark, tmp_path):
+def test_seeded_log_faults_are_detected_and_named(spark, tmp_path, capsys):
+    """Five nodes, four faults, each on its own node: a flipped body byte (n2), an entry removed from the middle
+    (n3), two entries swapped (n4), a diverging committed entry (n1). n0 is clean."""
     items = b.raw_items(TERMS)
     laid = b.lay_out(items)
     other = b.lay_out(items)
-    k = 45
-    other[k].body = bytes(x ^ 0x5A for x in other[k].body)  # same length: every later pos is unchanged
-    for n in range(2):
-        b.write_node(tmp_path / "g" / f"n{n}", laid, commit=60)
-    b.write_node(tmp_path / "g" / "n2", other, commit=60)
-    r = run_audit(spark, [str(tmp_path / "g")])
-    assert r.check("integrity").status == PASS  # n2's log is self-consistent: only a comparison finds it
-    agreement = r.check("agreement")
-    assert agreement.violations["divergence"] >= 1
-    v = agreement.samples[0]
-    assert (v.rule, v.node, v.index) == ("divergence", "n2", k)
-    assert "n0/n1" in v.detail and v.file.endswith("n2/data/" + f"{laid[k].pos - laid[k].pos % 4096:020d}")
+    diverge = 45
+    other[diverge].body = bytes(
+        x ^ 0x5A for x in other[diverge].body
+    )  # same length: later positions unchanged
+    g = tmp_path / "g"
+    nodes = [b.write_node(g / f"n{k}", other if k == 1 else laid, commit=60) for k in range(5)]
+    b.flip_body_byte(nodes[2], 10)
+    removed = b.interior_entry(nodes[3], 30)  # not the first or last entry of its segment
+    b.remove_entry(nodes[3], removed)
+    swapped = b.same_segment_pair(nodes[4], 40)
+    b.swap_entries(nodes[4], swapped)
+
+    assert main([str(g), "--report", str(tmp_path / "report")]) == EXIT_VIOLATIONS
+    assert "audit FAIL" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "report" / "audit.json").read_text())
+    integrity = _check(doc, "integrity")
+    by_node: dict[str, list[dict]] = {}
+    for v in integrity["samples"]:
+        by_node.setdefault(v["node"], []).append(v)
+    assert set(by_node) == {"n2", "n3", "n4"}  # n1's log is self-consistent: only the comparison finds it
+
+    (flip,) = by_node["n2"]
+    assert (flip["rule"], flip["index"], flip["offset"]) == ("body_crc", 10, nodes[2].entries[10].pos)
+    assert flip["file"].endswith("n2/data/00000000000000000000")
+
+    n3 = {v["rule"] for v in by_node["n3"]}
+    assert {"index_continuity", "pos_mismatch", "chain_crc"} <= n3
+    gap = next(v for v in by_node["n3"] if v["rule"] == "index_continuity")
+    assert gap["index"] == removed + 1 and gap["offset"] == nodes[3].entries[removed].pos % b.SEGMENT_SIZE
+    assert f"expected {removed}" in gap["detail"]
+
+    assert {"index_continuity", "pos_mismatch", "chain_crc"} <= {v["rule"] for v in by_node["n4"]}
+    first = next(v for v in by_node["n4"] if v["rule"] == "index_continuity")
+    assert first["index"] == swapped + 1  # found where entry `swapped` should be
+
+    agreement = _check(doc, "agreement")
+    assert set(agreement["violations"]) == {
+        "divergence"
+    }  # a removed entry on one node of five is no quorum loss
+    v = agreement["samples"][0]
+    assert (v["rule"], v["node"], v["index"]) == ("divergence", "n1", diverge)
+    assert "n0/n2/n3/n4" in v["detail"]
+    assert v["file"].endswith(f"n1/data/{laid[diverge].pos - laid[diverge].pos % b.SEGMENT_SIZE:020d}")
+
     # The same difference beyond the commit index is an uncommitted tail: reported, not failed.
-    for n in range(3):
-        b.write_meta_commit(tmp_path / "g" / f"n{n}", 40)
-    r = run_audit(spark, [str(tmp_path / "g")])
+    for k in range(5):
+        b.write_meta_commit(g / f"n{k}", 40)
+    r = run_audit(spark, [str(g)])
     agreement = r.check("agreement")
-    assert agreement.status == PASS and agreement.warnings["uncommitted_divergence"] >= 1
     assert r.commit_index == 40
+    assert agreement.status == PASS and agreement.warnings["uncommitted_divergence"] >= 1
 
 
 def test_commit_index_from_majority_when_meta_has_none(spark, tmp_path):
@@ -172,23 +170,15 @@ def test_clean_broker_group_with_ack_log_passes(spark, tmp_path):
     assert r.check("delivery").checked == len(items) - 3  # ack log records
 
 
-def test_consumequeue_unit_at_wrong_position(spark, tmp_path):
-    items = b.message_items(1, 5)
-    nodes = b.build_group(tmp_path, items, commit=len(items) - 3)
+def test_seeded_broker_faults_are_detected_and_named(spark, tmp_path):
+    """A ConsumeQueue unit at a wrong position (n1), a message acknowledged but absent, a duplicated message,
+    and a committed message no producer acknowledged."""
+    items = b.message_items(1, 4)
+    retry = items[4]  # a producer retry: the same message (same id) stored again
+    items.append(b.Item(1, msg=retry.msg))
+    nodes = b.build_group(tmp_path / "g", items, commit=len(items) - 1)
     elsewhere = nodes[1].entries[5].pos + codec.HEADER_SIZE
     b.point_unit_elsewhere(nodes[1], "orders", 1, 2, elsewhere)
-    r = run_audit(spark, [str(tmp_path)])
-    broker = r.check("broker")
-    assert broker.violations == {"unit_mismatch": 1}
-    v = broker.samples[0]
-    assert v.node == "n1" and v.file.endswith("n1/consumequeue/orders/1") and v.offset == 2 * 20
-    assert "orders/1 offset 2" in v.detail and f"points at {elsewhere}" in v.detail
-    assert r.check("integrity").status == PASS and r.check("agreement").status == PASS
-
-
-def test_acknowledged_message_absent(spark, tmp_path):
-    items = b.message_items(1, 3)
-    nodes = b.build_group(tmp_path / "g", items, commit=len(items) - 1)
     ghost = {
         "msg_id": "orders-0-99",
         "topic": "orders",
@@ -196,26 +186,26 @@ def test_acknowledged_message_absent(spark, tmp_path):
         "queue_offset": 99,
         "commitlog_offset": 7,
     }
-    acks = _msg_acks(tmp_path / "acks.jsonl", nodes[0], upto=len(items) - 1, extra=[ghost])
+    unsent = items[9].msg.msg_id
+    acks = _msg_acks(
+        tmp_path / "acks.jsonl", nodes[0], upto=len(items) - 2, extra=[ghost], skip_ids=(unsent,)
+    )
     r = run_audit(spark, [str(tmp_path / "g")], str(acks))
-    delivery = r.check("delivery")
-    assert delivery.violations == {"acked_missing": 1}
-    assert "orders-0-99" in delivery.samples[0].detail
-    assert r.rules() == {"delivery.acked_missing"}
+    assert r.check("integrity").status == PASS and r.check("agreement").status == PASS
 
+    broker = r.check("broker")
+    assert broker.violations == {"unit_mismatch": 1}  # queue offsets stay dense: the retry got the next one
+    v = broker.samples[0]
+    assert v.node == "n1" and v.file.endswith("n1/consumequeue/orders/1") and v.offset == 2 * 20
+    assert "orders/1 offset 2" in v.detail and f"points at {elsewhere}" in v.detail
 
-def test_duplicated_message(spark, tmp_path):
-    items = b.message_items(1, 3)
-    retry = items[4]  # a producer retry: the same message (same id) stored again
-    items.append(b.Item(1, msg=retry.msg))
-    nodes = b.build_group(tmp_path / "g", items, commit=len(items) - 1)
-    acks = _msg_acks(tmp_path / "acks.jsonl", nodes[0], upto=len(items) - 2)
-    r = run_audit(spark, [str(tmp_path / "g")], str(acks))
     delivery = r.check("delivery")
-    assert delivery.violations == {"duplicate": 1}
-    v = delivery.samples[0]
-    assert v.index == len(items) - 1 and retry.msg.msg_id in v.detail and "2 times" in v.detail
-    assert r.check("broker").status == PASS  # queue offsets are dense: only the ids show the duplicate
+    assert delivery.violations == {"acked_missing": 1, "duplicate": 1, "unsent": 1}
+    named = {v.rule: v for v in delivery.samples}
+    assert "orders-0-99" in named["acked_missing"].detail
+    assert named["duplicate"].index == len(items) - 1 and retry.msg.msg_id in named["duplicate"].detail
+    assert "2 times" in named["duplicate"].detail
+    assert named["unsent"].index == 9 and unsent in named["unsent"].detail
 
 
 def test_committed_entry_no_producer_sent(spark, tmp_path):
@@ -242,10 +232,3 @@ def test_unusable_input_exits_2(spark, tmp_path, capsys):
     incomplete.write_text('{"index": 1}\n')
     with pytest.raises(AuditInputError, match="neither a raw append"):
         run_audit(spark, [str(tmp_path / "g")], str(incomplete))
-
-
-def test_violations_exit_1(spark, tmp_path, capsys):
-    nodes = b.build_group(tmp_path, b.raw_items([(1, 10)]), commit=8)
-    b.flip_body_byte(nodes[0], 3)
-    assert main([str(tmp_path)]) == EXIT_VIOLATIONS
-    assert "integrity.body_crc" in capsys.readouterr().out
