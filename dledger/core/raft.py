@@ -124,6 +124,7 @@ class RaftCore:
             raise InvalidRequestError(f"voters contain duplicates: {voters}")
         self._id = node_id
         self._voters = tuple(voters)
+        self._voter_set = frozenset(voters)
         self._peers = tuple(v for v in voters if v != node_id)
         self._quorum = quorum_size(len(voters))
         self._config = config
@@ -233,6 +234,10 @@ class RaftCore:
         if type(m) is SnapshotStatus:
             if self._role is Role.LEADER:
                 self._on_snapshot_status(m)
+            return
+        if m.src not in self._voter_set:
+            # Not a member (a misconfigured or removed node): it must neither win votes nor move our term.
+            self._event(f"{self._id} ignored {type(m).__name__} from non-member {m.src} at term {m.term}")
             return
         term = m.term
         if term > self._term:

@@ -406,3 +406,10 @@ def test_propose_prepare_sees_each_place_and_may_fill_the_body():
     with pytest.raises(InvalidRequestError, match="changed the body"):
         core.propose([b"abc"], prepare=lambda i, p, b: b + b"x")
     assert store.last_index == proposed.first_index + 1 and core.status().last_index == store.last_index
+
+
+def test_messages_from_non_members_are_ignored() -> None:
+    core = make("n2")
+    core.step(RequestVote(9, "intruder", "n2", 100, 9))
+    core.step(AppendEntries(9, "intruder", "n2", -1, 0, -1))
+    assert core.term == 0 and core.leader_id is None and drain(core) == []
