@@ -385,6 +385,7 @@ class Cluster:
             node.applied_entries.append((i, chain))
             self._record_commit(node, i, store.term(i), chain)
         if rd.commit_index > node.applied:
+            self.say(f"{node.id} applied up to {rd.commit_index}")
             node.applied = rd.commit_index
             node.meta.put("applied", str(node.applied).encode())
 

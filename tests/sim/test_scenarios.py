@@ -7,6 +7,10 @@ transcript to the report, so the story of what went wrong is right there.
 
 from __future__ import annotations
 
+import difflib
+import os
+from pathlib import Path
+
 import pytest
 
 from dledger.core.config import RaftConfig
@@ -14,6 +18,25 @@ from dledger.core.messages import AppendEntries, InstallSnapshot, Role, TimeoutN
 from dledger.errors import NotLeaderError
 from storage.api import HardState
 from tests.sim.cluster import Cluster
+
+TRANSCRIPTS = Path(__file__).parent / "transcripts"
+
+
+def golden(c: Cluster, name: str) -> None:
+    """The whole transcript equals ``transcripts/<name>.txt`` (the scenario's readable story, reviewed as a diff).
+    After an intended change of behaviour or wording, rewrite with ``REWRITE_TRANSCRIPTS=1`` and review the diff."""
+    path = TRANSCRIPTS / f"{name}.txt"
+    text = "\n".join(c.transcript) + "\n"
+    if os.environ.get("REWRITE_TRANSCRIPTS"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        return
+    want = path.read_text()
+    if text != want:
+        diff = "".join(
+            difflib.unified_diff(want.splitlines(True), text.splitlines(True), str(path), "this run")
+        )
+        raise AssertionError(f"transcript differs from {path} (REWRITE_TRANSCRIPTS=1 to accept):\n{diff}")
 
 
 def expect_lines(c: Cluster, *fragments: str) -> None:
@@ -117,6 +140,7 @@ def test_figure_8_a_leader_never_commits_an_old_term_entry_by_counting_replicas(
         "crash n1",
         "n5 became leader at term",
     )
+    golden(c, "figure_8")
 
 
 def test_partitioned_stale_leader_steps_down_and_its_writes_never_commit() -> None:
@@ -142,6 +166,7 @@ def test_partitioned_stale_leader_steps_down_and_its_writes_never_commit() -> No
         c, "isolate n1", "n1 stepped down at term 1: no quorum heard within an election timeout", "heal"
     )
     expect_lines(c, "heal", f"n1 became follower at term 2 (leader {new})")
+    golden(c, "partitioned_stale_leader")
 
 
 def test_candidate_with_a_shorter_log_cannot_win() -> None:
@@ -223,6 +248,7 @@ def test_leadership_transfer_during_writes() -> None:
         "n3 received TimeoutNow from n1 at term 1: campaigning",
         "n3 became leader at term 2",
     )
+    golden(c, "transfer_during_writes")
 
 
 def test_transfer_is_abandoned_when_the_target_is_unreachable() -> None:
