@@ -67,6 +67,9 @@ def node(
     election_timeout_min_ms: Annotated[int | None, typer.Option()] = None,
     election_timeout_max_ms: Annotated[int | None, typer.Option()] = None,
     heartbeat_interval_ms: Annotated[int | None, typer.Option()] = None,
+    state_machine: Annotated[
+        str | None, typer.Option(help="node plugin: kv, counter, broker or module:factory")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
 ) -> None:
     """Run one node in the foreground until SIGTERM or Ctrl-C."""
@@ -88,6 +91,7 @@ def node(
             election_timeout_min_ms=election_timeout_min_ms,
             election_timeout_max_ms=election_timeout_max_ms,
             heartbeat_interval_ms=heartbeat_interval_ms,
+            state_machine=state_machine,
         )
     except DLedgerError as e:
         _fail(f"bad configuration: {e}", 2)
@@ -112,10 +116,15 @@ def group_up(
         int | None, typer.Option(help="first port; 0 picks free ports")
     ] = grp.DEFAULT_BASE_PORT,
     flush: Annotated[str, typer.Option(help="sync or async")] = "sync",
+    state_machine: Annotated[
+        str, typer.Option(help="node plugin for a new group: kv, counter, broker or module:factory")
+    ] = "",
 ) -> None:
     """Start a local group in the background; return once a leader is elected."""
     try:
-        g, leader = grp.up(dir, nodes, None if base_port == 0 else base_port, flush=flush)
+        g, leader = grp.up(
+            dir, nodes, None if base_port == 0 else base_port, flush=flush, state_machine=state_machine
+        )
     except DLedgerError as e:
         _fail(str(e))
     console.print(

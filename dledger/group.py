@@ -47,6 +47,7 @@ class GroupSpec:
     name: str
     flush: str
     nodes: tuple[NodeSpec, ...]
+    state_machine: str = ""  # node plugin (dledger.plugins), e.g. "broker"
 
     @property
     def addresses(self) -> list[str]:
@@ -97,6 +98,7 @@ def _node_toml(spec: NodeSpec, group: GroupSpec, raft: dict[str, int]) -> str:
         f'group = "{group.name}"',
         f'data_dir = "{spec.data_dir}"',
         f'flush = "{group.flush}"',
+        *([f'state_machine = "{group.state_machine}"'] if group.state_machine else []),
         "",
         "[peers]",
         *[f'{n.id} = "{n.address}"' for n in group.nodes],
@@ -114,6 +116,7 @@ def create(
     name: str = "dledger",
     flush: str = "sync",
     raft: dict[str, int] | None = None,
+    state_machine: str = "",
 ) -> GroupSpec:
     """Write the manifest and node configs (default 3 nodes). An existing group in ``directory`` is reused as
     it is; asking for a different size is an error rather than a silent surprise."""
@@ -139,12 +142,17 @@ def create(
         )
         for i, port in enumerate(ports)
     )
-    group = GroupSpec(name, flush, specs)
+    group = GroupSpec(name, flush, specs, state_machine)
     directory.mkdir(parents=True, exist_ok=True)
     for spec in specs:
         Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
         Path(spec.config).write_text(_node_toml(spec, group, raft or {}))
-    manifest = {"name": name, "flush": flush, "nodes": [asdict(s) for s in specs]}
+    manifest = {
+        "name": name,
+        "flush": flush,
+        "state_machine": state_machine,
+        "nodes": [asdict(s) for s in specs],
+    }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return group
 
@@ -158,7 +166,9 @@ def load(directory: Path, missing_ok: bool = False) -> GroupSpec | None:
             f"no group in {directory} ({path} is missing): run `dledger group up --dir {directory}`"
         )
     raw = json.loads(path.read_text())
-    return GroupSpec(raw["name"], raw["flush"], tuple(NodeSpec(**n) for n in raw["nodes"]))
+    return GroupSpec(
+        raw["name"], raw["flush"], tuple(NodeSpec(**n) for n in raw["nodes"]), raw.get("state_machine", "")
+    )
 
 
 # -- processes ---------------------------------------------------------------------------------------------------
@@ -399,7 +409,12 @@ async def kill_leader_async(group: GroupSpec, timeout_s: float = 15.0) -> Failov
         async def watch_leader() -> None:
             while not new_leader and loop.time() < t0 + timeout_s:
                 rows = await status_async(
-                    GroupSpec(group.name, group.flush, tuple(n for n in group.nodes if n.id != leader.id)),
+                    GroupSpec(
+                        group.name,
+                        group.flush,
+                        tuple(n for n in group.nodes if n.id != leader.id),
+                        group.state_machine,
+                    ),
                     0.2,
                 )
                 lead = leader_of(rows)

@@ -63,6 +63,8 @@ from dledger.errors import (
     UnavailableError,
 )
 from dledger.nodeconfig import NodeConfig
+from dledger.plugins import NodePlugin
+from dledger.plugins import resolve as resolve_plugin
 from dledger.transport.base import (
     AppendedRun,
     NodeInfo,
@@ -139,7 +141,10 @@ class Node:
         rng: random.Random | None = None,
         serve: bool = True,
         state_machine: StateMachine | None = None,
+        plugin: NodePlugin | None = None,
     ):
+        """``plugin`` (or ``config.state_machine``, resolved through ``dledger.plugins``) brings the state machine
+        and any gRPC services it adds; ``state_machine`` alone hosts a state machine without services."""
         self.config = config
         self.group = config.group
         self.id = config.node_id
@@ -165,7 +170,10 @@ class Node:
         self._commit_listeners: list[Callable[[int], None]] = []
         self._role_listeners: list[Callable[[Role, int], None]] = []
         self._seen_role_term: tuple[Role, int] = (Role.FOLLOWER, -1)
-        self._state_machine = state_machine
+        if plugin is None and config.state_machine:
+            plugin = resolve_plugin(config.state_machine)(config)
+        self.plugin = plugin
+        self._state_machine = plugin.state_machine if plugin is not None else state_machine
         self._apply: ApplyLoop | None = None
         self.snapshots: SnapshotStore | None = None
         self._commit_index = -1
@@ -207,7 +215,8 @@ class Node:
             if peer != self.id:
                 self._peer_queues[peer] = asyncio.Queue()
         if self._serve:
-            self._server = NodeServer(self, self, cfg.bind)
+            attach = (lambda server: self.plugin.attach(self, server)) if self.plugin is not None else None
+            self._server = NodeServer(self, self, cfg.bind, attach)
             self.port = self._server.port
             await self._server.start()
         self._tasks = [
@@ -333,6 +342,8 @@ class Node:
             self._log.close()
         if self._meta is not None:
             self._meta.close()
+        if self._state_machine is not None:
+            self._state_machine.close()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

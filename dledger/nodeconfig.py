@@ -12,6 +12,7 @@ Example file (all keys optional except ``id``, ``data_dir`` and ``peers``)::
     flush = "sync"            # or "async" (page cache, flushed every flush_interval_ms)
     flush_interval_ms = 10
     listen = "127.0.0.1:20911" # defaults to this node's address in [peers]
+    state_machine = "broker"   # optional plugin: "kv", "counter", "broker" or "module:factory"
 
     [peers]                   # every voter, this node included
     n0 = "127.0.0.1:20911"
@@ -43,7 +44,18 @@ from dledger.errors import ConfigError
 
 FLUSH_POLICIES = ("sync", "async")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_TOP_KEYS = {"id", "group", "data_dir", "flush", "flush_interval_ms", "listen", "peers", "raft", "limits"}
+_TOP_KEYS = {
+    "id",
+    "group",
+    "data_dir",
+    "flush",
+    "flush_interval_ms",
+    "listen",
+    "peers",
+    "raft",
+    "limits",
+    "state_machine",
+}
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
 
 
@@ -59,6 +71,7 @@ class NodeConfig:
     raft: RaftConfig = field(default_factory=RaftConfig)
     max_pending_entries: int = 20_000  # appends accepted but not yet committed (backpressure bound)
     max_body_bytes: int = 4 << 20
+    state_machine: str = ""  # plugin: a built-in ("kv", "counter", "broker") or "module:factory"
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
@@ -186,7 +199,15 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
         "data_dir": Path(data_dir),
         "raft": raft,
     }
-    for name in ("group", "flush", "flush_interval_ms", "listen", "max_pending_entries", "max_body_bytes"):
+    for name in (
+        "group",
+        "flush",
+        "flush_interval_ms",
+        "listen",
+        "max_pending_entries",
+        "max_body_bytes",
+        "state_machine",
+    ):
         v = pick(name)
         if v is not None:
             kwargs[name] = v

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -488,15 +488,24 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
 class NodeServer:
     """The node's gRPC server: RaftPeer + DLedger services, health checking and reflection."""
 
-    def __init__(self, peer: PeerHandler, client: ClientHandler, bind: str):
+    def __init__(
+        self,
+        peer: PeerHandler,
+        client: ClientHandler,
+        bind: str,
+        attach: Callable[[grpc.aio.Server], Sequence[str]] | None = None,
+    ):
+        """``attach(server)`` registers a plugin's servicers and returns their full names (health, reflection)."""
         self.server = grpc.aio.server(options=list(SERVER_OPTIONS))
         raft_pb2_grpc.add_RaftPeerServicer_to_server(RaftPeerServicer(peer), self.server)
         client_pb2_grpc.add_DLedgerServicer_to_server(DLedgerServicer(client), self.server)
+        extra = tuple(attach(self.server)) if attach is not None else ()
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (
             raft_pb2.DESCRIPTOR.services_by_name["RaftPeer"].full_name,
             client_pb2.DESCRIPTOR.services_by_name["DLedger"].full_name,
+            *extra,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         )
@@ -504,7 +513,7 @@ class NodeServer:
         self.port = self.server.add_insecure_port(bind)
         if self.port == 0:
             raise OSError(f"cannot bind {bind}: address in use or not allowed")
-        self._service_names = names[:2]
+        self._service_names = names[: 2 + len(extra)]
 
     async def start(self) -> None:
         await self.server.start()

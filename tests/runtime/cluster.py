@@ -21,14 +21,29 @@ from storage.memory import MemoryLogStore, MemoryMetaStore
 
 class LocalGroup:
     def __init__(
-        self, tmp: Path, n: int = 3, *, stores=None, state_machine=None, raft: RaftConfig | None = None, **cfg
+        self,
+        tmp: Path,
+        n: int = 3,
+        *,
+        stores=None,
+        state_machine=None,
+        state_machine_plugin: str = "",
+        raft: RaftConfig | None = None,
+        **cfg,
     ):
         ports = free_ports(n)
         self.peers = {f"n{i}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
         self.nodes: dict[str, Node] = {}
         for i, pid in enumerate(self.peers):
             log, meta = stores(pid) if stores else (MemoryLogStore(), MemoryMetaStore())
-            config = NodeConfig(pid, self.peers, tmp / pid, raft=raft or RaftConfig(), **cfg)
+            config = NodeConfig(
+                pid,
+                self.peers,
+                tmp / pid,
+                raft=raft or RaftConfig(),
+                state_machine=state_machine_plugin,
+                **cfg,
+            )
             sm = state_machine(pid) if state_machine else None
             self.nodes[pid] = Node(
                 config, log_store=log, meta_store=meta, rng=random.Random(i), state_machine=sm

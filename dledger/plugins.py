@@ -1,0 +1,54 @@
+"""Node plugins: the state machine a node runs and the gRPC services it adds, chosen by configuration.
+
+A node's config names a plugin as ``"module:factory"`` (or a built-in alias: ``kv``, ``counter``). The factory
+takes the ``NodeConfig`` and returns an object with a ``state_machine`` and an ``attach(node, server)`` method
+that registers the plugin's servicers on the node's gRPC server and returns their full service names (for health
+checking and reflection). The broker is such a plugin (``broker_adapter.plugin:make``), which is how it stacks on
+the node without the node importing it (the layers' arrows point one way: broker_adapter -> dledger).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from dledger.errors import ConfigError
+from statemachine.api import StateMachine
+
+if TYPE_CHECKING:
+    import grpc
+
+    from dledger.nodeconfig import NodeConfig
+
+BUILTIN = {
+    "kv": "statemachine.plugins:kv",
+    "counter": "statemachine.plugins:counter",
+    "broker": "broker_adapter.plugin:make",
+}
+
+
+class NodePlugin(Protocol):
+    state_machine: StateMachine
+
+    def attach(self, node: Any, server: grpc.aio.Server) -> Sequence[str]:
+        """Register servicers on ``server``; return their full service names."""
+        ...
+
+
+def resolve(spec: str) -> Callable[[NodeConfig], NodePlugin]:
+    """The factory a spec names; a bad spec is a ``ConfigError`` that says what was tried."""
+    target = BUILTIN.get(spec, spec)
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"state_machine {spec!r} is neither a built-in ({', '.join(sorted(BUILTIN))}) nor module:factory"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"state_machine {spec!r}: cannot import {module_name}: {e}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"state_machine {spec!r}: {module_name} has no callable {attr!r}")
+    return factory
