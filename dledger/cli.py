@@ -369,7 +369,26 @@ def run_demo(dir: Path, entries: int) -> int:
         console.print(f"stopped {', '.join(stopped)}; no node process is left running")
 
 
+# Commands of the layers above the log (the broker, the audit) live with them and register here: the CLI is the
+# one place that composes every layer, so it may import them; nothing else in dledger does.
+EXTENSIONS = ("broker_adapter.cli", "spark.cli")
+
+
+def _register_extensions() -> None:
+    import importlib
+
+    for name in EXTENSIONS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:  # the extension exists but something it needs is missing: say so
+                raise
+            continue  # that layer has no commands yet
+        module.register(app)
+
+
 def main() -> None:
+    _register_extensions()
     app()
 
 
