@@ -10,7 +10,8 @@ that sequence, losing everything not yet persisted, which is exactly what a kill
 Safety is checked by ``check_invariants()`` (the property tests call it after every step):
 
 - election safety: at most one leader per term, over the whole history;
-- log matching: entries with the same index and term have the same chain_crc (hence identical prefixes);
+- log matching: entries with the same index and term have the same chain_crc (hence identical prefixes),
+  checked on every durable append;
 - state machine safety: an index, once committed anywhere, always commits the same entry, and no node ever
   truncates or loses an entry it had as committed;
 - leader completeness: every leader whose term is newer than a commit holds the committed entry;
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from dledger.core.config import RaftConfig
 from dledger.core.messages import InstallSnapshot, Message, Ready, Role, SnapshotStatus
 from dledger.core.raft import RaftCore
+from storage import codec
 from storage.errors import IndexOutOfRange
 from storage.memory import MemoryLogStore, MemoryMetaStore
 
@@ -99,6 +101,10 @@ class Cluster:
         self.max_committed = -1
         self.delivered = 0
         self.truncations = 0  # Ready.truncate_from handled (a follower dropping a conflicting suffix)
+        self._chains: dict[tuple[int, int], int] = {}  # (index, term) -> chain_crc, over every durable append
+        self._completeness_checked: dict[
+            tuple[str, int], int
+        ] = {}  # (leader, term) -> committed index checked
         for nid in self.ids:
             node = SimNode(nid, MemoryLogStore(self.config.segment_size), MemoryMetaStore())
             self.nodes[nid] = node
@@ -377,6 +383,8 @@ class Cluster:
             return
         if rd.frames:
             node.store.append(rd.frames)
+            if self.check_logs:
+                self._check_appended(node, rd.frames)
 
     def _apply(self, node: SimNode, rd: Ready) -> None:
         store = node.store
@@ -436,37 +444,20 @@ class Cluster:
                 self._observe(node)
         if not self.check_logs:
             return
-        # Log matching over the durable logs: same (index, term) implies same chain (hence same prefix).
-        by_index: dict[int, dict[int, int]] = {}
-        for node in self.nodes.values():
-            store = node.store
-            for e in (
-                store.entries(store.first_index, store.last_index + 1)
-                if store.last_index >= store.first_index
-                else []
-            ):
-                h = e.header
-                seen = by_index.setdefault(h.index, {})
-                c = seen.setdefault(h.term, h.chain_crc)
-                if c != h.chain_crc:
-                    raise InvariantViolation(
-                        f"log matching: index {h.index} term {h.term} has two chains ({c:#x}, {h.chain_crc:#x}) "
-                        f"(seed {self.seed})"
-                    )
-                known = self.committed.get(h.index)
-                if known is not None and known[0] == h.term and known[1] != h.chain_crc:
-                    raise InvariantViolation(
-                        f"committed entry {h.index} differs on {node.id} (seed {self.seed})"
-                    )
-        # Leader completeness: a leader of a newer term holds every committed entry.
+        # Leader completeness: a leader of a newer term holds every committed entry. Committed indexes form one
+        # range from 0 and a leader never drops entries, so each (leader, term) is checked once per new index.
         for node in self.nodes.values():
             core = node.core
             if core is None or core.role is not Role.LEADER:
                 continue
+            key = (node.id, core.term)
             view = core.raft_log
-            for index, (term, chain) in self.committed.items():
-                if core.term <= self.commit_term[index]:
+            start = self._completeness_checked.get(key, -1) + 1
+            for index in range(start, self.max_committed + 1):
+                known = self.committed.get(index)
+                if known is None or core.term <= self.commit_term[index]:
                     continue
+                term, chain = known
                 try:
                     t = view.term(index)
                 except IndexOutOfRange:
@@ -481,6 +472,22 @@ class Cluster:
                         f"leader completeness: leader {node.id} (term {core.term}) holds a different entry at "
                         f"committed index {index} (seed {self.seed})"
                     )
+            self._completeness_checked[key] = self.max_committed
+
+    def _check_appended(self, node: SimNode, frames: bytes) -> None:
+        """Log matching, checked on every durable append: one (index, term) pair has one chain_crc on every node
+        (hence one prefix), and a committed index is never written with the same term but other content."""
+        for _, h in codec.iter_headers(frames):
+            key = (h.index, h.term)
+            chain = self._chains.setdefault(key, h.chain_crc)
+            if chain != h.chain_crc:
+                raise InvariantViolation(
+                    f"log matching: {node.id} stores index {h.index} term {h.term} with chain {h.chain_crc:#x}, "
+                    f"another node with {chain:#x} (seed {self.seed})"
+                )
+            known = self.committed.get(h.index)
+            if known is not None and known[0] == h.term and known[1] != h.chain_crc:
+                raise InvariantViolation(f"committed entry {h.index} differs on {node.id} (seed {self.seed})")
 
 
 def _describe(m: Message) -> str:
