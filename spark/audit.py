@@ -47,13 +47,28 @@ EXIT_INPUT = 2
 _INPUT_ERRORS = ("FileNotFoundError", "PermissionError", "IsADirectoryError", "OSError")
 
 
-def segment_tasks(layouts: list[NodeLayout]) -> list[SegmentTask]:
+def segment_tasks(layouts: list[NodeLayout], full: bool, commit: int | None) -> list[SegmentTask]:
     tasks = []
     for lay in layouts:
         index_files = tuple((f.start, f.path) for f in lay.index)
         for k, f in enumerate(lay.data):
-            tasks.append(SegmentTask(lay.node, f.path, f.start, k == len(lay.data) - 1, index_files))
+            tasks.append(
+                SegmentTask(
+                    lay.node, f.path, f.start, k == len(lay.data) - 1, index_files, full=full, commit=commit
+                )
+            )
     return tasks
+
+
+def _scan(spark: SparkSession, tasks: list[SegmentTask]) -> DataFrame:
+    """Every segment scanned in its own task; the rows are cached (several checks read them)."""
+    if not tasks:
+        return spark.createDataFrame([], SCAN_DDL)
+    return (
+        _one_task_per_partition(spark, [task_json(t) for t in tasks])
+        .mapInArrow(scan_partition, SCAN_DDL)
+        .persist()
+    )
 
 
 def queue_tasks(layouts: list[NodeLayout]) -> list[str]:
@@ -98,24 +113,31 @@ def run_audit(
                 f"{ack_log}: {n_bad} records are neither a raw append {{index, pos, body_crc}} nor a message "
                 f"{{msg_id, topic, queue_id, queue_offset, commitlog_offset}}; first: {bad[0].asDict()}"
             )
-    tasks = segment_tasks(layouts)
+    # Every entry row is needed only to match raw appends in an ack log, or to find the commit index without a
+    # checkpoint; otherwise checkpoints, messages and tails suffice (see checks.agreement).
+    known = [m.commit_index for m in metas if m.commit_index is not None]
+    full = ack_log is not None or not known
+    tasks = segment_tasks(layouts, full, max(known) if known else None)
     session.prepare(spark, sum(f.length for lay in layouts for f in lay.data))
     timings: dict[str, float] = {}
-
-    scanned = (
-        _one_task_per_partition(spark, [task_json(t) for t in tasks]).mapInArrow(scan_partition, SCAN_DDL)
-        if tasks
-        else spark.createDataFrame([], SCAN_DDL)
-    ).persist()
+    cached: list[DataFrame] = []
     try:
         t = time.perf_counter()
+        scanned = _scan(spark, tasks)
+        cached.append(scanned)
         summaries = [json.loads(r["info"]) for r in scanned.filter(F.col("kind") == KIND_SUMMARY).collect()]
         timings["scan_s"] = time.perf_counter() - t
         entries = scanned.filter(F.col("kind") == KIND_ENTRY).drop("kind", "info")
         integrity, scan_findings, logs = checks.integrity(layouts, summaries)
 
         t = time.perf_counter()
-        agreement, commit, commit_source = checks.agreement(spark, entries, layouts, metas, logs)
+        agreement, commit, commit_source = checks.agreement(spark, entries, layouts, metas, logs, exact=full)
+        if not full and agreement.violations:
+            # The checkpoints differ somewhere: compare every entry to name the first divergence exactly.
+            rescanned = _scan(spark, segment_tasks(layouts, True, commit))
+            cached.append(rescanned)
+            entries = rescanned.filter(F.col("kind") == KIND_ENTRY).drop("kind", "info")
+            agreement, commit, commit_source = checks.agreement(spark, entries, layouts, metas, logs)
         timings["agreement_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -129,7 +151,9 @@ def run_audit(
 
         t = time.perf_counter()
         if acks is not None or message_count:
-            delivery = checks.delivery(spark, entries, layouts, commit, acks, ack_log, n_acks)
+            delivery = checks.delivery(
+                spark, entries, layouts, commit, acks, ack_log, n_acks, agreed=agreement.violation_count == 0
+            )
         else:
             delivery = checks.CheckResult(
                 checks.CHECK_DELIVERY,
@@ -141,7 +165,8 @@ def run_audit(
             )
         timings["delivery_s"] = time.perf_counter() - t
     finally:
-        scanned.unpersist()
+        for df in cached:
+            df.unpersist()
     timings["total_s"] = time.perf_counter() - t0
     terms: dict[str, dict[int, int]] = {lay.name: {} for lay in layouts}
     for s in summaries:

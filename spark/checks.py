@@ -29,7 +29,7 @@ from spark.broker import BODY_MESSAGE, BODY_RAW
 from spark.layout import NodeLayout
 from spark.meta import NodeMeta
 from spark.report import FAIL, PASS, SKIP, CheckResult, Violation
-from spark.segment import _CHAIN, CHECK_BROKER, CHECK_INTEGRITY, SAMPLES_PER_RULE
+from spark.segment import _CHAIN, CHECK_BROKER, CHECK_INTEGRITY, CHECKPOINT_EVERY, SAMPLES_PER_RULE
 from storage.codec import HEADER_SIZE, MAGIC_NORMAL
 
 WARNING_RULES: Final = frozenset({"torn_tail"})
@@ -290,8 +290,16 @@ def agreement(
     layouts: list[NodeLayout],
     metas: list[NodeMeta],
     logs: list[NodeLog],
+    exact: bool = True,
 ) -> tuple[CheckResult, int, str]:
-    """Check 2; returns the result, the group commit index and where that index came from."""
+    """Check 2; returns the result, the group commit index and where that index came from.
+
+    ``exact``: ``entries`` holds every entry. Otherwise it holds checkpoints (every ``CHECKPOINT_EVERY`` indexes
+    and the commit index) and the tails from the commit index on: equal chain_crc at a checkpoint proves equal
+    index, term and body_crc for the whole prefix, entry by entry (check 1 verifies each node's chain), so the
+    checkpoints cover every committed index. If they show any difference the caller rescans with every entry
+    (``needs_rows``) so that the first divergence is named exactly.
+    """
     nodes = [lay.node for lay in layouts]
     n = len(nodes)
     majority = n // 2 + 1
@@ -388,11 +396,19 @@ def agreement(
         notes.append(
             f"only indexes up to {agg['majority_index']} are held by a majority with agreeing chain_crc"
         )
+    checked = agg["committed"]
+    if not exact:
+        firsts_known = [log.first_index for log in logs if log.first_index is not None]
+        checked = max(0, commit + 1 - min(firsts_known)) if firsts_known else 0
+        notes.append(
+            f"compared chain_crc, term, pos and body_crc at {agg['committed']} checkpoints (every "
+            f"{CHECKPOINT_EVERY} indexes and the commit index); a chain_crc covers every entry before it"
+        )
     result = CheckResult(
         name=CHECK_AGREEMENT,
         title="2. cross-node agreement",
         status=_status(violations),
-        checked=agg["committed"],
+        checked=checked,
         checked_what="committed indexes",
         violations=violations,
         warnings=warnings,
@@ -642,8 +658,12 @@ def _unit_violation(r, rule: str, layouts: list[NodeLayout]) -> Violation:
 
 
 # -- 4. delivery -----------------------------------------------------------------------------------------------
-def canonical_log(entries: DataFrame, commit: int) -> DataFrame:
-    """The committed log as the group holds it: per index, the version most nodes have."""
+def canonical_log(entries: DataFrame, commit: int, agreed: bool) -> DataFrame:
+    """The committed log as the group holds it. When check 2 found the nodes in agreement any holder's copy of an
+    index will do; otherwise, per index, the version most nodes have."""
+    committed = entries.filter(F.col("index") <= F.lit(commit))
+    if agreed:
+        return committed.dropDuplicates(["index"])
     cols = [
         "term",
         "pos",
@@ -657,11 +677,7 @@ def canonical_log(entries: DataFrame, commit: int) -> DataFrame:
         "queue_offset",
         "msg_id",
     ]
-    versions = (
-        entries.filter(F.col("index") <= F.lit(commit))
-        .groupBy("index", *cols)
-        .agg(F.count("*").alias("holders"))
-    )
+    versions = committed.groupBy("index", *cols).agg(F.count("*").alias("holders"))
     best = versions.groupBy("index").agg(F.max_by(F.struct(*cols), F.col("holders")).alias("e"))
     return best.select("index", *[F.col(f"e.{c}").alias(c) for c in cols])
 
@@ -674,9 +690,19 @@ def delivery(
     acks: DataFrame | None,
     ack_path: str | None,
     ack_records: int = 0,
+    agreed: bool = True,
 ) -> CheckResult:
     """Check 4: exactly-once delivery of what producers were told was stored, and nothing else."""
-    log = canonical_log(entries, commit)
+    log = canonical_log(entries, commit, agreed).persist()
+    try:
+        return _delivery(log, acks, ack_path, ack_records, commit)
+    finally:
+        log.unpersist()
+
+
+def _delivery(
+    log: DataFrame, acks: DataFrame | None, ack_path: str | None, ack_records: int, commit: int
+) -> CheckResult:
     msgs = log.filter((F.col("body_kind") == BODY_MESSAGE) & F.col("msg_id").isNotNull())
     per_id = msgs.groupBy("msg_id").agg(
         F.count("*").alias("copies"),

@@ -38,6 +38,7 @@ from spark.broker import (
     BODY_BAD_MESSAGE,
     BODY_COMMAND,
     BODY_MESSAGE,
+    BODY_RAW,
     COMMAND_MAGIC_BYTES,
     MESSAGE_MAGIC_BYTES,
     message_fields,
@@ -45,6 +46,7 @@ from spark.broker import (
 from storage import codec
 
 SAMPLES_PER_RULE: Final = 5
+CHECKPOINT_EVERY: Final = 4096
 CHUNK_ROWS: Final = 131_072
 INDEX_UNIT: Final = 32
 INDEX_UNIT_DTYPE: Final = np.dtype(
@@ -82,6 +84,12 @@ class SegmentTask:
     start: int
     last: bool
     index_files: tuple[tuple[int, str], ...]  # (start byte, path) of the node's index segments
+    # Which entry rows to return. ``full``: all. Otherwise only what the cross-node checks need besides the chain:
+    # messages and commands, checkpoints (index % checkpoint_every == 0, and the commit index) and everything
+    # from the commit index on (the tails that may differ). Every entry is checked either way.
+    full: bool = True
+    commit: int | None = None
+    checkpoint_every: int = CHECKPOINT_EVERY
 
 
 @dataclass(slots=True)
@@ -393,17 +401,31 @@ def _walk(task, mm, mv, length, found, terms, summary, on_chunk, chunk_rows) -> 
         "end_pos": task.start + int(offset[last]) + int(sizes[last]),
         "end_offset": int(offset[last]) + int(sizes[last]),
     }
-    for lo in range(0, n, chunk_rows):
-        hi = min(n, lo + chunk_rows)
+    keep = None
+    if not task.full:
+        idx = cols["index"]
+        mask = (kind != BODY_RAW) | (idx % task.checkpoint_every == 0)
+        if task.commit is not None:
+            mask |= idx >= task.commit
+        keep = np.flatnonzero(mask)
+        cols = {name: cols[name][keep] for name in _CHUNK_COLUMNS}
+    # Row numbers of messages among the rows returned.
+    kept_msgs = sorted(messages) if keep is None else np.searchsorted(keep, sorted(messages)).tolist()
+    msg_fields = [messages[r] for r in sorted(messages)]
+    rows = len(cols["index"])
+    m = 0
+    for lo in range(0, rows, chunk_rows):
+        hi = min(rows, lo + chunk_rows)
         chunk = EntryChunk(*(cols[name][lo:hi] for name in _CHUNK_COLUMNS))
-        for row in (r for r in msg_rows if lo <= r < hi and r in messages):
-            topic, queue_id, queue_offset, tags_code, msg_id = messages[row]
-            chunk.msg_rows.append(row - lo)
+        while m < len(kept_msgs) and kept_msgs[m] < hi:
+            topic, queue_id, queue_offset, tags_code, msg_id = msg_fields[m]
+            chunk.msg_rows.append(kept_msgs[m] - lo)
             chunk.topic.append(topic)
             chunk.queue_id.append(queue_id)
             chunk.queue_offset.append(queue_offset)
             chunk.tags_code.append(tags_code)
             chunk.msg_id.append(msg_id)
+            m += 1
         on_chunk(chunk)
 
 

@@ -76,6 +76,9 @@ def task_json(task: SegmentTask) -> str:
             "start": task.start,
             "last": task.last,
             "index_files": [list(f) for f in task.index_files],
+            "full": task.full,
+            "commit": task.commit,
+            "checkpoint_every": task.checkpoint_every,
         }
     )
 
@@ -88,6 +91,9 @@ def task_from_json(raw: str) -> SegmentTask:
         start=d["start"],
         last=d["last"],
         index_files=tuple((int(s), str(p)) for s, p in d["index_files"]),
+        full=d["full"],
+        commit=d["commit"],
+        checkpoint_every=d["checkpoint_every"],
     )
 
 
