@@ -6,20 +6,30 @@ queue offset (dense per queue) and wrote it into the message before proposing; d
 offset continues its queue and writes the unit. Replaying entries that were already dispatched (a restart from an
 older snapshot) finds the existing unit, checks it points at the same position, and moves on: dispatch is
 idempotent, which is what makes ConsumeQueues repairable from the log.
+
+Idempotent producers: a message carrying PRODUCER_ID / PRODUCER_SEQ properties is recorded per producer (the
+highest sequence and a bounded window of recent results). The table is derived from the log alone, so every node
+holds the same one and it survives failovers and restarts (it is part of the snapshot). The leader consults it
+(with the allocator's view of the uncommitted tail) before appending a send, so a retried send is answered with
+the original result instead of being stored twice; ``duplicates`` counts any that got through anyway.
 """
 
 from __future__ import annotations
 
 import json
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Final
 
 from broker_adapter import commands, message
 from broker_adapter.consumequeue import UNITS_PER_FILE, ConsumeQueue
 from statemachine.api import CommittedEntry
 from storage.codec import HEADER_SIZE
+
+PRODUCER_WINDOW: Final = 4096  # results remembered per producer for answering retried sends
 
 
 class DispatchError(RuntimeError):
@@ -33,6 +43,21 @@ class Dispatched:
     queue_offset: int
     commitlog_offset: int
     size: int
+
+
+@dataclass(slots=True)
+class ProducerState:
+    """What the log says about one idempotent producer: its highest sequence and recent results by sequence."""
+
+    last_seq: int = -1
+    recent: dict[int, Dispatched] = field(default_factory=dict)
+
+    def record(self, seq: int, d: Dispatched) -> None:
+        self.last_seq = max(self.last_seq, seq)
+        self.recent[seq] = d
+        if len(self.recent) > PRODUCER_WINDOW:
+            for old in sorted(self.recent)[: len(self.recent) - PRODUCER_WINDOW]:
+                del self.recent[old]
 
 
 class BrokerStateMachine:
@@ -49,6 +74,15 @@ class BrokerStateMachine:
         self._units_per_file = units_per_file
         self.topics: dict[str, int] = {}
         self.offsets: dict[tuple[str, str, int], int] = {}
+        self.next_offsets: dict[
+            tuple[str, int], int
+        ] = {}  # per queue: the offset the next message must carry
+        self.producers: dict[str, ProducerState] = {}
+        self.applied_index = -1  # the last entry given to ``apply`` (with the apply loop's, after a restore)
+        self.duplicates = 0  # messages whose (producer, sequence) was already in the log: should stay 0
+        # CommitLog offset -> index for messages dispatched since start (positions grow with the index).
+        self._positions = array("q")
+        self._indices = array("q")
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._on_dispatch = on_dispatch  # (topic, queue_id, next queue offset): wakes long-polling pulls
 
@@ -67,12 +101,37 @@ class BrokerStateMachine:
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         return self.offsets.get((group, topic, queue_id))
 
+    def next_offset(self, topic: str, queue_id: int) -> int:
+        """The queue offset the next dispatched message of this queue carries (= messages dispatched so far)."""
+        return self.next_offsets.get((topic, queue_id), 0)
+
+    def index_of(self, commitlog_offset: int) -> int | None:
+        """The entry index of a message dispatched since start, by its CommitLog offset (None if unknown)."""
+        i = bisect_left(self._positions, commitlog_offset)
+        if i < len(self._positions) and self._positions[i] == commitlog_offset:
+            return self._indices[i]
+        return None
+
+    def sent(self, producer_id: str, seq: int) -> Dispatched | bool:
+        """A committed send of (producer, seq): its result if remembered, True if older than the window, False
+        if the log holds no such send."""
+        st = self.producers.get(producer_id)
+        if st is None or seq > st.last_seq:
+            return False
+        d = st.recent.get(seq)
+        if d is not None:
+            return d
+        # Sequences may arrive out of order (concurrent sends) or never (a failed send): only a full window
+        # says that a sequence below it was forgotten rather than never stored.
+        return len(st.recent) >= PRODUCER_WINDOW and seq < min(st.recent)
+
     # -- apply ---------------------------------------------------------------------------------------------
     def apply(self, entries: Sequence[CommittedEntry]) -> list[Any]:
         results: list[Any] = []
         touched: set[tuple[str, int]] = set()
         for e in entries:
             body = e.body
+            self.applied_index = e.index
             if commands.is_message(body):
                 d = self._dispatch(e)
                 touched.add((d.topic, d.queue_id))
@@ -85,7 +144,7 @@ class BrokerStateMachine:
                 )
         if self._on_dispatch is not None:
             for topic, qid in touched:
-                self._on_dispatch(topic, qid, self._queues[(topic, qid)].max_offset)
+                self._on_dispatch(topic, qid, self.next_offsets[(topic, qid)])
         return results
 
     def _dispatch(self, e: CommittedEntry) -> Dispatched:
@@ -98,6 +157,12 @@ class BrokerStateMachine:
             self.topics[r.topic] = r.queue_id + 1
         cq = self.queue(r.topic, r.queue_id)
         q = r.queue_offset
+        expected = self.next_offsets.get((r.topic, r.queue_id), 0)
+        if q != expected:
+            raise DispatchError(
+                f"{r.topic}/{r.queue_id}: entry {e.index} carries queue offset {q} but the queue's next offset is "
+                f"{expected}: the leader allocated offsets that are not dense"
+            )
         if q == cq.max_offset:
             cq.append(commitlog_offset, r.size, message.tags_code(r.tags))
         elif q < cq.max_offset:
@@ -112,7 +177,21 @@ class BrokerStateMachine:
                 f"{r.topic}/{r.queue_id}: entry {e.index} carries queue offset {q} but the queue ends at "
                 f"{cq.max_offset}; rebuild the ConsumeQueue from the log"
             )
-        return Dispatched(r.topic, r.queue_id, q, commitlog_offset, r.size)
+        self.next_offsets[(r.topic, r.queue_id)] = q + 1
+        if not self._positions or commitlog_offset > self._positions[-1]:
+            self._positions.append(commitlog_offset)
+            self._indices.append(e.index)
+        d = Dispatched(r.topic, r.queue_id, q, commitlog_offset, r.size)
+        ident = message.peek_producer(e.body)
+        if ident is not None:
+            pid, seq = ident
+            st = self.producers.get(pid)
+            if st is None:
+                st = self.producers[pid] = ProducerState()
+            if self.sent(pid, seq) is not False:
+                self.duplicates += 1
+            st.record(seq, d)
+        return d
 
     def _command(self, body) -> Any:
         try:
@@ -157,7 +236,13 @@ class BrokerStateMachine:
         state = {
             "topics": self.topics,
             "offsets": [[g, t, q, o] for (g, t, q), o in sorted(self.offsets.items())],
-            "queues": [[t, q, cq.max_offset] for (t, q), cq in sorted(self._queues.items())],
+            "queues": [[t, q, n] for (t, q), n in sorted(self.next_offsets.items())],
+            "producers": [
+                [pid, st.last_seq, [[seq, *_dispatched_row(d)] for seq, d in sorted(st.recent.items())]]
+                for pid, st in sorted(self.producers.items())
+            ],
+            "applied_index": self.applied_index,
+            "duplicates": self.duplicates,
         }
         writer.write(json.dumps(state, sort_keys=True).encode())
 
@@ -165,6 +250,13 @@ class BrokerStateMachine:
         state = json.loads(reader.read())
         self.topics = {str(t): int(n) for t, n in state["topics"].items()}
         self.offsets = {(g, t, int(q)): int(o) for g, t, q, o in state["offsets"]}
+        self.next_offsets = {(t, int(q)): int(n) for t, q, n in state["queues"]}
+        self.producers = {
+            pid: ProducerState(int(last), {int(row[0]): Dispatched(*row[1:]) for row in recent})
+            for pid, last, recent in state.get("producers", [])
+        }
+        self.applied_index = int(state.get("applied_index", -1))
+        self.duplicates = int(state.get("duplicates", 0))
         for t, q, max_offset in state["queues"]:
             if self.queue(t, int(q)).max_offset < max_offset:
                 raise DispatchError(
@@ -176,3 +268,7 @@ class BrokerStateMachine:
         for cq in self._queues.values():
             cq.close()
         self._queues.clear()
+
+
+def _dispatched_row(d: Dispatched) -> list[Any]:
+    return [d.topic, d.queue_id, d.queue_offset, d.commitlog_offset, d.size]

@@ -276,3 +276,25 @@ def peek_route(buf: bytes | bytearray | memoryview) -> Route:
             start = at + len(key)
             tags = raw[start : raw.index(b"\x02", start)].decode()
     return Route(topic, queue_id, queue_offset, physical_offset, n, tags)
+
+
+def _properties_view(buf: bytes | bytearray | memoryview) -> bytes:
+    n = len(buf)
+    off = FIXED_SIZE + 4 + int.from_bytes(buf[FIXED_SIZE : FIXED_SIZE + 4], "big")
+    off += 1 + buf[off]
+    return bytes(buf[off + 2 : n])
+
+
+def peek_producer(buf: bytes | bytearray | memoryview) -> tuple[str, int] | None:
+    """(PRODUCER_ID, PRODUCER_SEQ) of an encoded message from an idempotent producer, else None.
+
+    Reads only the properties section; a malformed sequence is treated as absent (the message is then not
+    deduplicated, never rejected at dispatch)."""
+    raw = _properties_view(buf)
+    if not raw or PROPERTY_PRODUCER_ID.encode() not in raw:
+        return None
+    props = decode_properties(raw)
+    pid, seq = props.get(PROPERTY_PRODUCER_ID), props.get(PROPERTY_SEQUENCE)
+    if not pid or seq is None or not seq.isdigit():
+        return None
+    return pid, int(seq)

@@ -71,12 +71,19 @@ def test_replay_is_idempotent_and_conflicts_are_named(tmp_path):
     log = Log()
     first = log.entries([log.msg("t", 0, 0), log.msg("t", 0, 1)])
     sm.apply(first)
-    sm.apply(first)  # a restart from an older snapshot replays what was dispatched
-    assert sm.max_offset("t", 0) == 2
+    sm.close()
+    sm = BrokerStateMachine(tmp_path / "cq")  # a restart without a snapshot replays what was dispatched
+    sm.apply(first)
+    assert sm.max_offset("t", 0) == 2 and sm.next_offset("t", 0) == 2
+    sm.close()
+    sm = BrokerStateMachine(tmp_path / "cq")
     moved = [CommittedEntry(e.index, e.term, e.pos + 8, e.body) for e in first[:1]]
     with pytest.raises(DispatchError, match="ConsumeQueue points at"):
         sm.apply(moved)
-    with pytest.raises(DispatchError, match="queue ends at 2"):
+    sm.close()
+    sm = BrokerStateMachine(tmp_path / "cq")
+    sm.apply(first)
+    with pytest.raises(DispatchError, match="next offset is 2"):
         sm.apply(log.entries([log.msg("t", 0, 5)]))
     sm.close()
 

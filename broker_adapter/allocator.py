@@ -1,0 +1,97 @@
+"""Leader-side queue-offset allocation: the QUEUEOFFSET each new message carries, dense per (topic, queue).
+
+The next offset of a queue on the leader is what the dispatcher has dispatched plus the messages already in the
+log but not yet dispatched (the uncommitted or unapplied tail). Rather than tracking leadership changes by hand,
+the allocator is self-healing: it remembers the last index (and term) it allocated for; when ``prepare`` is
+called for any other index (a new leader always appends a no-op first, so this happens at every leadership
+change, and after a proposal that failed before reaching the log) it rebuilds its view by scanning the log from
+the dispatcher's applied point. Offsets carried by tail entries were chosen by earlier leaders and will commit
+in log order, so continuing after them keeps every queue dense and identical on every node.
+
+The same scan records the idempotent-producer identities in the tail, so the leader can tell a retried send
+whose first attempt is still on its way to being applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from broker_adapter import commands, message
+from broker_adapter.dispatcher import BrokerStateMachine, Dispatched
+from storage.codec import HEADER_SIZE
+
+# (index, body) of the log's normal entries in [lo, hi]
+ReadEntries = Callable[[int, int], Iterable[tuple[int, bytes | memoryview]]]
+
+
+class QueueOffsetAllocator:
+    def __init__(
+        self,
+        dispatcher: BrokerStateMachine,
+        read_entries: ReadEntries,
+        applied_index: Callable[[], int],
+    ):
+        self._sm = dispatcher
+        self._read = read_entries
+        self._applied = applied_index
+        self._next: dict[tuple[str, int], int] = {}  # queues with messages in the tail
+        self._pending: dict[tuple[str, int], int] = {}  # (producer, seq) -> tail index
+        self._last_index = -2  # nothing allocated yet: the first prepare rebuilds
+        self._term = -1
+        self.rebuilds = 0
+
+    # -- allocation ----------------------------------------------------------------------------------------
+    def next_offset(self, topic: str, queue_id: int) -> int:
+        n = self._next.get((topic, queue_id))
+        return n if n is not None else self._sm.next_offset(topic, queue_id)
+
+    def prepare(self, term: int, index: int, pos: int, body: bytes) -> bytes:
+        """The core's ``prepare`` for a broker entry placed at (index, pos) in ``term``: a message gets its
+        QUEUEOFFSET and PHYSICALOFFSET (= pos + 48); a command passes unchanged."""
+        if index != self._last_index + 1 or term != self._term:
+            self.rebuild(term, index - 1)
+        self._last_index = index
+        if not commands.is_message(body):
+            return body
+        r = message.peek_route(body)
+        key = (r.topic, r.queue_id)
+        q = self.next_offset(*key)
+        buf = bytearray(body)
+        message.patch_offsets(buf, q, pos + HEADER_SIZE)
+        self._next[key] = q + 1
+        ident = message.peek_producer(buf)
+        if ident is not None:
+            self._pending[ident] = index
+        return bytes(buf)
+
+    def rebuild(self, term: int, upto: int) -> None:
+        """Recompute the tail's view from the log entries after the applied point up to ``upto``."""
+        self.rebuilds += 1
+        self._next.clear()
+        self._pending.clear()
+        applied = self._applied()
+        for index, body in self._read(applied + 1, upto):
+            if commands.is_message(body):
+                r = message.peek_route(body)
+                self._next[(r.topic, r.queue_id)] = r.queue_offset + 1
+                ident = message.peek_producer(body)
+                if ident is not None:
+                    self._pending[ident] = index
+        self._last_index = upto
+        self._term = term
+
+    def ensure_term(self, term: int, upto: int) -> None:
+        """Make the view current for a leader of ``term`` whose log ends at ``upto`` (before any prepare)."""
+        if term != self._term:
+            self.rebuild(term, upto)
+
+    # -- idempotent producers ------------------------------------------------------------------------------
+    def find_send(self, producer_id: str, seq: int) -> Dispatched | int | bool:
+        """Where (producer, seq) already is: its ``Dispatched`` result once applied, the tail index while it
+        waits to be applied, True when applied but older than the remembered window, False when not in the log."""
+        index = self._pending.get((producer_id, seq))
+        if index is not None:
+            if index > self._applied():
+                return index
+            del self._pending[(producer_id, seq)]
+        return self._sm.sent(producer_id, seq)

@@ -1,0 +1,56 @@
+"""CommitLog facade: RocketMQ's view of the replicated log, where a message is addressed by its CommitLog offset.
+
+A message's CommitLog offset is its entry's body position (entry pos + 48). DLedger's store is addressed by
+index, so the facade maps positions to indices: positions grow with the index, so a bisection over the log's
+indices finds any entry, and the dispatcher's in-memory map answers for everything dispatched since start.
+Every read is checked against the entry header, so a stale ConsumeQueue unit can never return the wrong bytes.
+"""
+
+from __future__ import annotations
+
+from broker_adapter.dispatcher import BrokerStateMachine
+from storage.api import LogStore
+from storage.codec import HEADER_SIZE, MAGIC_NORMAL
+from storage.errors import Compacted, IndexOutOfRange
+
+
+class CommitLogError(LookupError):
+    """No committed message starts at that CommitLog offset."""
+
+
+class CommitLog:
+    def __init__(self, log: LogStore, dispatcher: BrokerStateMachine):
+        self._log = log
+        self._sm = dispatcher
+
+    def locate(self, commitlog_offset: int, hi_index: int) -> int:
+        """The index of the entry whose body starts at ``commitlog_offset`` (searching indices <= hi_index)."""
+        index = self._sm.index_of(commitlog_offset)
+        if index is not None:
+            return index
+        pos = commitlog_offset - HEADER_SIZE
+        lo, hi = self._log.first_index, hi_index
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            p = self._log.entry(mid).pos
+            if p == pos:
+                return mid
+            if p < pos:
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        raise CommitLogError(f"no entry starts at CommitLog offset {commitlog_offset}")
+
+    def get(self, commitlog_offset: int, size: int, hi_index: int) -> tuple[int, bytes]:
+        """(index, message bytes) at ``commitlog_offset``, checked against the entry header and ``size``."""
+        try:
+            index = self.locate(commitlog_offset, hi_index)
+            e = self._log.entry(index)
+        except (Compacted, IndexOutOfRange) as err:
+            raise CommitLogError(f"CommitLog offset {commitlog_offset}: {err}") from err
+        if e.pos + HEADER_SIZE != commitlog_offset or e.header.body_length != size or e.magic != MAGIC_NORMAL:
+            raise CommitLogError(
+                f"CommitLog offset {commitlog_offset} (size {size}) does not match entry {index} at pos {e.pos} "
+                f"(body {e.header.body_length} bytes, magic {e.magic})"
+            )
+        return index, bytes(e.body)

@@ -1,0 +1,62 @@
+"""The broker as a node plugin (``state_machine = "broker"``): the dispatcher state machine plus the Broker service.
+
+``make(config)`` builds the dispatcher over ``<data_dir>/consumequeue``; ``attach(node, server)`` (called by the
+node once its storage is open) repairs the ConsumeQueues against the log (units past the log's end are dropped;
+missing ones are re-dispatched by the apply loop's replay), wires the allocator to the node's log and registers
+the gRPC servicer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from broker_adapter import service
+from broker_adapter.allocator import QueueOffsetAllocator
+from broker_adapter.dispatcher import BrokerStateMachine
+from dledger.v1 import broker_pb2_grpc
+from storage.codec import MAGIC_NORMAL
+
+_SCAN_BYTES = 4 << 20
+
+
+class BrokerPlugin:
+    def __init__(self, config: Any):
+        self.config = config
+        self.servicer: service.BrokerServicer | None = None
+        self.allocator: QueueOffsetAllocator | None = None
+        self.state_machine = BrokerStateMachine(
+            config.data_dir / "consumequeue", on_dispatch=self._dispatched
+        )
+
+    def _dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
+        if self.servicer is not None:
+            self.servicer.dispatched(topic, queue_id, next_offset)
+
+    def attach(self, node: Any, server: Any) -> Sequence[str]:
+        log = node.log_store
+        self.state_machine.truncate_beyond(log.tail().end_pos)
+        if self.state_machine.applied_index < 0:
+            self.state_machine.applied_index = node.metadata().applied_index if node.core is not None else -1
+
+        def read_entries(lo: int, hi: int) -> Iterator[tuple[int, memoryview]]:
+            hi = min(hi, log.last_index)
+            while lo <= hi:
+                batch = log.entries(lo, hi + 1, _SCAN_BYTES)
+                if not batch:
+                    return
+                for e in batch:
+                    if e.magic == MAGIC_NORMAL:
+                        yield e.index, e.body
+                lo = batch[-1].index + 1
+
+        self.allocator = QueueOffsetAllocator(
+            self.state_machine, read_entries, lambda: self.state_machine.applied_index
+        )
+        self.servicer = service.BrokerServicer(node, self.state_machine, self.allocator)
+        broker_pb2_grpc.add_BrokerServicer_to_server(self.servicer, server)
+        return service.service_names()
+
+
+def make(config: Any) -> BrokerPlugin:
+    return BrokerPlugin(config)

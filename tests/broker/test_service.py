@@ -1,0 +1,290 @@
+"""The Broker service on in-process groups (real nodes, real gRPC on 127.0.0.1): sends get dense queue offsets
+and CommitLog offsets that point at their entries, follower redirects, long polling, idempotent retries, bad
+input, and queue offsets that stay dense and identical on every node when the leader is stopped."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from broker_adapter import message
+from broker_adapter.client import BrokerConnection, Consumer, Producer
+from dledger.core.messages import Role
+from dledger.v1 import broker_pb2, broker_pb2_grpc
+from storage.codec import HEADER_SIZE
+from tests.runtime.cluster import LocalGroup
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def group(tmp_path, n=3):
+    return LocalGroup(tmp_path, n, state_machine_plugin="broker")
+
+
+async def live_leader(g, stopped, timeout_s=15.0):
+    """The one live node that leads (a stopped node keeps its last role in memory)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        leaders = [n for n in g.nodes.values() if n not in stopped and n.core.role is Role.LEADER]
+        if len(leaders) == 1:
+            return leaders[0]
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no single live leader within {timeout_s} s")
+
+
+async def follower_of(g, leader):
+    return next(n for n in g.nodes.values() if n is not leader)
+
+
+def check_queues_everywhere(g, topic, queues, nodes=None):
+    """Every node's ConsumeQueue units point at the entry holding the message with that queue and offset."""
+    views = []
+    for node in nodes or g.nodes.values():
+        sm = node.plugin.state_machine
+        view = []
+        for q in range(queues):
+            cq = sm.queue(topic, q)
+            units = cq.read(0, cq.max_offset)
+            assert [u.queue_offset for u in units] == list(range(cq.max_offset))
+            for u in units:
+                index = sm.index_of(u.commitlog_offset)
+                e = node.log_store.entry(index)
+                assert e.pos + HEADER_SIZE == u.commitlog_offset and e.header.body_length == u.size
+                m = message.decode(bytes(e.body))
+                assert (m.topic, m.queue_id, m.queue_offset, m.physical_offset) == (
+                    topic,
+                    q,
+                    u.queue_offset,
+                    u.commitlog_offset,
+                )
+            view.append([(u.commitlog_offset, u.size) for u in units])
+        views.append(view)
+    assert all(v == views[0] for v in views), "every node holds the same ConsumeQueues"
+    return views[0]
+
+
+def test_send_pull_commit_and_follower_redirect(tmp_path):
+    async def main():
+        async with group(tmp_path) as g:
+            leader = await g.leader()
+            follower = await follower_of(g, leader)
+            prod = Producer([follower.config.address])  # starts at a follower: redirected to the leader
+            cons = Consumer(g.addresses, "g1")
+            try:
+                info = await asyncio.to_thread(prod.create_topic, "orders", 3)
+                assert info.queues == 3
+                results = []
+                for i in range(12):
+                    results.append(await asyncio.to_thread(prod.send, "orders", f"m{i}".encode(), "TagA"))
+                batch = await asyncio.to_thread(
+                    prod.send_batch, "orders", [b"b0", (b"b1", "T", ["k1"]), b"b2"]
+                )
+                results += batch
+                by_queue = {}
+                for r in results:
+                    by_queue.setdefault(r.queue_id, []).append(r.queue_offset)
+                assert all(offs == list(range(len(offs))) for offs in by_queue.values()), by_queue
+                assert len({r.commitlog_offset for r in results}) == len(results)
+                await g.until(
+                    lambda: all(
+                        n.plugin.state_machine.applied_index >= leader.plugin.state_machine.applied_index
+                        for n in g.nodes.values()
+                    ),
+                    what="followers applied",
+                )
+                check_queues_everywhere(g, "orders", 3)
+                q = results[0].queue_id
+                pulled = await asyncio.to_thread(
+                    cons.pull, "orders", q, 0, 100, 0, True, follower.config.address
+                )
+                assert [m.queue_offset for m in pulled] == by_queue[q]
+                assert {m.msg_id for m in pulled} <= {r.msg_id for r in results}
+                assert pulled[0].tags == "TagA"
+                got = [m async for m in _aiter(cons.messages("orders", idle_s=0.3))]
+                assert sorted(m.msg_id for m in got) == sorted(r.msg_id for r in results)
+                for qid in range(3):
+                    assert await asyncio.to_thread(cons.committed, "orders", qid) == len(
+                        by_queue.get(qid, [])
+                    )
+                again = [m async for m in _aiter(cons.messages("orders", idle_s=0.3))]
+                assert again == [], "a group resumes from its committed offsets"
+            finally:
+                prod.close()
+                cons.close()
+
+    run(main())
+
+
+async def _aiter(it):
+    """Drive a blocking iterator in a thread, one item at a time."""
+    sentinel = object()
+    while True:
+        item = await asyncio.to_thread(next, it, sentinel)
+        if item is sentinel:
+            return
+        yield item
+
+
+def test_long_poll_wakes_on_dispatch(tmp_path):
+    async def main():
+        async with group(tmp_path) as g:
+            await g.leader()
+            prod = Producer(g.addresses)
+            cons = Consumer(g.addresses, "g")
+            try:
+                await asyncio.to_thread(prod.create_topic, "t", 1)
+                waiting = asyncio.ensure_future(asyncio.to_thread(cons.pull, "t", 0, 0, 10, 20_000))
+                await asyncio.sleep(0)  # let the pull start; the send below wakes it long before 20 s
+                r = await asyncio.to_thread(prod.send, "t", b"hello")
+                loop = asyncio.get_running_loop()
+                t0 = loop.time()
+                msgs = await asyncio.wait_for(waiting, 15)
+                assert [m.body for m in msgs] in ([b"hello"], [])
+                if not msgs:  # the pull may have started after the send: pull again, which returns at once
+                    msgs = await asyncio.to_thread(cons.pull, "t", 0, 0, 10, 20_000)
+                assert msgs[0].msg_id == r.msg_id and loop.time() - t0 < 15
+            finally:
+                prod.close()
+                cons.close()
+
+    run(main())
+
+
+def test_retried_send_is_stored_once(tmp_path):
+    async def main():
+        async with group(tmp_path) as g:
+            leader = await g.leader()
+            prod = Producer(g.addresses)
+            try:
+                await asyncio.to_thread(prod.create_topic, "t", 2)
+                msg = await asyncio.to_thread(prod.outgoing, "t", b"once")
+                first = await asyncio.to_thread(prod.send_messages, "t", [msg])
+                again = await asyncio.to_thread(prod.send_messages, "t", [msg, prod.outgoing("t", b"two")])
+                assert again[0].duplicate and not first[0].duplicate
+                assert (again[0].queue_id, again[0].queue_offset, again[0].commitlog_offset) == (
+                    first[0].queue_id,
+                    first[0].queue_offset,
+                    first[0].commitlog_offset,
+                )
+                assert not again[1].duplicate
+                # concurrent retries of the same numbered message: exactly one is stored
+                dup = await asyncio.to_thread(prod.outgoing, "t", b"racing")
+                rs = await asyncio.gather(
+                    *(asyncio.to_thread(prod.send_messages, "t", [dup]) for _ in range(4))
+                )
+                assert len({(r[0].queue_id, r[0].queue_offset) for r in rs}) == 1
+                assert sum(not r[0].duplicate for r in rs) == 1
+                sm = leader.plugin.state_machine
+                assert sum(sm.next_offset("t", q) for q in range(2)) == 3 and sm.duplicates == 0
+            finally:
+                prod.close()
+
+    run(main())
+
+
+def test_bad_input_is_rejected_and_nothing_written(tmp_path):
+    async def main():
+        async with group(tmp_path) as g:
+            leader = await g.leader()
+            follower = await follower_of(g, leader)
+            conn = BrokerConnection(g.addresses)
+            ch = grpc.aio.insecure_channel(leader.config.address)
+            stub = broker_pb2_grpc.BrokerStub(ch)
+            fstub = broker_pb2_grpc.BrokerStub(grpc.aio.insecure_channel(follower.config.address))
+            try:
+                await asyncio.to_thread(conn.create_topic, "t", 2)
+                before = leader.log_store.last_index
+
+                async def code(call, req, stub=stub):
+                    with pytest.raises(grpc.aio.AioRpcError) as ei:
+                        await getattr(stub, call)(req)
+                    return ei.value.code(), ei.value.details(), dict(ei.value.trailing_metadata() or ())
+
+                out = broker_pb2.OutgoingMessage
+                c, d, _ = await code(
+                    "CreateTopic", broker_pb2.CreateTopicRequest(topic="bad topic!", queues=1)
+                )
+                assert c == grpc.StatusCode.INVALID_ARGUMENT and "invalid topic" in d
+                c, d, _ = await code("Send", broker_pb2.SendRequest(topic="nope", messages=[out(body=b"x")]))
+                assert c == grpc.StatusCode.NOT_FOUND and "unknown topic" in d
+                c, d, _ = await code("Send", broker_pb2.SendRequest(topic="t", messages=[out(queue_id=7)]))
+                assert c == grpc.StatusCode.NOT_FOUND and "unknown queue" in d
+                big = out(body=b"x" * (leader.config.max_body_bytes + 1))
+                c, d, _ = await code("Send", broker_pb2.SendRequest(topic="t", messages=[big]))
+                assert c == grpc.StatusCode.INVALID_ARGUMENT and "limit" in d
+                c, d, _ = await code("Pull", broker_pb2.PullRequest(topic="t", queue_id=0, offset=-1))
+                assert c == grpc.StatusCode.INVALID_ARGUMENT and "offset" in d
+                c, d, _ = await code("Pull", broker_pb2.PullRequest(topic="t", queue_id=0, offset=5))
+                assert c == grpc.StatusCode.INVALID_ARGUMENT and "beyond the end" in d
+                c, d, _ = await code("Pull", broker_pb2.PullRequest(topic="t", queue_id=9, offset=0))
+                assert c == grpc.StatusCode.NOT_FOUND
+                req = broker_pb2.QueryOffsetRequest(group="nobody", topic="t", queue_id=0)
+                c, d, _ = await code("QueryOffset", req)
+                assert c == grpc.StatusCode.NOT_FOUND and "unknown consumer group" in d
+                req = broker_pb2.CommitOffsetRequest(group="g", topic="t", queue_id=0, offset=3)
+                c, d, _ = await code("CommitOffset", req)
+                assert c == grpc.StatusCode.INVALID_ARGUMENT
+                c, d, md = await code(
+                    "Send", broker_pb2.SendRequest(topic="t", messages=[out(body=b"x")]), fstub
+                )
+                assert (
+                    c == grpc.StatusCode.FAILED_PRECONDITION and md["leader-address"] == leader.config.address
+                )
+                assert leader.log_store.last_index == before, "rejected requests wrote nothing"
+            finally:
+                conn.close()
+                await ch.close()
+
+    run(main())
+
+
+def test_offsets_dense_and_identical_across_leader_stops(tmp_path):
+    async def main():
+        async with group(tmp_path, 5) as g:
+            await g.leader()
+            prod = Producer(g.addresses, retry_for_s=30)
+            acked = []
+            try:
+                await asyncio.to_thread(prod.create_topic, "t", 3)
+                stopped = []
+                for round_ in range(3):
+                    sends = [
+                        asyncio.to_thread(prod.send_batch, "t", [b"x%d" % i for i in range(8)])
+                        for _ in range(3)
+                    ]
+                    if round_ < 2:
+                        leader = await live_leader(g, stopped)
+                        stopper = asyncio.ensure_future(leader.stop())
+                        stopped.append(leader)
+                    for r in await asyncio.gather(*sends, return_exceptions=True):
+                        if not isinstance(r, BaseException):
+                            acked += r
+                    if round_ < 2:
+                        await stopper
+                live = [n for n in g.nodes.values() if n not in stopped]
+                leader = await live_leader(g, stopped)
+                acked += await asyncio.to_thread(prod.send_batch, "t", [b"tail"] * 5)
+                await g.until(
+                    lambda: all(
+                        n.plugin.state_machine.applied_index >= leader.plugin.state_machine.applied_index
+                        for n in live
+                    ),
+                    what="applied everywhere",
+                )
+                assert leader.core.role is Role.LEADER
+                check_queues_everywhere(g, "t", 3, live)
+                sm = leader.plugin.state_machine
+                stored = {(q, o) for q in range(3) for o in range(sm.next_offset("t", q))}
+                assert {(r.queue_id, r.queue_offset) for r in acked} <= stored
+                assert sm.duplicates == 0
+            finally:
+                prod.close()
+
+    run(main())
