@@ -190,3 +190,22 @@ def test_produce_through_two_leader_kills_then_consume_exactly_once(groups):
 @pytest.mark.slow
 def test_full_size_20000_messages(groups):
     run_e2e(groups, total=20_000, producers=4, batch=16)
+
+
+def test_demo_reports_nothing_lost(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from broker_adapter.demo import run
+
+    out = io.StringIO()
+    rc = run(tmp_path / "demo", Console(file=out, width=120), messages=400, batch=20)
+    text = out.getvalue()
+    assert rc == 0, text
+    assert (
+        "0 acknowledged messages missing, 0 consumed twice" in text
+        and "nothing acknowledged was lost" in text
+    )
+    g = grp.load(tmp_path / "demo")
+    assert all(not grp.is_running(spec) for spec in g.nodes), "the demo stops every node it started"
