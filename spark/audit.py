@@ -87,8 +87,12 @@ def queue_tasks(layouts: list[NodeLayout]) -> list[str]:
 
 
 def _one_task_per_partition(spark: SparkSession, rows: list[str]) -> DataFrame:
-    rdd = spark.sparkContext.parallelize([(r,) for r in rows], max(1, len(rows)))
-    return spark.createDataFrame(rdd, "task string")
+    """A one-column DataFrame of task descriptions with one partition per task, made in the JVM (a range and an
+    array literal), so no Python worker runs before the task's own function."""
+    tasks = F.array(*[F.lit(r) for r in rows])
+    return spark.range(0, len(rows), 1, max(1, len(rows))).select(
+        F.element_at(tasks, (F.col("id") + 1).cast("int")).alias("task")
+    )
 
 
 def run_audit(

@@ -34,6 +34,11 @@ from typing import Any, Final
 
 import numpy as np
 
+try:  # the same CRC-32 as zlib, about 3x faster on 1 KiB bodies (pinned by the storage engine)
+    from zlib_ng.zlib_ng import crc32 as _crc32
+except ImportError:  # a cluster worker without it falls back to zlib
+    _crc32 = zlib.crc32
+
 from spark.broker import (
     BODY_BAD_MESSAGE,
     BODY_COMMAND,
@@ -260,7 +265,7 @@ def _walk(task, mm, mv, length, found, terms, summary, on_chunk, chunk_rows) -> 
     unpack_header = codec.HEADER.unpack_from
     unpack_prefix = _PREFIX.unpack_from
     pack_chain = _CHAIN.pack
-    crc32 = zlib.crc32
+    crc32 = _crc32
     magics = codec.ENTRY_MAGICS
     header_size = codec.HEADER_SIZE
     flag = found.flag

@@ -14,6 +14,7 @@ entry rows stay in Spark for the cross-node joins.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Final
 
@@ -154,7 +155,9 @@ def scan_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
         for raw in batch.column(0).to_pylist():
             task = task_from_json(raw)
             out: list[pa.RecordBatch] = []
+            started = time.perf_counter()
             summary = scan_segment(task, lambda c, t=task, o=out: o.append(chunk_batch(t.node, t.start, c)))
+            summary["worker_s"] = time.perf_counter() - started
             yield from out
             yield summary_batch(task.node, task.start, summary)
 
