@@ -28,6 +28,11 @@ Example file (all keys optional except ``id``, ``data_dir`` and ``peers``)::
     [limits]
     max_pending_entries = 20000
     max_body_bytes = 4194304
+
+    [snapshot]                # when the state machine's state is saved and the log before it compacted
+    entries = 100000          # entries applied since the last snapshot
+    bytes = 268435456         # or body bytes applied since the last snapshot, whichever comes first
+    keep = 2                  # snapshots kept on disk (older ones are deleted)
 """
 
 from __future__ import annotations
@@ -55,8 +60,10 @@ _TOP_KEYS = {
     "raft",
     "limits",
     "state_machine",
+    "snapshot",
 }
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
+_SNAPSHOT_KEYS = {"entries": "snapshot_entries", "bytes": "snapshot_bytes", "keep": "snapshot_keep"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +79,9 @@ class NodeConfig:
     max_pending_entries: int = 20_000  # appends accepted but not yet committed (backpressure bound)
     max_body_bytes: int = 4 << 20
     state_machine: str = ""  # plugin: a built-in ("kv", "counter", "broker") or "module:factory"
+    snapshot_entries: int = 100_000  # take a snapshot after this many applied entries ...
+    snapshot_bytes: int = 256 << 20  # ... or this many applied body bytes, whichever comes first
+    snapshot_keep: int = 2  # snapshots kept on disk
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
@@ -106,6 +116,12 @@ class NodeConfig:
                 f"max_body_bytes must be in 1..{self.raft.segment_size // 2} (half a segment), "
                 f"got {self.max_body_bytes}"
             )
+        for name, lo in (("snapshot_entries", 1), ("snapshot_bytes", 1), ("snapshot_keep", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(
+                    f"[snapshot] {name.removeprefix('snapshot_')} must be an integer >= {lo}, got {v!r}"
+                )
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise ConfigError(f"data_dir {self.data_dir} exists and is not a directory")
 
@@ -158,6 +174,10 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
                 f"config file {path}: unknown keys {sorted(unknown)}; known: {sorted(_TOP_KEYS)}"
             )
     raft_raw = dict(raw.get("raft", {}))
+    snapshot = dict(raw.get("snapshot", {}))
+    bad_snapshot = set(snapshot) - set(_SNAPSHOT_KEYS)
+    if bad_snapshot:
+        raise ConfigError(f"[snapshot]: unknown keys {sorted(bad_snapshot)}; known: {sorted(_SNAPSHOT_KEYS)}")
     limits = dict(raw.get("limits", {}))
     bad_limits = set(limits) - _LIMIT_KEYS
     if bad_limits:
@@ -209,6 +229,12 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
         "state_machine",
     ):
         v = pick(name)
+        if v is not None:
+            kwargs[name] = v
+    for key, name in _SNAPSHOT_KEYS.items():
+        v = overrides.get(name)
+        if v is None:
+            v = snapshot.get(key)
         if v is not None:
             kwargs[name] = v
     for name in ("flush_interval_ms", "max_pending_entries", "max_body_bytes"):

@@ -53,6 +53,29 @@ class SnapshotInfo:
     def dirname(self) -> str:
         return f"{self.index:020d}-{self.term:020d}"
 
+    def to_json(self) -> bytes:
+        """The metadata as it travels ahead of the data in an InstallSnapshot stream (and sits in meta.json)."""
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> SnapshotInfo:
+        """Parse metadata received from a peer; anything malformed is a ``SnapshotError``."""
+        try:
+            fields = json.loads(raw)
+            info = cls(**fields)
+        except (ValueError, TypeError) as err:
+            raise SnapshotError(f"snapshot metadata is malformed: {err}") from err
+        ints = (info.index, info.term, info.chain_crc, info.end_pos, info.size)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints) or min(ints) < 0:
+            raise SnapshotError(f"snapshot metadata has a field that is not a non-negative integer: {fields}")
+        if (
+            not isinstance(info.state_machine, str)
+            or not isinstance(info.sha256, str)
+            or len(info.sha256) != 64
+        ):
+            raise SnapshotError(f"snapshot metadata names no state machine or no sha256: {fields}")
+        return info
+
 
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -109,8 +132,8 @@ class SnapshotStore:
         return self._publish(tmp, info)
 
     def _publish(self, tmp: Path, info: SnapshotInfo) -> SnapshotInfo:
-        with open(tmp / META, "w") as f:
-            json.dump(asdict(info), f)
+        with open(tmp / META, "wb") as f:
+            f.write(info.to_json())
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
@@ -202,7 +225,7 @@ class SnapshotInstall:
     def __init__(self, store: SnapshotStore, info: SnapshotInfo):
         self._store = store
         self.info = info
-        self._tmp = store.root / f"{_TMP_PREFIX}install-{info.index}-{os.getpid()}"
+        self._tmp = store.root / f"{_TMP_PREFIX}install-{info.index}-{os.getpid()}-{id(self):x}"
         shutil.rmtree(self._tmp, ignore_errors=True)
         self._tmp.mkdir()
         self._f = open(self._tmp / DATA, "wb")  # noqa: SIM115 (held across write() calls; closed in commit/abort)

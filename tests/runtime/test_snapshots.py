@@ -1,0 +1,317 @@
+"""Snapshots through the node, in process (real nodes, real gRPC, real file stores in tmp directories):
+
+- the policy takes a snapshot after ``snapshot_entries`` applied entries and compacts the log before it; reads
+  below the new first index get a clear "compacted" error;
+- a restarted node loads its snapshot and replays the log suffix: its state equals the others';
+- a follower that was down while the leader compacted comes back through InstallSnapshot (data streamed in
+  chunks, verified, loaded);
+- a corrupt snapshot is never loaded: with no older usable one, the node refuses to start and names the file;
+- an interrupted or corrupted install leaves the follower exactly as it was;
+- a read through the read index on a deposed (partitioned) leader never returns stale data.
+
+Small segments (4 KiB) make compaction delete whole segments after a few dozen entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from dledger.core.config import RaftConfig
+from dledger.core.messages import InstallSnapshot, Role, SnapshotMeta
+from dledger.errors import ConfigError, DLedgerError, InvalidRequestError, NotFoundError
+from dledger.node import Node
+from dledger.nodeconfig import NodeConfig
+from dledger.nodeconfig import load as load_config
+from dledger.transport.base import PeerUnreachableError, SnapshotChunk
+from statemachine import kv
+from statemachine.snapshot import DATA, META, SnapshotCorruptError, SnapshotInfo
+from tests.runtime.cluster import LocalGroup
+
+pytestmark = pytest.mark.timeout(90)
+
+SEGMENT = 4096
+# A small replication cache (max_inflight * max_append_bytes) so the leader cannot serve compacted entries
+# from memory and must send a snapshot.
+RAFT = RaftConfig(segment_size=SEGMENT, max_inflight=2, max_append_bytes=1024)
+SNAP = {"snapshot_entries": 40, "max_body_bytes": 1024}
+
+
+def _file_stores(pid):
+    return None, None  # the node opens a FileLogStore and an LMDB meta store in its data_dir
+
+
+def _group(tmp_path, **cfg):
+    return LocalGroup(
+        tmp_path, stores=_file_stores, state_machine=lambda pid: kv.KVStore(), raft=RAFT, **{**SNAP, **cfg}
+    )
+
+
+def _kv(node: Node) -> dict[bytes, bytes]:
+    return dict(node._state_machine.items())
+
+
+async def _put(leader: Node, start: int, n: int, batch: int = 10) -> dict[bytes, bytes]:
+    want = {}
+    for i in range(start, start + n, batch):
+        bodies = []
+        for k in range(i, min(i + batch, start + n)):
+            key, value = f"k{k % 37}".encode(), f"v{k}".encode() * 3
+            want[key] = value
+            bodies.append(kv.encode_put(key, value))
+        out = await leader.submit(bodies)
+        assert all(not isinstance(o, BaseException) for o in out), out
+    return want
+
+
+async def _restart(g: LocalGroup, pid: str, **kw) -> Node:
+    old = g.nodes[pid]
+    node = Node(old.config, rng=random.Random(7), state_machine=kv.KVStore(), **kw)
+    g.nodes[pid] = node
+    await node.start()
+    return node
+
+
+def _applied(g: LocalGroup) -> int:
+    return max(n.metadata().applied_index for n in g.nodes.values() if n.core is not None)
+
+
+def test_policy_snapshot_compacts_and_restart_loads_snapshot_plus_suffix(tmp_path):
+    async def run():
+        g = _group(tmp_path)
+        try:
+            await g.start()
+            leader = await g.leader()
+            want = await _put(leader, 0, 150)
+            await g.until(
+                lambda: all(n.stats["snapshots_taken"] >= 2 for n in g.nodes.values()), what="snapshots"
+            )
+            for n in g.nodes.values():
+                infos = n.snapshots.infos()
+                assert 1 <= len(infos) <= n.config.snapshot_keep
+                assert infos[-1].state_machine == "kv" and infos[-1].index >= 40
+                # Compaction moved the log's start to just after a snapshot, and whole segments went away.
+                first = n.log_store.first_index
+                assert first > 0 and any(i.index == first - 1 for i in infos)
+            first = leader.log_store.first_index
+            with pytest.raises(NotFoundError, match="compacted"):
+                leader.get(first - 1)
+            assert leader.get(first).index == first
+
+            # A follower restarts: snapshot + log suffix, then catches up with what was written meanwhile.
+            pid = next(p for p, n in g.nodes.items() if n is not leader)
+            await g.nodes[pid].stop()
+            want.update(await _put(leader, 150, 25))
+            node = await _restart(g, pid)
+            assert node.metadata().applied_index >= node.snapshots.infos()[-1].index
+            target = leader.metadata().applied_index
+            await g.until(lambda: node.metadata().applied_index >= target, what="restarted node catches up")
+            assert _kv(node) == _kv(leader) == want
+        finally:
+            await g.stop()
+
+    asyncio.run(run())
+
+
+def test_follower_down_while_leader_compacts_comes_back_by_install_snapshot(tmp_path):
+    async def run():
+        g = _group(tmp_path)
+        try:
+            await g.start()
+            leader = await g.leader()
+            want = await _put(leader, 0, 10)
+            pid = next(p for p, n in g.nodes.items() if n is not leader)
+            await g.until(lambda: g.nodes[pid].metadata().applied_index >= 9, what="follower applied")
+            await g.nodes[pid].stop()
+            want.update(await _put(leader, 10, 200))
+            await g.until(
+                lambda: leader.log_store.first_index > 20, what="leader compacted past the follower"
+            )
+            node = await _restart(g, pid)
+            await g.until(lambda: node.stats["snapshots_installed"] >= 1, what="snapshot installed")
+            target = leader.metadata().applied_index
+            await g.until(
+                lambda: node.metadata().applied_index >= target, what="installed follower catches up"
+            )
+            assert _kv(node) == want
+            assert node.log_store.first_index > 20  # its log restarted after the snapshot
+            # And it keeps following from the log afterwards.
+            want.update(await _put(leader, 210, 20))
+            target = leader.metadata().applied_index
+            await g.until(lambda: node.metadata().applied_index >= target, what="follows the log again")
+            assert _kv(node) == want
+        finally:
+            await g.stop()
+
+    asyncio.run(run())
+
+
+def test_corrupt_snapshot_without_a_usable_older_one_is_refused(tmp_path):
+    async def run():
+        g = _group(tmp_path)
+        try:
+            await g.start()
+            leader = await g.leader()
+            await _put(leader, 0, 100)
+            pid = next(p for p, n in g.nodes.items() if n is not leader)
+            node = g.nodes[pid]
+            await g.until(
+                lambda: (
+                    node.snapshots.infos()
+                    and node.log_store.first_index == node.snapshots.infos()[-1].index + 1
+                ),
+                what="follower snapshot and compaction",
+            )
+            await node.stop()
+            newest = node.snapshots.infos()[-1]
+            path = node.snapshots.root / newest.dirname / DATA
+            raw = bytearray(path.read_bytes())
+            raw[len(raw) // 2] ^= 0xFF
+            path.write_bytes(bytes(raw))
+            fresh = Node(node.config, rng=random.Random(3), state_machine=kv.KVStore())
+            with pytest.raises(SnapshotCorruptError, match="checksum mismatch") as err:
+                await fresh.start()
+            assert str(path) in str(err.value)
+            await fresh.stop()
+        finally:
+            await g.stop()
+
+    asyncio.run(run())
+
+
+async def _stream(info: SnapshotInfo, data: bytes, *, cut: int | None = None) -> AsyncIterator[SnapshotChunk]:
+    yield SnapshotChunk(META, 0, info.to_json())
+    end = len(data) if cut is None else cut
+    step = 64
+    for off in range(0, end, step):
+        piece = data[off : min(off + step, end)]
+        yield SnapshotChunk(DATA, off, piece, cut is None and off + len(piece) >= len(data))
+    if cut is not None:
+        raise ConnectionResetError("the leader went away mid-transfer")
+
+
+def test_interrupted_or_corrupt_install_leaves_the_follower_as_it_was(tmp_path):
+    async def run():
+        g = _group(tmp_path, snapshot_entries=100_000)
+        try:
+            await g.start()
+            leader = await g.leader()
+            await _put(leader, 0, 10)
+            pid = next(p for p, n in g.nodes.items() if n is not leader)
+            follower = g.nodes[pid]
+            await g.until(lambda: follower.metadata().applied_index >= 9, what="follower applied")
+            await follower.stop()
+            await _put(leader, 10, 60)
+            info = await leader.take_snapshot()
+            assert info is not None and info.index > 60
+            data = b"".join(leader.snapshots.chunks(info))
+            # Restart the follower cut off from the group, so only this test's streams reach it.
+            follower = await _restart(g, pid, serve=False)
+            follower._transport.deliver = _unreachable
+            follower._transport.call = _unreachable
+            before = (_kv(follower), follower.metadata().applied_index, follower.log_store.last_index)
+            snaps_before = follower.snapshots.infos()
+            meta = SnapshotMeta(info.index, info.term, info.chain_crc, info.end_pos)
+            msg = InstallSnapshot(leader.core.term, leader.id, pid, meta)
+
+            def unchanged():
+                assert (
+                    _kv(follower),
+                    follower.metadata().applied_index,
+                    follower.log_store.last_index,
+                ) == before
+                assert follower.snapshots.infos() == snaps_before
+                assert not [p for p in follower.snapshots.root.iterdir() if p.name.startswith(".tmp-")]
+
+            with pytest.raises(ConnectionResetError):
+                await follower.handle_snapshot(msg, _stream(info, data, cut=len(data) // 2))
+            unchanged()
+            bad = bytearray(data)
+            bad[-1] ^= 0x01
+            with pytest.raises(InvalidRequestError, match="checksum"):
+                await follower.handle_snapshot(msg, _stream(info, bytes(bad)))
+            unchanged()
+            with pytest.raises(InvalidRequestError, match="runs 'kv'"):
+                other = SnapshotInfo(**{**_fields(info), "state_machine": "counter"})
+                await follower.handle_snapshot(msg, _stream(other, data))
+            unchanged()
+
+            replies = await follower.handle_snapshot(msg, _stream(info, data))
+            assert replies and replies[0].success and replies[0].match_index == info.index
+            assert follower.metadata().applied_index == info.index
+            assert _kv(follower) == _kv(leader)
+            assert follower.snapshots.infos()[-1] == info
+            await g.until(lambda: follower.log_store.first_index == info.index + 1, what="log reset")
+        finally:
+            await g.stop()
+
+    asyncio.run(run())
+
+
+async def _unreachable(*a, **kw):
+    raise PeerUnreachableError("?", "?", "cut off by the test")
+
+
+def _fields(info: SnapshotInfo) -> dict:
+    return {f: getattr(info, f) for f in SnapshotInfo.__slots__}
+
+
+def test_read_index_on_a_deposed_leader_never_returns_stale_data(tmp_path):
+    async def run():
+        g = LocalGroup(tmp_path, state_machine=lambda pid: kv.KVStore())
+        try:
+            await g.start()
+            old = await g.leader()
+            await old.submit([kv.encode_put(b"k", b"old")])
+            assert await old.linearizable_read(lambda s: s.get(b"k")) == b"old"
+
+            # Partition the leader: nothing it sends arrives, nothing sent to it is handled.
+            async def refuse(*a, **kw):
+                raise DLedgerError("partitioned by the test")
+
+            old._transport.deliver = _unreachable
+            old._transport.call = _unreachable
+            old._transport.install_snapshot = _unreachable
+            old.handle_message = refuse
+            old.handle_batch = refuse
+            others = [n for n in g.nodes.values() if n is not old]
+
+            async def new_leader():
+                await g.until(
+                    lambda: any(n.core.role is Role.LEADER for n in others),
+                    what="a new leader among the others",
+                )
+                return next(n for n in others if n.core.role is Role.LEADER)
+
+            new = await new_leader()
+            await new.submit([kv.encode_put(b"k", b"new")])
+            # The old leader's local state still says "old"; a linearizable read must not return it.
+            assert old._state_machine.get(b"k") == b"old"
+            with pytest.raises(DLedgerError) as err:
+                await old.linearizable_read(lambda s: s.get(b"k"))
+            assert err.value.retriable
+            assert await new.linearizable_read(lambda s: s.get(b"k")) == b"new"
+        finally:
+            await g.stop()
+
+    asyncio.run(run())
+
+
+def test_snapshot_settings_are_validated(tmp_path):
+    peers = {"n0": "127.0.0.1:20911"}
+    with pytest.raises(ConfigError, match="entries must be an integer >= 1"):
+        NodeConfig("n0", peers, tmp_path, snapshot_entries=0)
+    with pytest.raises(ConfigError, match="keep"):
+        NodeConfig("n0", peers, tmp_path, snapshot_keep=0)
+    f = tmp_path / "n.toml"
+    f.write_text(
+        'id = "n0"\ndata_dir = "d"\n[peers]\nn0 = "127.0.0.1:20911"\n[snapshot]\nentries = 7\nbytes = 9\n'
+    )
+    cfg = load_config(f)
+    assert (cfg.snapshot_entries, cfg.snapshot_bytes, cfg.snapshot_keep) == (7, 9, 2)
+    f.write_text('id = "n0"\ndata_dir = "d"\n[peers]\nn0 = "127.0.0.1:20911"\n[snapshot]\nevery = 7\n')
+    with pytest.raises(ConfigError, match="unknown keys"):
+        load_config(f)
