@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from array import array
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,13 +52,15 @@ class ProducerState:
 
     last_seq: int = -1
     recent: dict[int, Dispatched] = field(default_factory=dict)
+    order: deque[int] = field(default_factory=deque)  # sequences of ``recent`` in log order
 
     def record(self, seq: int, d: Dispatched) -> None:
         self.last_seq = max(self.last_seq, seq)
+        if seq not in self.recent:
+            self.order.append(seq)
         self.recent[seq] = d
-        if len(self.recent) > PRODUCER_WINDOW:
-            for old in sorted(self.recent)[: len(self.recent) - PRODUCER_WINDOW]:
-                del self.recent[old]
+        if len(self.order) > PRODUCER_WINDOW:
+            del self.recent[self.order.popleft()]  # the oldest in log order: the same on every node
 
 
 class BrokerStateMachine:
@@ -123,7 +126,7 @@ class BrokerStateMachine:
             return d
         # Sequences may arrive out of order (concurrent sends) or never (a failed send): only a full window
         # says that a sequence below it was forgotten rather than never stored.
-        return len(st.recent) >= PRODUCER_WINDOW and seq < min(st.recent)
+        return len(st.order) >= PRODUCER_WINDOW and seq < st.order[0]
 
     # -- apply ---------------------------------------------------------------------------------------------
     def apply(self, entries: Sequence[CommittedEntry]) -> list[Any]:
@@ -238,7 +241,7 @@ class BrokerStateMachine:
             "offsets": [[g, t, q, o] for (g, t, q), o in sorted(self.offsets.items())],
             "queues": [[t, q, n] for (t, q), n in sorted(self.next_offsets.items())],
             "producers": [
-                [pid, st.last_seq, [[seq, *_dispatched_row(d)] for seq, d in sorted(st.recent.items())]]
+                [pid, st.last_seq, [[seq, *_dispatched_row(st.recent[seq])] for seq in st.order]]
                 for pid, st in sorted(self.producers.items())
             ],
             "applied_index": self.applied_index,
@@ -252,7 +255,11 @@ class BrokerStateMachine:
         self.offsets = {(g, t, int(q)): int(o) for g, t, q, o in state["offsets"]}
         self.next_offsets = {(t, int(q)): int(n) for t, q, n in state["queues"]}
         self.producers = {
-            pid: ProducerState(int(last), {int(row[0]): Dispatched(*row[1:]) for row in recent})
+            pid: ProducerState(
+                int(last),
+                {int(row[0]): Dispatched(*row[1:]) for row in recent},
+                deque(int(row[0]) for row in recent),
+            )
             for pid, last, recent in state.get("producers", [])
         }
         self.applied_index = int(state.get("applied_index", -1))

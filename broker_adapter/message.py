@@ -26,6 +26,7 @@ Pure functions only: the broker, the Spark audit and the tests share this module
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -93,6 +94,7 @@ def body_crc(body: bytes | memoryview) -> int:
     return zlib.crc32(body) & 0x7FFFFFFF
 
 
+@functools.lru_cache(maxsize=4096)
 def java_string_hash(s: str) -> int:
     """Java's String.hashCode (over UTF-16 code units, 32-bit wrap): RocketMQ's tags code."""
     h = 0
@@ -128,6 +130,7 @@ def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
     return props
 
 
+@functools.lru_cache(maxsize=256)
 def _host(host: tuple[str, int]) -> bytes:
     ip, port = host
     parts = ip.split(".")
@@ -285,16 +288,32 @@ def _properties_view(buf: bytes | bytearray | memoryview) -> bytes:
     return bytes(buf[off + 2 : n])
 
 
+_PRODUCER_KEY: Final = (PROPERTY_PRODUCER_ID + NAME_VALUE_SEPARATOR).encode()
+_SEQUENCE_KEY: Final = (PROPERTY_SEQUENCE + NAME_VALUE_SEPARATOR).encode()
+
+
+def _property(raw: bytes, key: bytes) -> bytes | None:
+    """The value of the property whose ``name\x01`` is ``key``, found without decoding the others."""
+    at = raw.find(key)
+    while at > 0 and raw[at - 1] != 2:  # inside another property's value: look further
+        at = raw.find(key, at + 1)
+    if at < 0:
+        return None
+    start = at + len(key)
+    end = raw.find(b"\x02", start)
+    return raw[start : end if end >= 0 else len(raw)]
+
+
 def peek_producer(buf: bytes | bytearray | memoryview) -> tuple[str, int] | None:
     """(PRODUCER_ID, PRODUCER_SEQ) of an encoded message from an idempotent producer, else None.
 
     Reads only the properties section; a malformed sequence is treated as absent (the message is then not
     deduplicated, never rejected at dispatch)."""
     raw = _properties_view(buf)
-    if not raw or PROPERTY_PRODUCER_ID.encode() not in raw:
+    pid = _property(raw, _PRODUCER_KEY)
+    if not pid:
         return None
-    props = decode_properties(raw)
-    pid, seq = props.get(PROPERTY_PRODUCER_ID), props.get(PROPERTY_SEQUENCE)
-    if not pid or seq is None or not seq.isdigit():
+    seq = _property(raw, _SEQUENCE_KEY)
+    if seq is None or not seq.isdigit():
         return None
-    return pid, int(seq)
+    return pid.decode(), int(seq)

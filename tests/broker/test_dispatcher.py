@@ -109,3 +109,28 @@ def test_snapshot_round_trip_and_truncate_beyond(tmp_path):
     with pytest.raises(DispatchError, match="rebuild"):
         again.load_snapshot(io.BytesIO(buf.getvalue()))
     again.close()
+
+
+def test_producer_table_is_bounded_and_survives_a_snapshot(tmp_path, monkeypatch):
+    from broker_adapter import dispatcher
+
+    monkeypatch.setattr(dispatcher, "PRODUCER_WINDOW", 3)
+    sm = BrokerStateMachine(tmp_path / "cq")
+    log = Log()
+    sm.apply(log.entries([commands.encode(commands.CreateTopic("t", 1))]))
+    for seq in range(5):
+        props = {message.PROPERTY_PRODUCER_ID: "p1", message.PROPERTY_SEQUENCE: str(seq)}
+        raw = bytearray(message.encode(message.Message(topic="t", body=b"b", properties=props)))
+        message.patch_offsets(raw, seq, log.pos + 48)
+        sm.apply(log.entries([bytes(raw)]))
+    assert sm.sent("p1", 4).queue_offset == 4
+    assert sm.sent("p1", 0) is True, "older than the window: known as sent, result forgotten"
+    assert sm.sent("p1", 5) is False and sm.sent("p2", 0) is False
+    buf = io.BytesIO()
+    sm.save_snapshot(buf)
+    sm.close()
+    again = BrokerStateMachine(tmp_path / "cq")
+    again.load_snapshot(io.BytesIO(buf.getvalue()))
+    assert [again.sent("p1", s) for s in range(6)] == [sm.sent("p1", s) for s in range(6)]
+    assert again.next_offset("t", 0) == 5
+    again.close()

@@ -1,0 +1,162 @@
+"""Benchmark: the broker on a real three-node group (separate processes on 127.0.0.1, flush "sync").
+
+Measured in one run, each figure next to its baseline:
+
+- produce throughput with 1 KiB messages, batch 1 / 32 / 256 (one producer), against raw DLedger appends of
+  bodies of the same encoded size and the same batch size (the issue's target: batched produce within 70% of raw
+  append throughput);
+- consume throughput: pulls of up to 1024 messages from the leader, against the same node's raw committed reads
+  through ``Get`` (issue target: 100k messages/s);
+- end-to-end latency: send to delivery to a long-polling consumer, one message at a time (moderate load),
+  p50/p99 (issue target: p99 under 20 ms).
+
+    python -m bench.broker [--scale 1.0] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from broker_adapter import message
+from broker_adapter.client import BrokerConnection, Consumer, Producer
+from dledger import group as grp
+from dledger.client import DLedgerClient
+
+BODY = bytes(range(256)) * 4  # 1 KiB
+TOPIC = "bench"
+QUEUES = 4
+
+
+def rate(n: int, seconds: float) -> float:
+    return n / seconds if seconds > 0 else float("inf")
+
+
+def raw_append(addresses: list[str], n: int, batch: int, size: int) -> float:
+    with DLedgerClient(addresses) as c:
+        body = b"r" * size
+        c.append_batch([body])  # warm the connection
+        t0 = time.perf_counter()
+        for i in range(0, n, batch):
+            c.append_batch([body] * min(batch, n - i))
+        return rate(n, time.perf_counter() - t0)
+
+
+def produce(addresses: list[str], n: int, batch: int) -> float:
+    with Producer(addresses) as p:
+        p.send(TOPIC, BODY)
+        t0 = time.perf_counter()
+        for i in range(0, n, batch):
+            p.send_batch(TOPIC, [BODY] * min(batch, n - i))
+        return rate(n, time.perf_counter() - t0)
+
+
+def consume(address: str, total_per_queue: list[int]) -> float:
+    with Consumer([address], "bench-consume") as c:
+        c.pull(TOPIC, 0, 0, 1)
+        got = 0
+        t0 = time.perf_counter()
+        for q, end in enumerate(total_per_queue):
+            off = 0
+            while off < end:
+                msgs = c.pull(TOPIC, q, off, 1024)
+                off += len(msgs)
+                got += len(msgs)
+        return rate(got, time.perf_counter() - t0)
+
+
+def raw_get(addresses: list[str], n: int) -> float:
+    with DLedgerClient(addresses) as c:
+        last = c.metadata().commit_index
+        t0 = time.perf_counter()
+        for i in range(max(0, last - n + 1), last + 1):
+            c.get(i)
+        return rate(min(n, last + 1), time.perf_counter() - t0)
+
+
+def latency(addresses: list[str], n: int) -> list[float]:
+    """Send one message at a time to queue 0; a long-polling consumer records when each arrives."""
+    with BrokerConnection(addresses) as c:
+        start = {t.topic: t for t in c.list_topics()}[TOPIC].max_offsets[0]
+    sent_at: dict[str, float] = {}
+    delays: list[float] = []
+    done = threading.Event()
+
+    def consumer() -> None:
+        with Consumer(addresses, "bench-latency") as c:
+            off = start
+            while len(delays) < n and not done.is_set():
+                for m in c.pull(TOPIC, 0, off, 64, wait_ms=1000):
+                    now = time.perf_counter()
+                    off = m.queue_offset + 1
+                    t = sent_at.get(m.msg_id)
+                    if t is not None:
+                        delays.append(now - t)
+
+    th = threading.Thread(target=consumer)
+    th.start()
+    with Producer(addresses) as p:
+        for _ in range(n):
+            om = p.outgoing(TOPIC, BODY)
+            om.queue_id = 0
+            sent_at[om.msg_id] = time.perf_counter()
+            p.send_messages(TOPIC, [om])
+            time.sleep(0.002)  # moderate load: one message every ~2 ms plus the send itself
+    deadline = time.monotonic() + 30
+    while len(delays) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    done.set()
+    th.join(5)
+    return delays
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    ap.add_argument("--dir", type=Path, default=None)
+    args = ap.parse_args()
+    s = args.scale
+    tmp = None
+    d = args.dir
+    if d is None:
+        tmp = tempfile.TemporaryDirectory(prefix="bench-broker-")
+        d = Path(tmp.name)
+    g, _ = grp.up(d, 3, None, state_machine="broker")
+    try:
+        addrs = g.addresses
+        with BrokerConnection(addrs) as c:
+            c.create_topic(TOPIC, QUEUES)
+        size = message.encoded_size(TOPIC, len(BODY), {"x" * 40: "y" * 120})  # about a real message's size
+        print(f"3-node group, flush sync, 1 KiB bodies (~{size} bytes per message entry)")
+        print(f"{'run':<28}{'msg/s':>12}{'raw append/s':>16}{'ratio':>9}")
+        for batch, n in ((1, int(1000 * s)), (32, int(8192 * s)), (256, int(16384 * s))):
+            raw = raw_append(addrs, n, batch, size)
+            prod = produce(addrs, n, batch)
+            print(f"{'produce batch ' + str(batch):<28}{prod:>12,.0f}{raw:>16,.0f}{prod / raw:>9.2f}")
+        with BrokerConnection(addrs) as c:
+            ends = list({t.topic: t for t in c.list_topics()}[TOPIC].max_offsets)
+            leader = grp.wait_for_leader(g).address
+        cons = consume(leader, ends)
+        raw = raw_get([leader], min(2000, sum(ends)))
+        print(
+            f"{'consume (pull 1024)':<28}{cons:>12,.0f}{raw:>16,.0f}{cons / raw:>9.2f}   (baseline: raw Get/s)"
+        )
+        delays = sorted(latency(addrs, int(500 * s)))
+        if delays:
+            p50 = statistics.median(delays) * 1000
+            p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))] * 1000
+            print(
+                f"end-to-end latency (send -> long-poll delivery), {len(delays)} msgs: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+            )
+    finally:
+        grp.stop_group(g)
+        if tmp is not None:
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
