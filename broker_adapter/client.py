@@ -162,9 +162,9 @@ class Producer(BrokerConnection):
     def __init__(self, servers: Sequence[str], producer_id: str | None = None, **kw):
         super().__init__(servers, **kw)
         self.producer_id = producer_id or uuid.uuid4().hex
-        self._seq = 0
+        self._seq = itertools.count()  # thread-safe in CPython: one producer may be shared by threads
         self._queues: dict[str, int] = {}
-        self._rr = 0
+        self._rr = itertools.count(1)
 
     def _queue_count(self, topic: str) -> int:
         n = self._queues.get(topic)
@@ -180,15 +180,13 @@ class Producer(BrokerConnection):
         n = self._queue_count(topic)
         if keys:
             return zlib.crc32(keys[0].encode()) % n
-        self._rr += 1
-        return self._rr % n
+        return next(self._rr) % n
 
     def outgoing(
         self, topic: str, body: bytes, tags: str | None = None, keys: Sequence[str] | None = None
     ) -> broker_pb2.OutgoingMessage:
         """A numbered message (its sequence is fixed now, so every retry of it is recognised)."""
-        seq = self._seq
-        self._seq += 1
+        seq = next(self._seq)
         return broker_pb2.OutgoingMessage(
             queue_id=self._select(topic, keys),
             body=body,

@@ -54,6 +54,7 @@ class BrokerPlugin:
             self.state_machine, read_entries, lambda: self.state_machine.applied_index
         )
         self.servicer = service.BrokerServicer(node, self.state_machine, self.allocator)
+        node.add_role_listener(self.servicer.role_changed)
         broker_pb2_grpc.add_BrokerServicer_to_server(self.servicer, server)
         return service.service_names()
 

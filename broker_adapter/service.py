@@ -48,6 +48,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._waiters: dict[tuple[str, int], asyncio.Event] = {}
         self._applied_event: asyncio.Event | None = None
         self._inflight: dict[tuple[str, int], asyncio.Future] = {}
+        # Read barrier: a new leader answers from its dispatched state only once it has applied everything up to
+        # its own first entry of the term (so nothing committed by earlier leaders is missing from its answers).
+        self._barrier: tuple[int, int] = (-1, -1)  # (term, index of the leader's first entry in that term)
+        self._barrier_passed_term = -1
 
     # -- hooks ---------------------------------------------------------------------------------------------
     def dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
@@ -59,6 +63,30 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         if ev is not None:
             self._applied_event = None
             ev.set()
+
+    def role_changed(self, role: Role, term: int) -> None:
+        if role is Role.LEADER:
+            self._barrier = (term, self._node.log_store.last_index)
+
+    async def _leader_state(self, timeout_s: float = 5.0) -> int:
+        """The leader's term once its dispatched state includes everything earlier leaders committed."""
+        term = self._require_leader()
+        if self._barrier_passed_term == term:
+            return term
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            barrier_term, index = self._barrier
+            if barrier_term == term and self._node.metadata().applied_index >= index:
+                self._barrier_passed_term = term
+                return term
+            if loop.time() >= deadline:
+                raise UnavailableError(
+                    f"node {self._node.id} became the leader but has not applied its log up to index {index} yet; "
+                    "retry shortly"
+                )
+            await asyncio.sleep(0.005)
+            term = self._require_leader()  # leadership may have moved meanwhile
 
     # -- helpers -------------------------------------------------------------------------------------------
     async def _abort(self, context: grpc.aio.ServicerContext, err: DLedgerError) -> None:
@@ -127,6 +155,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     async def _send(self, request) -> broker_pb2.SendResponse:
         topic = request.topic
+        try:
+            commands.check_topic(topic)
+        except commands.CommandError as e:
+            raise InvalidRequestError(str(e)) from None
+        await self._leader_state()  # a follower redirects before judging a topic by its possibly stale state
         queues = self._queues_of(topic)
         msgs = list(request.messages)
         if not msgs or len(msgs) > MAX_SEND_BATCH:
@@ -260,9 +293,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             raise InvalidRequestError(f"max_messages must be in 1..{MAX_PULL_MESSAGES}, got {max_messages}")
         if not 0 <= request.max_wait_ms <= MAX_WAIT_MS:
             raise InvalidRequestError(f"max_wait_ms must be in 0..{MAX_WAIT_MS}, got {request.max_wait_ms}")
-        if not request.allow_follower:
-            self._require_leader()
+        leader = not request.allow_follower or self._node.core.role is Role.LEADER
+        if leader:
+            await self._leader_state()
         end = self._sm.next_offset(topic, qid)
+        if offset > end and not leader:
+            return broker_pb2.PullResponse(next_offset=offset, max_offset=end)  # a lagging follower
         if offset > end:
             raise InvalidRequestError(
                 f"offset {offset} is beyond the end of {topic}/{qid} ({end}) on node {self._node.id}"
@@ -334,7 +370,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def ListTopics(self, request, context):
         try:
             if not request.allow_follower:
-                self._require_leader()
+                await self._leader_state()
             out = broker_pb2.ListTopicsResponse()
             for t, n in sorted(self._sm.topics.items()):
                 out.topics.add(topic=t, queues=n, max_offsets=[self._sm.next_offset(t, q) for q in range(n)])
@@ -348,6 +384,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 commands.check_group(request.group)
             except commands.CommandError as e:
                 raise InvalidRequestError(str(e)) from None
+            await self._leader_state()
             self._check_queue(request.topic, request.queue_id)
             end = self._sm.next_offset(request.topic, request.queue_id)
             if not 0 <= request.offset <= end:
@@ -373,9 +410,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 commands.check_group(request.group)
             except commands.CommandError as e:
                 raise InvalidRequestError(str(e)) from None
-            self._check_queue(request.topic, request.queue_id)
             if not request.allow_follower:
-                self._require_leader()
+                await self._leader_state()
+            self._check_queue(request.topic, request.queue_id)
             if not any(g == request.group for g, _, _ in self._sm.offsets):
                 raise NotFoundError(f"unknown consumer group {request.group!r}: it never committed an offset")
             o = self._sm.committed_offset(request.group, request.topic, request.queue_id)
