@@ -47,7 +47,9 @@ class CommitLog:
             index = self.locate(commitlog_offset, hi_index)
             e = self._log.entry(index)
         except (Compacted, IndexOutOfRange) as err:
-            raise CommitLogError(f"CommitLog offset {commitlog_offset}: {err}") from err
+            raise CommitLogError(
+                f"CommitLog offset {commitlog_offset} is not in this node's log: {err}"
+            ) from err
         if e.pos + HEADER_SIZE != commitlog_offset or e.header.body_length != size or e.magic != MAGIC_NORMAL:
             raise CommitLogError(
                 f"CommitLog offset {commitlog_offset} (size {size}) does not match entry {index} at pos {e.pos} "

@@ -87,6 +87,30 @@ class ConsumeQueue:
         self.max_offset = q + 1
         return q
 
+    def put(self, queue_offset: int, commitlog_offset: int, size: int, tags_code: int) -> None:
+        """Fill the unit of an offset below ``max_offset`` (a hole left by ``skip_to``)."""
+        if not 0 <= queue_offset < self.max_offset:
+            raise IndexError(
+                f"{self.topic}/{self.queue_id}: put at {queue_offset} outside [0, {self.max_offset})"
+            )
+        byte = queue_offset * UNIT_SIZE
+        start = byte - byte % self._file_size
+        os.pwrite(self._fd(start), UNIT.pack(commitlog_offset, size, tags_code), byte - start)
+        self._dirty.add(start)
+
+    def skip_to(self, queue_offset: int) -> None:
+        """Make the queue end at ``queue_offset`` with zero units (size 0: not held here) in between: the
+        messages before a snapshot that the log no longer holds. The hole is kept on disk (a sparse file)."""
+        if queue_offset <= self.max_offset:
+            return
+        byte = queue_offset * UNIT_SIZE
+        start = (byte - 1) - (byte - 1) % self._file_size
+        fd = self._fd(start)
+        if os.fstat(fd).st_size < byte - start:
+            os.ftruncate(fd, byte - start)
+        self._dirty.add(start)
+        self.max_offset = queue_offset
+
     def truncate(self, queue_offset: int) -> int:
         """Remove units at ``queue_offset`` and after; returns how many were removed."""
         if queue_offset >= self.max_offset:

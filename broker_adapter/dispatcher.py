@@ -20,7 +20,7 @@ import json
 from array import array
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Final
@@ -83,6 +83,7 @@ class BrokerStateMachine:
         self.producers: dict[str, ProducerState] = {}
         self.applied_index = -1  # the last entry given to ``apply`` (with the apply loop's, after a restore)
         self.duplicates = 0  # messages whose (producer, sequence) was already in the log: should stay 0
+        self.short_queues: dict[tuple[str, int], int] = {}  # after a snapshot: queues with a hole to repair
         # CommitLog offset -> index for messages dispatched since start (positions grow with the index).
         self._positions = array("q")
         self._indices = array("q")
@@ -265,11 +266,35 @@ class BrokerStateMachine:
         self.applied_index = int(state.get("applied_index", -1))
         self.duplicates = int(state.get("duplicates", 0))
         for t, q, max_offset in state["queues"]:
-            if self.queue(t, int(q)).max_offset < max_offset:
-                raise DispatchError(
-                    f"{t}/{q}: ConsumeQueue ends at {self.queue(t, int(q)).max_offset} but the snapshot covers "
-                    f"{max_offset} units; rebuild the ConsumeQueue from the log"
-                )
+            cq = self.queue(t, int(q))
+            if cq.max_offset < max_offset:
+                # Units the snapshot covers are missing (deleted files, or a snapshot installed from the leader):
+                # leave a hole so dispatch continues at the right offset; ``repair`` fills it from the log.
+                self.short_queues[(t, int(q))] = max_offset
+                cq.skip_to(max_offset)
+
+    def repair(self, entries: Iterable[tuple[int, int, bytes | memoryview]]) -> int:
+        """Fill holes of short ConsumeQueues from log entries (index, pos, body) at or before the snapshot
+        point; returns the units written. What the log no longer holds stays a hole (reads say so)."""
+        written = 0
+        for _, pos, body in entries:
+            if not self.short_queues:
+                break
+            if not commands.is_message(body):
+                continue
+            r = message.peek_route(body)
+            target = self.short_queues.get((r.topic, r.queue_id))
+            if target is None or r.queue_offset >= target:
+                continue
+            cq = self.queue(r.topic, r.queue_id)
+            held = cq.read(
+                r.queue_offset, 1
+            )  # empty in a hole's missing file, a size-0 unit in its sparse part
+            if not held or held[0].size == 0:
+                cq.put(r.queue_offset, pos + HEADER_SIZE, r.size, message.tags_code(r.tags))
+                written += 1
+        self.short_queues.clear()
+        return written
 
     def close(self) -> None:
         for cq in self._queues.values():

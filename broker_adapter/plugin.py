@@ -40,16 +40,13 @@ class BrokerPlugin:
             self.state_machine.applied_index = node.metadata().applied_index if node.core is not None else -1
 
         def read_entries(lo: int, hi: int) -> Iterator[tuple[int, memoryview]]:
-            hi = min(hi, log.last_index)
-            while lo <= hi:
-                batch = log.entries(lo, hi + 1, _SCAN_BYTES)
-                if not batch:
-                    return
-                for e in batch:
-                    if e.magic == MAGIC_NORMAL:
-                        yield e.index, e.body
-                lo = batch[-1].index + 1
+            return ((e.index, e.body) for e in _scan(log, lo, min(hi, log.last_index)))
 
+        if self.state_machine.short_queues:
+            # The snapshot covers units this node's ConsumeQueues lack: rebuild them from the log where it can.
+            self.state_machine.repair(
+                (e.index, e.pos, e.body) for e in _scan(log, log.first_index, log.last_index)
+            )
         self.allocator = QueueOffsetAllocator(
             self.state_machine, read_entries, lambda: self.state_machine.applied_index
         )
@@ -57,6 +54,19 @@ class BrokerPlugin:
         node.add_role_listener(self.servicer.role_changed)
         broker_pb2_grpc.add_BrokerServicer_to_server(self.servicer, server)
         return service.service_names()
+
+
+def _scan(log: Any, lo: int, hi: int) -> Iterator[Any]:
+    """The normal entries of ``log`` in [lo, hi], read in bounded chunks."""
+    lo = max(lo, log.first_index)
+    while lo <= hi:
+        batch = log.entries(lo, hi + 1, _SCAN_BYTES)
+        if not batch:
+            return
+        for e in batch:
+            if e.magic == MAGIC_NORMAL:
+                yield e
+        lo = batch[-1].index + 1
 
 
 def make(config: Any) -> BrokerPlugin:

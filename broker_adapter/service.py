@@ -326,12 +326,24 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         while got < n:
             units = cq.read(offset + got, n - got)
             if not units:
-                break
+                if got:
+                    break
+                raise NotFoundError(
+                    f"{topic}/{qid} offset {offset} precedes node {self._node.id}'s snapshot and its log no longer "
+                    "holds it"
+                )
             for u in units:
+                if u.size == 0:
+                    raise NotFoundError(
+                        f"{topic}/{qid} offset {u.queue_offset} precedes node {self._node.id}'s snapshot and its "
+                        "log no longer holds it"
+                    )
                 try:
                     _, raw = self._commitlog.get(u.commitlog_offset, u.size, hi)
                     m = message.decode(raw)
-                except (CommitLogError, message.MessageFormatError) as e:
+                except CommitLogError as e:
+                    raise NotFoundError(f"{topic}/{qid} offset {u.queue_offset}: {e}") from None
+                except message.MessageFormatError as e:
                     raise DLedgerError(f"{topic}/{qid} offset {u.queue_offset}: {e}") from None
                 out.messages.add(
                     topic=m.topic,

@@ -88,26 +88,54 @@ def test_replay_is_idempotent_and_conflicts_are_named(tmp_path):
     sm.close()
 
 
-def test_snapshot_round_trip_and_truncate_beyond(tmp_path):
+def test_snapshot_round_trip_truncate_beyond_and_repair(tmp_path):
     sm = BrokerStateMachine(tmp_path / "cq")
     log = Log()
     sm.apply(log.entries([commands.encode(commands.CreateTopic("t", 1))]))
-    ends = []
+    ends, entries = [], []
     for q in range(5):
-        sm.apply(log.entries([log.msg("t", 0, q)]))
+        entries += log.entries([log.msg("t", 0, q)])
+        sm.apply(entries[-1:])
         ends.append(log.pos)
     sm.apply(log.entries([commands.encode(commands.CommitOffset("g", "t", 0, 3))]))
     buf = io.BytesIO()
     sm.save_snapshot(buf)
+    units = sm.queue("t", 0).read(0, 5)
     sm.close()
 
     again = BrokerStateMachine(tmp_path / "cq")
     again.load_snapshot(io.BytesIO(buf.getvalue()))
     assert again.topics == {"t": 1} and again.committed_offset("g", "t", 0) == 3
+    assert not again.short_queues
     assert again.truncate_beyond(ends[2]) == 2  # the log now ends after the third message
     assert again.max_offset("t", 0) == 3
-    with pytest.raises(DispatchError, match="rebuild"):
-        again.load_snapshot(io.BytesIO(buf.getvalue()))
+    # A snapshot covering units the ConsumeQueue lacks leaves a hole (size-0 units) and asks for a repair.
+    again.load_snapshot(io.BytesIO(buf.getvalue()))
+    assert again.short_queues == {("t", 0): 5} and again.max_offset("t", 0) == 5
+    assert again.queue("t", 0).get(4).size == 0
+    assert again.repair((e.index, e.pos, e.body) for e in entries) == 2
+    assert again.queue("t", 0).read(0, 5) == units and not again.short_queues
+    again.close()
+    reopened = BrokerStateMachine(tmp_path / "cq")
+    assert reopened.queue("t", 0).read(0, 5) == units
+    reopened.close()
+
+
+def test_hole_survives_reopen_and_dispatch_continues_after_it(tmp_path):
+    sm = BrokerStateMachine(tmp_path / "cq", units_per_file=4)
+    cq = sm.queue("t", 0)
+    cq.skip_to(6)  # spans a file boundary
+    assert cq.max_offset == 6 and cq.get(5).size == 0
+    sm.close()
+    again = BrokerStateMachine(tmp_path / "cq", units_per_file=4)
+    assert again.queue("t", 0).max_offset == 6
+    assert again.queue("t", 0).read(0, 4) == []  # the hole's first file does not exist
+    log = Log()
+    for q in range(6):
+        e = log.entries([log.msg("t", 0, q)])[0]
+    again.short_queues[("t", 0)] = 6
+    assert again.repair([(e.index, e.pos, e.body)]) == 1  # only the last message is still in the log
+    assert again.queue("t", 0).get(5).commitlog_offset == e.pos + 48
     again.close()
 
 
