@@ -7,6 +7,7 @@ for a group of commands, ``@app.command()`` for one.
     dledger group up|down|status --dir DIR     a local group of separate node processes
     dledger watch --dir DIR                    live table of roles, terms, indexes
     dledger kill-leader --dir DIR              kill -9 the leader, report failover times
+    dledger snapshot --dir DIR                 every node snapshots its state machine and compacts its log
     dledger append / get                       raw log use
     dledger demo                               the whole story in one command
 """
@@ -227,6 +228,43 @@ def kill_leader(dir: DirOption) -> None:
         f"[bold]{f.to_leader_s * 1000:.0f} ms[/bold]; appends succeed again after "
         f"[bold]{f.to_append_s * 1000:.0f} ms[/bold]"
     )
+
+
+@app.command()
+def snapshot(dir: DirOption) -> None:
+    """Ask every running node of a local group to snapshot its state machine now and compact its log."""
+    try:
+        g = grp.load(dir)
+    except DLedgerError as e:
+        _fail(str(e))
+    failed = []
+    for spec, outcome in asyncio.run(_snapshot_all(g)):
+        if isinstance(outcome, BaseException):
+            failed.append(spec.id)
+            err_console.print(f"[red]error:[/red] {spec.id} at {spec.address}: {outcome}")
+            continue
+        what = "took a snapshot" if outcome.taken else "had nothing new since its snapshot"
+        where = f"at index {outcome.index} ({outcome.size} bytes)" if outcome.index >= 0 else "(none yet)"
+        console.print(f"{spec.id} {what} {where}; its log starts at {outcome.first_index}")
+    if failed:
+        _fail(f"{len(failed)} node(s) did not take a snapshot: {', '.join(failed)}")
+
+
+async def _snapshot_all(g: grp.GroupSpec) -> list[tuple[grp.NodeSpec, object]]:
+    import grpc
+
+    from dledger.v1 import client_pb2, client_pb2_grpc
+
+    async def one(spec: grp.NodeSpec):
+        async with grpc.aio.insecure_channel(spec.address) as channel:
+            stub = client_pb2_grpc.DLedgerStub(channel)
+            try:
+                return await stub.TakeSnapshot(client_pb2.TakeSnapshotRequest(group=g.name), timeout=60)
+            except grpc.aio.AioRpcError as e:  # reported per node by the caller
+                return DLedgerError(f"{e.code().name}: {e.details()}")
+
+    results = await asyncio.gather(*(one(spec) for spec in g.nodes))
+    return list(zip(g.nodes, results, strict=True))
 
 
 # -- append, get ---------------------------------------------------------------------------------------------------

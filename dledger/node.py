@@ -515,6 +515,15 @@ class Node:
             )
             return info
 
+    async def snapshot_now(self) -> tuple[bool, SnapshotInfo | None, int]:
+        """On demand (``dledger snapshot``): (taken, newest snapshot, first log index afterwards)."""
+        info = await self.take_snapshot()
+        taken = info is not None
+        if info is None:
+            infos = await asyncio.get_running_loop().run_in_executor(self._snap_io, self.snapshots.infos)
+            info = infos[-1] if infos else None
+        return taken, info, self._log.first_index
+
     async def _snapshot_stream(
         self, info: SnapshotInfo, chunk_size: int = 1 << 20
     ) -> AsyncIterator[SnapshotChunk]:

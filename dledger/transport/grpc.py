@@ -484,6 +484,20 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
             await _abort(context, e, self._hint_address(e))
         return client_pb2.TransferLeadershipResponse(leader_id=leader)
 
+    async def TakeSnapshot(self, request, context):
+        await self._check_group(request.group, context)
+        try:
+            taken, info, first_index = await self._handler.snapshot_now()
+        except DLedgerError as e:
+            await _abort(context, e)
+        return client_pb2.TakeSnapshotResponse(
+            taken=taken,
+            index=info.index if info is not None else -1,
+            term=info.term if info is not None else 0,
+            size=info.size if info is not None else 0,
+            first_index=first_index,
+        )
+
 
 class NodeServer:
     """The node's gRPC server: RaftPeer + DLedger services, health checking and reflection."""

@@ -127,3 +127,23 @@ class TransferLeadershipResponse(_message.Message):
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     leader_id: str
     def __init__(self, leader_id: _Optional[str] = ...) -> None: ...
+
+class TakeSnapshotRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class TakeSnapshotResponse(_message.Message):
+    __slots__ = ("taken", "index", "term", "size", "first_index")
+    TAKEN_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    taken: bool
+    index: int
+    term: int
+    size: int
+    first_index: int
+    def __init__(self, taken: _Optional[bool] = ..., index: _Optional[int] = ..., term: _Optional[int] = ..., size: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
