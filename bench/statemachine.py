@@ -7,14 +7,19 @@
 2. Put throughput through the full node stack (3 in-process nodes, real gRPC between them, file stores, flush
    "async"): ``Node.submit`` of KV puts (acknowledged once applied, with the state machine's result) against
    ``Node.append`` of raw 1 KiB bodies (acknowledged at commit) in the same run, same batching and concurrency.
+3. Snapshot install of a ``--install-mb`` MB KV state (distinct 1 KiB values): a follower is stopped, the state
+   is written, the leader snapshots (the time its event loop spends serializing is reported: that is a stall)
+   and compacts; the follower restarts and the time until it has installed and applied the snapshot is taken.
+   The baseline in the same run is writing that state's bytes to a file and fsyncing it.
 
-    python -m bench.statemachine [--entries N] [--puts N]
+    python -m bench.statemachine [--entries N] [--puts N] [--install-mb N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import shutil
 import tempfile
@@ -120,10 +125,77 @@ async def _throughput(tmp: Path, puts: int) -> tuple[float, float]:
             await n.stop()
 
 
+async def _install(tmp: Path, mb: int) -> tuple[float, float, int, float]:
+    """(serialize s on the leader's loop, install s on the follower, snapshot bytes, write+fsync baseline s)."""
+    ports = free_ports(3)
+    peers = {f"n{i}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+
+    def make(i: int, pid: str) -> Node:
+        return Node(
+            _config(tmp / pid, peers, pid, snapshot_entries=10**9, snapshot_bytes=1 << 60),
+            rng=random.Random(i),
+        )
+
+    nodes = {pid: make(i, pid) for i, pid in enumerate(peers)}
+    for n in nodes.values():
+        await n.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not any(n.core.role.value == "leader" for n in nodes.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("no leader")
+            await asyncio.sleep(0.01)
+        leader = next(n for n in nodes.values() if n.core.role.value == "leader")
+        fid = next(pid for pid, n in nodes.items() if n is not leader)
+        await nodes[fid].stop()
+        count = mb * 1024
+        sem = asyncio.Semaphore(8)
+
+        async def one(i):
+            async with sem:
+                bodies = [
+                    kv.encode_put(f"big-{k:09d}".encode(), VALUE) for k in range(i, min(i + BATCH, count))
+                ]
+                await leader.append(bodies)
+
+        await asyncio.gather(*(one(i) for i in range(0, count, BATCH)))
+        while leader.metadata().applied_index < leader.metadata().commit_index:
+            await asyncio.sleep(0.01)
+        before = leader.stats["snapshot_serialize_us"]
+        info = await leader.take_snapshot()
+        serialize = (leader.stats["snapshot_serialize_us"] - before) / 1e6
+        t0 = time.perf_counter()
+        with open(tmp / "baseline", "wb") as f:
+            for chunk in leader.snapshots.chunks(info):
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        baseline = time.perf_counter() - t0
+        follower = make(9, fid)
+        nodes[fid] = follower
+        t0 = time.perf_counter()
+        await follower.start()
+        deadline = time.monotonic() + 300
+        while follower.metadata().applied_index < info.index:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the follower did not install the snapshot in 300 s")
+            await asyncio.sleep(0.005)
+        install = time.perf_counter() - t0
+        if follower.stats["snapshots_installed"] < 1:
+            raise RuntimeError(
+                "the follower caught up from the log, not by snapshot: the measurement is void"
+            )
+        return serialize, install, info.size, baseline
+    finally:
+        for n in nodes.values():
+            await n.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--entries", type=int, default=50_000, help="log size for the restart figures")
     ap.add_argument("--puts", type=int, default=20_000, help="entries per throughput run")
+    ap.add_argument("--install-mb", type=int, default=100, help="state size for the install figure (0: skip)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-sm-"))
     try:
@@ -145,6 +217,12 @@ def main() -> None:
         print(f"throughput, 3 nodes in process, batches of {BATCH}, 8 in flight, {args.puts:,} entries:")
         print(f"  raw append (commit)    {raw:10,.0f} entries/s")
         print(f"  KV put (applied)       {put:10,.0f} entries/s   ratio {put / raw:.2f} (target >= 0.80)")
+        if args.install_mb:
+            ser, inst, size, base = asyncio.run(_install(tmp / "inst", args.install_mb))
+            print(f"snapshot install, {size / 1e6:.0f} MB KV state, 3 nodes in process:")
+            print(f"  leader serializes (event loop stalled)  {ser:7.3f} s")
+            print(f"  follower restart -> installed, applied  {inst:7.3f} s")
+            print(f"  baseline: write + fsync the same bytes   {base:7.3f} s   ratio {inst / base:.1f}x")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
