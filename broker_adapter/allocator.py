@@ -48,11 +48,16 @@ class QueueOffsetAllocator:
     def prepare(self, term: int, index: int, pos: int, body: bytes) -> bytes:
         """The core's ``prepare`` for a broker entry placed at (index, pos) in ``term``: a message gets its
         QUEUEOFFSET and PHYSICALOFFSET (= pos + 48); a command passes unchanged."""
+        return self.prepare_entry(term, index, pos, body)[0]
+
+    def prepare_entry(self, term: int, index: int, pos: int, body: bytes) -> tuple[bytes, Dispatched | None]:
+        """``prepare`` that also says where a message will be dispatched (None for a command): known as soon as
+        the entry is placed, so a send can be answered at commit."""
         if index != self._last_index + 1 or term != self._term:
             self.rebuild(term, index - 1)
         self._last_index = index
         if not commands.is_message(body):
-            return body
+            return body, None
         r = message.peek_route(body)
         key = (r.topic, r.queue_id)
         q = self.next_offset(*key)
@@ -62,7 +67,7 @@ class QueueOffsetAllocator:
         ident = message.peek_producer(buf)
         if ident is not None:
             self._pending[ident] = index
-        return bytes(buf)
+        return bytes(buf), Dispatched(r.topic, r.queue_id, q, pos + HEADER_SIZE, r.size)
 
     def rebuild(self, term: int, upto: int) -> None:
         """Recompute the tail's view from the log entries after the applied point up to ``upto``."""

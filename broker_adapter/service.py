@@ -222,11 +222,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             fresh.append(i)
         try:
             if fresh:
-                outcomes = await self._submit([encoded[i][1] for i in fresh])
-                for i, o in zip(fresh, outcomes, strict=True):
-                    if isinstance(o, BaseException):
-                        raise o if isinstance(o, DLedgerError) else DLedgerError(str(o))
-                    results[i] = o
+                # Acknowledged at commit: where each message goes is fixed when the leader places it (the
+                # dispatcher checks every node dispatches it exactly there), so the ack need not wait for apply.
+                placed: list[Dispatched] = []
+                node = self._node
+
+                def prepare(index: int, pos: int, body: bytes) -> bytes:
+                    out, d = self._alloc.prepare_entry(node.core.term, index, pos, body)
+                    placed.append(d)
+                    return out
+
+                await node.append([encoded[i][1] for i in fresh], prepare)
+                for i, d in zip(fresh, placed, strict=True):
+                    results[i] = d
         except BaseException as e:
             for key, fut in mine:
                 self._inflight.pop(key, None)

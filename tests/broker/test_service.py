@@ -94,10 +94,10 @@ def test_send_pull_commit_and_follower_redirect(tmp_path):
                 assert len({r.commitlog_offset for r in results}) == len(results)
                 await g.until(
                     lambda: all(
-                        n.plugin.state_machine.applied_index >= leader.plugin.state_machine.applied_index
+                        sum(n.plugin.state_machine.next_offset("orders", q) for q in range(3)) == len(results)
                         for n in g.nodes.values()
                     ),
-                    what="followers applied",
+                    what="every node dispatched every acknowledged message",
                 )
                 check_queues_everywhere(g, "orders", 3)
                 q = results[0].queue_id
@@ -182,6 +182,8 @@ def test_retried_send_is_stored_once(tmp_path):
                 assert len({(r[0].queue_id, r[0].queue_offset) for r in rs}) == 1
                 assert sum(not r[0].duplicate for r in rs) == 1
                 sm = leader.plugin.state_machine
+                last = leader.log_store.last_index
+                await g.until(lambda: leader.metadata().applied_index >= last, what="applied")
                 assert sum(sm.next_offset("t", q) for q in range(2)) == 3 and sm.duplicates == 0
             finally:
                 prod.close()
@@ -271,11 +273,9 @@ def test_offsets_dense_and_identical_across_leader_stops(tmp_path):
                 live = [n for n in g.nodes.values() if n not in stopped]
                 leader = await live_leader(g, stopped)
                 acked += await asyncio.to_thread(prod.send_batch, "t", [b"tail"] * 5)
+                last = leader.log_store.last_index  # acks come at commit; wait for every live node to apply
                 await g.until(
-                    lambda: all(
-                        n.plugin.state_machine.applied_index >= leader.plugin.state_machine.applied_index
-                        for n in live
-                    ),
+                    lambda: all(n.metadata().applied_index >= last for n in live),
                     what="applied everywhere",
                 )
                 assert leader.core.role is Role.LEADER
