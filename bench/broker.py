@@ -55,6 +55,52 @@ def produce(addresses: list[str], n: int, batch: int) -> float:
         return rate(n, time.perf_counter() - t0)
 
 
+def produce_parallel(addresses: list[str], n: int, batch: int, producers: int) -> float:
+    """``producers`` threads, each with its own Producer, sending ``n`` messages in all."""
+    per = n // producers
+    ps = [Producer(addresses) for _ in range(producers)]
+    for p in ps:
+        p.send(TOPIC, BODY)
+
+    def work(p: Producer) -> None:
+        for i in range(0, per, batch):
+            p.send_batch(TOPIC, [BODY] * min(batch, per - i))
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in ps]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dt = time.perf_counter() - t0
+    for p in ps:
+        p.close()
+    return rate(per * producers, dt)
+
+
+def raw_append_parallel(addresses: list[str], n: int, batch: int, size: int, clients: int) -> float:
+    per = n // clients
+    cs = [DLedgerClient(addresses) for _ in range(clients)]
+    body = b"r" * size
+    for c in cs:
+        c.append_batch([body])
+
+    def work(c: DLedgerClient) -> None:
+        for i in range(0, per, batch):
+            c.append_batch([body] * min(batch, per - i))
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in cs]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dt = time.perf_counter() - t0
+    for c in cs:
+        c.close()
+    return rate(per * clients, dt)
+
+
 def consume(address: str, total_per_queue: list[int]) -> float:
     with Consumer([address], "bench-consume") as c:
         c.pull(TOPIC, 0, 0, 1)
@@ -137,6 +183,10 @@ def main() -> None:
             raw = raw_append(addrs, n, batch, size)
             prod = produce(addrs, n, batch)
             print(f"{'produce batch ' + str(batch):<28}{prod:>12,.0f}{raw:>16,.0f}{prod / raw:>9.2f}")
+        n = int(8192 * s)
+        raw = raw_append_parallel(addrs, n, 32, size, 16)
+        prod = produce_parallel(addrs, n, 32, 16)
+        print(f"{'produce batch 32, 16 prod.':<28}{prod:>12,.0f}{raw:>16,.0f}{prod / raw:>9.2f}")
         with BrokerConnection(addrs) as c:
             ends = list({t.topic: t for t in c.list_topics()}[TOPIC].max_offsets)
             leader = grp.wait_for_leader(g).address

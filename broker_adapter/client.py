@@ -162,6 +162,7 @@ class Producer(BrokerConnection):
     def __init__(self, servers: Sequence[str], producer_id: str | None = None, **kw):
         super().__init__(servers, **kw)
         self.producer_id = producer_id or uuid.uuid4().hex
+        self._id_prefix = uuid.uuid4().hex.upper()[:22]
         self._seq = itertools.count()  # thread-safe in CPython: one producer may be shared by threads
         self._queues: dict[str, int] = {}
         self._rr = itertools.count(1)
@@ -192,7 +193,7 @@ class Producer(BrokerConnection):
             body=body,
             tags=tags or "",
             keys=list(keys or ()),
-            msg_id=uuid.uuid4().hex.upper(),
+            msg_id=f"{self._id_prefix}{seq:010X}",  # unique: a random prefix per producer, then the sequence
             producer_id=self.producer_id,
             sequence=seq,
             born_timestamp=int(time.time() * 1000),
