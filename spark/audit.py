@@ -156,7 +156,7 @@ def run_audit(
         t = time.perf_counter()
         if acks is not None or message_count:
             delivery = checks.delivery(
-                spark, entries, layouts, commit, acks, ack_log, n_acks, agreed=agreement.violation_count == 0
+                entries, commit, acks, ack_log, n_acks, agreed=agreement.violation_count == 0
             )
         else:
             delivery = checks.CheckResult(

@@ -685,9 +685,7 @@ def canonical_log(entries: DataFrame, commit: int, agreed: bool) -> DataFrame:
 
 
 def delivery(
-    spark: SparkSession,
     entries: DataFrame,
-    layouts: list[NodeLayout],
     commit: int,
     acks: DataFrame | None,
     ack_path: str | None,
