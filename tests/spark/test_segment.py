@@ -173,3 +173,19 @@ def test_written_fixture_matches_formats(tmp_path):
     for f in files[:-1]:
         data = f.read_bytes()
         assert len(data) == b.SEGMENT_SIZE
+
+
+def test_dledger_audit_command_forwards_to_the_audit(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from spark.cli import register
+
+    app = typer.Typer()
+    app.command("noop")(lambda: None)  # a second command, so "audit" is a subcommand as in dledger
+    register(app)
+    runner = CliRunner()
+    result = runner.invoke(app, ["audit", str(tmp_path / "missing")])
+    assert result.exit_code == 2 and "no such directory" in result.output
+    result = runner.invoke(app, ["audit", "--help"])
+    assert result.exit_code == 0 and "--ack-log" in result.output
