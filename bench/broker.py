@@ -16,6 +16,7 @@ Measured in one run, each figure next to its baseline:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import tempfile
 import threading
@@ -79,26 +80,28 @@ def produce_parallel(addresses: list[str], n: int, batch: int, producers: int) -
 
 
 def raw_append_parallel(addresses: list[str], n: int, batch: int, size: int, clients: int) -> float:
+    """``clients`` concurrent appenders (tasks on one asyncio client) appending ``n`` bodies in all."""
+    from dledger.client import AsyncDLedgerClient
+
     per = n // clients
-    cs = [DLedgerClient(addresses) for _ in range(clients)]
     body = b"r" * size
-    for c in cs:
-        c.append_batch([body])
 
-    def work(c: DLedgerClient) -> None:
-        for i in range(0, per, batch):
-            c.append_batch([body] * min(batch, per - i))
+    async def run() -> float:
+        c = AsyncDLedgerClient(addresses)
+        try:
+            await c.append_batch([body])
 
-    threads = [threading.Thread(target=work, args=(c,)) for c in cs]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    dt = time.perf_counter() - t0
-    for c in cs:
-        c.close()
-    return rate(per * clients, dt)
+            async def work() -> None:
+                for i in range(0, per, batch):
+                    await c.append_batch([body] * min(batch, per - i))
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(work() for _ in range(clients)))
+            return rate(per * clients, time.perf_counter() - t0)
+        finally:
+            await c.close()
+
+    return asyncio.run(run())
 
 
 def consume(address: str, total_per_queue: list[int]) -> float:
