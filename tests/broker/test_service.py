@@ -240,6 +240,12 @@ def test_bad_input_is_rejected_and_nothing_written(tmp_path):
                     c == grpc.StatusCode.FAILED_PRECONDITION and md["leader-address"] == leader.config.address
                 )
                 assert leader.log_store.last_index == before, "rejected requests wrote nothing"
+                route = await fstub.Route(broker_pb2.RouteRequest())
+                assert (route.node_id, route.leader_id, route.leader_address) == (
+                    follower.id,
+                    leader.id,
+                    leader.config.address,
+                )
             finally:
                 conn.close()
                 await ch.close()
