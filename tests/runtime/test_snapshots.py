@@ -300,6 +300,34 @@ def test_read_index_on_a_deposed_leader_never_returns_stale_data(tmp_path):
     asyncio.run(run())
 
 
+class _FailingSave(kv.KVStore):
+    def save_snapshot(self, writer):
+        raise OSError("disk says no")
+
+
+def test_a_failing_snapshot_keeps_the_log_and_is_retried_one_interval_later(tmp_path):
+    async def run():
+        g = LocalGroup(
+            tmp_path, stores=_file_stores, state_machine=lambda pid: _FailingSave(), raft=RAFT, **SNAP
+        )
+        try:
+            await g.start()
+            leader = await g.leader()
+            await _put(leader, 0, 50)
+            await g.until(lambda: leader.stats["snapshot_failures"] == 1, what="first failure")
+            await _put(leader, 50, 20)  # less than one interval (40) later: no retry yet
+            assert leader.stats["snapshot_failures"] == 1
+            await _put(leader, 70, 30)
+            await g.until(lambda: leader.stats["snapshot_failures"] == 2, what="retry one interval later")
+            assert leader.log_store.first_index == 0 and leader.snapshots.infos() == []
+            assert all(n.failure is None for n in g.nodes.values())
+            assert await leader.linearizable_read(lambda s: s.get(b"k5")) == b"v79" * 3
+        finally:
+            await g.stop()
+
+    asyncio.run(run())
+
+
 def test_snapshot_settings_are_validated(tmp_path):
     peers = {"n0": "127.0.0.1:20911"}
     with pytest.raises(ConfigError, match="entries must be an integer >= 1"):
