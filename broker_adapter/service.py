@@ -249,8 +249,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         for i, found in waits:
             results[i] = await self._resolve_duplicate(msgs[i], found, deadline)
         out = broker_pb2.SendResponse()
+        retried = {i for i, _ in waits}
         for i, d in enumerate(results):
-            dup = i in {w[0] for w in waits}
+            dup = i in retried
             if isinstance(d, Dispatched):
                 out.results.add(
                     msg_id=encoded[i][0] if not dup else (msgs[i].msg_id or ""),
