@@ -15,6 +15,7 @@ Small segments (4 KiB) make compaction delete whole segments after a few dozen e
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import AsyncIterator
 
@@ -176,6 +177,41 @@ def test_corrupt_snapshot_without_a_usable_older_one_is_refused(tmp_path):
                 await fresh.start()
             assert str(path) in str(err.value)
             await fresh.stop()
+        finally:
+            await g.stop()
+
+    asyncio.run(run())
+
+
+def test_corrupt_newest_snapshot_falls_back_to_an_older_one_the_log_continues(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="dledger.node")
+
+    async def run():
+        g = _group(tmp_path)
+        try:
+            await g.start()
+            leader = await g.leader()
+            pid = next(p for p, n in g.nodes.items() if n is not leader)
+            node = g.nodes[pid]
+            # This follower snapshots but never compacts (as after a crash between the two), so its log still
+            # continues from the older snapshot.
+            node.log_store.compact_prefix = lambda index: None
+            want = await _put(leader, 0, 100)
+            await g.until(lambda: len(node.snapshots.infos()) == 2, what="two snapshots on the follower")
+            await g.until(
+                lambda: node.metadata().applied_index >= leader.metadata().commit_index, what="applied"
+            )
+            await node.stop()
+            older, newest = node.snapshots.infos()
+            path = node.snapshots.root / newest.dirname / DATA
+            path.write_bytes(path.read_bytes()[:-1])  # truncated: the size and checksum no longer match
+            fresh = await _restart(g, pid)
+            assert fresh.log_store.first_index == 0
+            target = leader.metadata().applied_index
+            await g.until(lambda: fresh.metadata().applied_index >= target, what="caught up after fallback")
+            assert _kv(fresh) == want
+            assert fresh.stats["snapshots_installed"] == 0
+            assert f"{pid} restored kv from snapshot at index {older.index}" in caplog.text
         finally:
             await g.stop()
 
