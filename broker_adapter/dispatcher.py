@@ -138,7 +138,8 @@ class BrokerStateMachine:
             self.applied_index = e.index
             if commands.is_message(body):
                 d = self._dispatch(e)
-                touched.add((d.topic, d.queue_id))
+                if isinstance(d, Dispatched):
+                    touched.add((d.topic, d.queue_id))
                 results.append(d)
             elif commands.is_command(body):
                 results.append(self._command(body))
@@ -151,9 +152,19 @@ class BrokerStateMachine:
                 self._on_dispatch(topic, qid, self.next_offsets[(topic, qid)])
         return results
 
-    def _dispatch(self, e: CommittedEntry) -> Dispatched:
-        r = message.peek_route(e.body)
+    def _dispatch(self, e: CommittedEntry) -> Dispatched | message.MessageFormatError:
+        try:
+            r = message.peek_route(e.body)
+        except message.MessageFormatError as err:
+            return message.MessageFormatError(f"entry {e.index}: {err}; not dispatched")
         commitlog_offset = e.pos + HEADER_SIZE
+        if r.physical_offset != commitlog_offset:
+            # Not placed by the broker's allocator (which always writes PHYSICALOFFSET): e.g. bytes appended
+            # through the raw DLedger API. Every node skips it the same way, so it cannot stop the group.
+            return message.MessageFormatError(
+                f"entry {e.index} carries PHYSICALOFFSET {r.physical_offset}, not its place {commitlog_offset}: "
+                "not placed by the broker, not dispatched"
+            )
         if r.topic not in self.topics:
             # Only the leader's auto-create path sends to a topic not yet created; every node does the same.
             self.topics[r.topic] = r.queue_id + 1

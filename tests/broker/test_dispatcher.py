@@ -69,7 +69,7 @@ def test_dispatch_builds_dense_queues_and_offsets(tmp_path):
 def test_replay_is_idempotent_and_conflicts_are_named(tmp_path):
     sm = BrokerStateMachine(tmp_path / "cq")
     log = Log()
-    first = log.entries([log.msg("t", 0, 0), log.msg("t", 0, 1)])
+    first = log.entries([log.msg("t", 0, 0)]) + log.entries([log.msg("t", 0, 1)])
     sm.apply(first)
     sm.close()
     sm = BrokerStateMachine(tmp_path / "cq")  # a restart without a snapshot replays what was dispatched
@@ -77,7 +77,8 @@ def test_replay_is_idempotent_and_conflicts_are_named(tmp_path):
     assert sm.max_offset("t", 0) == 2 and sm.next_offset("t", 0) == 2
     sm.close()
     sm = BrokerStateMachine(tmp_path / "cq")
-    moved = [CommittedEntry(e.index, e.term, e.pos + 8, e.body) for e in first[:1]]
+    e = first[0]
+    moved = [CommittedEntry(e.index, e.term, e.pos + 8, _msg("t", 0, 0, e.pos + 8))]  # same offset, elsewhere
     with pytest.raises(DispatchError, match="ConsumeQueue points at"):
         sm.apply(moved)
     sm.close()
@@ -162,3 +163,15 @@ def test_producer_table_is_bounded_and_survives_a_snapshot(tmp_path, monkeypatch
     assert [again.sent("p1", s) for s in range(6)] == [sm.sent("p1", s) for s in range(6)]
     assert again.next_offset("t", 0) == 5
     again.close()
+
+
+def test_a_message_not_placed_by_the_broker_is_skipped_not_fatal(tmp_path):
+    sm = BrokerStateMachine(tmp_path / "cq")
+    log = Log()
+    sm.apply(log.entries([commands.encode(commands.CreateTopic("t", 1))]))
+    forged = _msg("t", 0, 7, pos=12345)  # e.g. raw bytes appended through the DLedger API
+    (result,) = sm.apply(log.entries([forged]))
+    assert isinstance(result, message.MessageFormatError) and "not placed by the broker" in str(result)
+    (ok,) = sm.apply(log.entries([log.msg("t", 0, 0)]))
+    assert isinstance(ok, Dispatched) and ok.queue_offset == 0
+    sm.close()
