@@ -8,9 +8,11 @@ Measured in one run, each figure next to its baseline:
 - consume throughput: pulls of up to 1024 messages from the leader, against the same node's raw committed reads
   through ``Get`` (issue target: 100k messages/s);
 - end-to-end latency: send to delivery to a long-polling consumer, one message at a time (moderate load),
-  p50/p99 (issue target: p99 under 20 ms).
+  p50/p99 (issue target: p99 under 20 ms);
+- produce (4 producers, batch 32) while the leader is killed with SIGKILL halfway: messages/s per 100 ms, printed
+  as before / gap / after and saved as a bar chart PNG (``--png``; the red line marks the kill).
 
-    python -m bench.broker [--scale 1.0] [--dir DIR]
+    python -m bench.broker [--scale 1.0] [--dir DIR] [--png FILE] [--failover-s 6]
 """
 
 from __future__ import annotations
@@ -163,10 +165,85 @@ def latency(addresses: list[str], n: int) -> list[float]:
     return delays
 
 
+def failover_series(
+    g: grp.GroupSpec, seconds: float, producers: int = 4, batch: int = 32, bucket_s: float = 0.1
+):
+    """Produce for ``seconds`` with ``producers`` threads, SIGKILL the leader halfway; returns (msg/s per bucket,
+    the bucket of the kill, the killed node)."""
+    acks: list[tuple[float, int]] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def work() -> None:
+        with Producer(g.addresses, retry_for_s=30) as p:
+            while not stop.is_set():
+                n = len(p.send_batch(TOPIC, [BODY] * batch))
+                with lock:
+                    acks.append((time.perf_counter(), n))
+
+    threads = [threading.Thread(target=work) for _ in range(producers)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds / 2)
+    killed = grp.wait_for_leader(g).id
+    grp.kill_node(g.node(killed))
+    t_kill = time.perf_counter() - t0
+    time.sleep(seconds / 2)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    grp.start_node(g.node(killed))
+    buckets = [0] * int(seconds / bucket_s + 1)
+    for t, n in acks:
+        k = int((t - t0) / bucket_s)
+        if k < len(buckets):
+            buckets[k] += n
+    return [b / bucket_s for b in buckets], int(t_kill / bucket_s), killed
+
+
+def write_bar_png(path: Path, values: list[float], mark: int, height: int = 240, bar_w: int = 6) -> None:
+    """A bar chart as a PNG (no plotting library needed): one bar per value, a red line at bucket ``mark``."""
+    import struct
+    import zlib
+
+    top = max(values) or 1.0
+    rows = []
+    for y in range(height):
+        level = (height - y) / height * top
+        row = bytearray(b"\x00")  # PNG filter: none
+        for i, v in enumerate(values):
+            for x in range(bar_w):
+                if i == mark and x < 2:
+                    row += b"\xd0\x20\x20"
+                elif v >= level and x < bar_w - 1:
+                    row += b"\x30\x60\xb0"
+                elif y % 60 == 0:
+                    row += b"\xd8\xd8\xd8"
+                else:
+                    row += b"\xff\xff\xff"
+        rows.append(bytes(row))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", bar_w * len(values), height, 8, 2, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+    png += chunk(b"IDAT", zlib.compress(b"".join(rows), 9)) + chunk(b"IEND", b"")
+    path.write_bytes(png)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument(
+        "--png",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "bench-broker-failover.png",
+        help="where to save the failover plot",
+    )
+    ap.add_argument("--failover-s", type=float, default=6.0, help="length of the produce run with a kill")
     args = ap.parse_args()
     s = args.scale
     tmp = None
@@ -205,6 +282,17 @@ def main() -> None:
             print(
                 f"end-to-end latency (send -> long-poll delivery), {len(delays)} msgs: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
             )
+        series, mark, killed = failover_series(g, args.failover_s)
+        before = [v for v in series[:mark] if v > 0]
+        after = series[mark + 1 :]
+        gap = next((i for i, v in enumerate(after) if v > 0), len(after)) * 0.1
+        steady = statistics.median(before) if before else 0.0
+        print(
+            f"produce while killing leader {killed} (4 producers, batch 32): {steady:,.0f} msg/s before, "
+            f"no acks for {gap * 1000:.0f} ms after the kill, {statistics.median(after[-10:]):,.0f} msg/s at the end; "
+            f"plot: {args.png}"
+        )
+        write_bar_png(args.png, series, mark)
     finally:
         grp.stop_group(g)
         if tmp is not None:
