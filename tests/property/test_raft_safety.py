@@ -249,6 +249,7 @@ class RaftSchedule(RuleBasedStateMachine):
         c.check_invariants()
 
 
+@pytest.mark.timeout(1200)  # CPU-bound; a loaded CI machine must not fail it on time
 def test_schedules() -> None:
     """>= 2,000 generated fault schedules (``RAFT_SCHEDULES`` overrides), each ending with a liveness check."""
     RaftSchedule.coverage.clear()
