@@ -72,9 +72,18 @@ def test_invalid_requests_are_not_retried(tmp_path):
 
 def test_unreachable_group_fails_within_the_deadline(tmp_path):
     async def run():
-        from dledger.group import free_ports
+        import socket
 
-        (port,) = free_ports(1)
+        # Hold the port (bound, not listening: connections are refused) so no other test's node can take it.
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        try:
+            await _expect_unavailable(port)
+        finally:
+            holder.close()
+
+    async def _expect_unavailable(port):
         async with AsyncDLedgerClient([f"127.0.0.1:{port}"], timeout_s=0.5) as c:
             loop = asyncio.get_running_loop()
             t0 = loop.time()
