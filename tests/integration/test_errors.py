@@ -3,6 +3,8 @@ standard tools (health checking, reflection) work against a node."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -25,10 +27,16 @@ def group3(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def roles(group3):
-    rows = grp.status(group3)
-    lead = grp.leader_of(rows)
-    follower = next(r for r in rows if r.role == "follower")
-    return lead, follower
+    """Poll (with a deadline) until one leader and a follower that knows the leader's term are reported."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        rows = grp.status(group3)
+        leaders = [r for r in rows if r.role == "leader"]
+        followers = [r for r in rows if r.role == "follower" and leaders and r.term == leaders[0].term]
+        if len(leaders) == 1 and followers:
+            return leaders[0], followers[0]
+        time.sleep(0.02)
+    raise AssertionError(f"no leader with a follower in its term within 15 s: {rows}")
 
 
 def stub(address: str):
