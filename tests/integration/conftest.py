@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,14 @@ def read_log(data_dir: str | Path) -> list[codec.Entry]:
             prev_chain = h.chain_crc
             off += size
     return out
+
+
+def wait(cond, timeout_s: float = 15.0, what: str = "condition"):
+    """Poll ``cond`` until it returns something truthy (returned) or the deadline passes (AssertionError)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not reached within {timeout_s} s")

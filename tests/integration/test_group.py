@@ -11,7 +11,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from dledger import group as grp
 from dledger.client import AsyncDLedgerClient, DLedgerClient
 from dledger.errors import DLedgerError, OutcomeUnknownError
 from storage import codec
-from tests.integration.conftest import read_log
+from tests.integration.conftest import read_log, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -31,16 +30,6 @@ def group3(tmp_path_factory):
     g, _ = grp.up(d, 3, None)
     yield g
     grp.stop_group(g)
-
-
-def wait(cond, timeout_s: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"{what} not reached within {timeout_s} s")
 
 
 async def until(cond, what: str, timeout_s: float = 30.0) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from statemachine.api import CommittedEntry
 from statemachine.snapshot import SnapshotStore
 from storage import codec
 from storage.filestore import FileLogStore
+from tests.integration.conftest import wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -34,13 +34,7 @@ EXTRA_TOML = "\n[limits]\nmax_body_bytes = 4096\n\n[snapshot]\nentries = 150\nke
 
 
 def _wait(cond, timeout_s: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached within {timeout_s} s")
+    return wait(cond, timeout_s, what)
 
 
 def _state_on_disk(data_dir: Path) -> tuple[dict[bytes, bytes], int, int]:
