@@ -1156,7 +1156,7 @@ class Node:
             leader_id=leader,
             leader_address=self.config.peers.get(leader) if leader else None,
             last_index=st.last_index,
-            commit_index=st.commit_index,
+            commit_index=self._commit_index,  # what this node holds in storage and serves (core may be ahead)
             applied_index=self._apply.applied_index if self._apply is not None else self._commit_index,
             peers=tuple(
                 PeerInfo(p, a, st.match.get(p, -1) if st.role is Role.LEADER else -1)
