@@ -48,6 +48,9 @@ class GroupSpec:
     flush: str
     nodes: tuple[NodeSpec, ...]
     state_machine: str = ""  # node plugin (dledger.plugins), e.g. "broker"
+    # Proxied groups only (``create(..., proxied=True)``): (src, dst, port) for every ordered pair; node src
+    # reaches dst through 127.0.0.1:port, where a fault-injecting proxy (dledger.chaos.proxy) must listen.
+    links: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def addresses(self) -> list[str]:
@@ -92,6 +95,13 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def _peer_addresses(spec: NodeSpec, group: GroupSpec) -> dict[str, str]:
+    """The [peers] of ``spec``'s config: the nodes' own addresses, or for a proxied group the proxy port that
+    carries this node's traffic to each other node (its own entry stays its real, listening address)."""
+    via = {dst: f"127.0.0.1:{port}" for src, dst, port in group.links if src == spec.id}
+    return {n.id: via.get(n.id, n.address) if n.id != spec.id else n.address for n in group.nodes}
+
+
 def _node_toml(spec: NodeSpec, group: GroupSpec, raft: dict[str, int]) -> str:
     lines = [
         f'id = "{spec.id}"',
@@ -101,7 +111,7 @@ def _node_toml(spec: NodeSpec, group: GroupSpec, raft: dict[str, int]) -> str:
         *([f'state_machine = "{group.state_machine}"'] if group.state_machine else []),
         "",
         "[peers]",
-        *[f'{n.id} = "{n.address}"' for n in group.nodes],
+        *[f'{pid} = "{addr}"' for pid, addr in _peer_addresses(spec, group).items()],
     ]
     if raft:
         lines += ["", "[raft]", *[f"{k} = {v}" for k, v in raft.items()]]
@@ -117,9 +127,14 @@ def create(
     flush: str = "sync",
     raft: dict[str, int] | None = None,
     state_machine: str = "",
+    proxied: bool = False,
 ) -> GroupSpec:
     """Write the manifest and node configs (default 3 nodes). An existing group in ``directory`` is reused as
-    it is; asking for a different size is an error rather than a silent surprise."""
+    it is; asking for a different size is an error rather than a silent surprise.
+
+    ``proxied=True`` routes node-to-node traffic through one proxy port per ordered pair (``GroupSpec.links``,
+    also in group.json); the nodes cannot reach each other until something listens there
+    (``dledger.chaos.proxy.Network``). Clients still use the nodes' own addresses."""
     directory = directory.resolve()
     existing = load(directory, missing_ok=True)
     if existing is not None:
@@ -142,7 +157,15 @@ def create(
         )
         for i, port in enumerate(ports)
     )
-    group = GroupSpec(name, flush, specs, state_machine)
+    links: tuple[tuple[str, str, int], ...] = ()
+    if proxied:
+        pairs = [(a.id, b.id) for a in specs for b in specs if a.id != b.id]
+        link_ports = free_ports(len(pairs) + nodes)
+        link_ports = [p for p in link_ports if p not in ports][: len(pairs)]
+        if len(link_ports) < len(pairs):
+            raise ConfigError("could not find free ports for the proxy links")
+        links = tuple((a, b, p) for (a, b), p in zip(pairs, link_ports, strict=True))
+    group = GroupSpec(name, flush, specs, state_machine, links)
     directory.mkdir(parents=True, exist_ok=True)
     for spec in specs:
         Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
@@ -152,6 +175,7 @@ def create(
         "flush": flush,
         "state_machine": state_machine,
         "nodes": [asdict(s) for s in specs],
+        **({"links": [list(lk) for lk in links]} if links else {}),
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return group
@@ -167,7 +191,11 @@ def load(directory: Path, missing_ok: bool = False) -> GroupSpec | None:
         )
     raw = json.loads(path.read_text())
     return GroupSpec(
-        raw["name"], raw["flush"], tuple(NodeSpec(**n) for n in raw["nodes"]), raw.get("state_machine", "")
+        raw["name"],
+        raw["flush"],
+        tuple(NodeSpec(**n) for n in raw["nodes"]),
+        raw.get("state_machine", ""),
+        tuple((str(a), str(b), int(p)) for a, b, p in raw.get("links", ())),
     )
 
 
@@ -200,8 +228,11 @@ def is_running(spec: NodeSpec, pid: int | None = None) -> bool:
     return spec.config.encode() in cmdline
 
 
-def start_node(spec: NodeSpec) -> int:
-    """Start one node process in the background (its own session, output to node.log); returns its pid."""
+def start_node(spec: NodeSpec, module: str = "dledger") -> int:
+    """Start one node process in the background (its own session, output to node.log); returns its pid.
+
+    ``module`` is the ``python -m`` entry that runs ``node --config``: a fault-injection launcher
+    (``dledger.chaos.faultnode``) runs the same node with a file layer that can be told to fail."""
     if is_running(spec):
         pid = read_pid(spec)
         assert pid is not None
@@ -209,7 +240,7 @@ def start_node(spec: NodeSpec) -> int:
     log_path = Path(spec.data_dir) / "node.log"
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dledger", "node", "--config", spec.config],
+            [sys.executable, "-m", module, "node", "--config", spec.config],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
