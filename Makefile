@@ -53,3 +53,13 @@ clean:
 .PHONY: bench-replication
 bench-replication: $(STAMP)
 	$(BIN)/python -m bench.replication
+
+# Side by side with etcd (apt-get installs Debian's etcd-server when it can) and PySyncObj: a few minutes.
+# make bench-compare COMPARE_ARGS=--quick
+.PHONY: bench-compare
+$(VENV)/.bench-installed: $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -e '.[test,bench]'
+	@touch $@
+
+bench-compare: $(VENV)/.bench-installed
+	$(BIN)/python -m bench.compare $(COMPARE_ARGS)
