@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -91,19 +92,33 @@ async def run(args: argparse.Namespace, systems: list[System], root: Path) -> di
     stability: list[wl.LoadResult] = []
     n = 0
 
+    @contextlib.asynccontextmanager
     async def phase(system: System, label: str):
+        """Start ``system`` fresh in its own directory; stop it after. The directory (data, logs) is deleted
+        when the phase succeeded and kept, and named, when it failed."""
         nonlocal n
         n += 1
         workdir = root / f"{n:03d}-{label}"
         workdir.mkdir()
-        await system.start(workdir)
-        return system
+        ok = False
+        try:
+            await system.start(workdir)
+            yield system
+            ok = True
+        finally:
+            await system.stop()
+            if ok:
+                shutil.rmtree(workdir, ignore_errors=True)
+            else:
+                print(
+                    f"{system.name} failed in phase {label}: its data and logs are in {workdir}",
+                    file=sys.stderr,
+                )
 
     for rnd in range(args.rounds):
         order = systems[rnd % len(systems) :] + systems[: rnd % len(systems)]
         for system in order:
-            await phase(system, f"round{rnd}")
-            try:
+            async with phase(system, f"round{rnd}"):
                 points = [wl.BATCHED] if "broker" in system.name else list(wl.THROUGHPUT_POINTS)
                 for point in points:
                     r = await wl.run_load(system, point, args.seconds, round_no=rnd, warmup_s=args.warmup)
@@ -114,14 +129,11 @@ async def run(args: argparse.Namespace, systems: list[System], root: Path) -> di
                         f"errors {r.errors}  elections {r.elections}",
                         flush=True,
                     )
-            finally:
-                await system.stop()
 
     for system in systems:
         if system.name not in FAILOVER_SYSTEMS or not args.failover_rounds:
             continue
-        await phase(system, "failover")
-        try:
+        async with phase(system, "failover"):
             for k in range(args.failover_rounds):
                 f = await wl.failover_round(system, k)
                 failovers.append(f)
@@ -130,14 +142,11 @@ async def run(args: argparse.Namespace, systems: list[System], root: Path) -> di
                     f"{f.to_write_ms:6.0f} ms, new leader seen after {f.to_leader_ms:6.0f} ms",
                     flush=True,
                 )
-        finally:
-            await system.stop()
 
     for system in systems:
         if system.name not in STABILITY_SYSTEMS or not args.stability_s:
             continue
-        await phase(system, "stability")
-        try:
+        async with phase(system, "stability"):
             r = await wl.run_load(
                 system, wl.FULL_LOAD, args.stability_s, warmup_s=args.warmup, poll_leader_s=0.1
             )
@@ -147,8 +156,6 @@ async def run(args: argparse.Namespace, systems: list[System], root: Path) -> di
                 f"leader changes {r.leader_changes}, elections {r.elections}, errors {r.errors}",
                 flush=True,
             )
-        finally:
-            await system.stop()
     return {"loads": loads, "failovers": failovers, "stability": stability}
 
 
@@ -199,16 +206,16 @@ def main(argv: list[str] | None = None) -> int:
             print("no system to run", file=sys.stderr)
             return 2
         results = asyncio.run(run(args, systems, root))
+        shutil.rmtree(root, ignore_errors=True)  # on failure it stays, with the failed phase's logs
     finally:
         registry.stop_all()
         for s in systems:
             cleanup = getattr(s, "cleanup", None)
             if cleanup is not None:
                 cleanup()
-        shutil.rmtree(root, ignore_errors=True)
 
     durability = {s.name: s.durability for s in systems}
-    summaries = report.summarize(results["loads"])
+    summaries = report.summarize(results["loads"], [s.name for s in systems])
     fsum = report.summarize_failover(results["failovers"])
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     command = "python -m bench.compare " + shlex.join(argv if argv is not None else sys.argv[1:])

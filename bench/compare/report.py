@@ -56,8 +56,13 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def summarize(loads: list[LoadResult]) -> list[Summary]:
-    keys = sorted({(r.workload, r.system) for r in loads}, key=lambda k: (_workload_rank(k[0]), k[1]))
+def summarize(loads: list[LoadResult], order: list[str] | None = None) -> list[Summary]:
+    """One row per (workload, system), workloads in issue order, systems in ``order`` (default: by name)."""
+    order = order or sorted({r.system for r in loads})
+    keys = sorted(
+        {(r.workload, r.system) for r in loads},
+        key=lambda k: (_workload_rank(k[0]), order.index(k[1]) if k[1] in order else len(order), k[1]),
+    )
     out = []
     for workload, system in keys:
         rs = [r for r in loads if r.workload == workload and r.system == system]
