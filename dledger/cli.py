@@ -71,6 +71,9 @@ def node(
     state_machine: Annotated[
         str | None, typer.Option(help="node plugin: kv, counter, broker or module:factory")
     ] = None,
+    metrics_listen: Annotated[
+        str | None, typer.Option(help="serve Prometheus /metrics on host:port (port 0: any free one)")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING")] = "INFO",
 ) -> None:
     """Run one node in the foreground until SIGTERM or Ctrl-C."""
@@ -93,6 +96,7 @@ def node(
             election_timeout_max_ms=election_timeout_max_ms,
             heartbeat_interval_ms=heartbeat_interval_ms,
             state_machine=state_machine,
+            metrics_listen=metrics_listen,
         )
     except DLedgerError as e:
         _fail(f"bad configuration: {e}", 2)

@@ -13,6 +13,7 @@ Example file (all keys optional except ``id``, ``data_dir`` and ``peers``)::
     flush_interval_ms = 10
     listen = "127.0.0.1:20911" # defaults to this node's address in [peers]
     state_machine = "broker"   # optional plugin: "kv", "counter", "broker" or "module:factory"
+    metrics_listen = "127.0.0.1:9311"  # optional Prometheus /metrics endpoint
 
     [peers]                   # every voter, this node included
     n0 = "127.0.0.1:20911"
@@ -61,6 +62,7 @@ _TOP_KEYS = {
     "limits",
     "state_machine",
     "snapshot",
+    "metrics_listen",
 }
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
 _SNAPSHOT_KEYS = {"entries": "snapshot_entries", "bytes": "snapshot_bytes", "keep": "snapshot_keep"}
@@ -82,6 +84,9 @@ class NodeConfig:
     snapshot_entries: int = 100_000  # take a snapshot after this many applied entries ...
     snapshot_bytes: int = 256 << 20  # ... or this many applied body bytes, whichever comes first
     snapshot_keep: int = 2  # snapshots kept on disk
+    metrics_listen: str = (
+        ""  # host:port of the Prometheus /metrics endpoint (port 0: any free one); off if ""
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
@@ -105,6 +110,8 @@ class NodeConfig:
             )
         if self.listen:
             parse_address(self.listen, "listen")
+        if self.metrics_listen:
+            parse_address(self.metrics_listen, "metrics_listen", allow_any_port=True)
         if self.flush not in FLUSH_POLICIES:
             raise ConfigError(f"flush must be one of {', '.join(FLUSH_POLICIES)}, got {self.flush!r}")
         if not 1 <= self.flush_interval_ms <= 10_000:
@@ -138,10 +145,12 @@ class NodeConfig:
         return sorted(self.peers)
 
 
-def parse_address(addr: str, what: str) -> tuple[str, int]:
+def parse_address(addr: str, what: str, allow_any_port: bool = False) -> tuple[str, int]:
+    """``host:port``; ``allow_any_port`` accepts port 0 (the system picks a free one)."""
     host, sep, port = str(addr).rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{what}: address {addr!r} is not host:port with a port in 1..65535")
+    lo = 0 if allow_any_port else 1
+    if not sep or not host or not port.isdigit() or not lo <= int(port) < 65536:
+        raise ConfigError(f"{what}: address {addr!r} is not host:port with a port in {lo}..65535")
     return host, int(port)
 
 
@@ -227,6 +236,7 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
         "max_pending_entries",
         "max_body_bytes",
         "state_machine",
+        "metrics_listen",
     ):
         v = pick(name)
         if v is not None:

@@ -87,8 +87,12 @@ def test_policy_snapshot_compacts_and_restart_loads_snapshot_plus_suffix(tmp_pat
             await g.start()
             leader = await g.leader()
             want = await _put(leader, 0, 150)
+            # Compaction follows each snapshot on the node's I/O thread: wait for both.
             await g.until(
-                lambda: all(n.stats["snapshots_taken"] >= 2 for n in g.nodes.values()), what="snapshots"
+                lambda: all(
+                    n.stats["snapshots_taken"] >= 2 and n.log_store.first_index > 0 for n in g.nodes.values()
+                ),
+                what="snapshots and compaction",
             )
             for n in g.nodes.values():
                 infos = n.snapshots.infos()
