@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import importlib.metadata
 import os
 import platform
 import shlex
@@ -73,14 +74,14 @@ def build_systems(
                 notes.append(f"etcd version {systems[-1].version}")
         elif name == "pysyncobj":
             try:
-                import pysyncobj
-            except ImportError:
+                version = importlib.metadata.version("pysyncobj")
+            except importlib.metadata.PackageNotFoundError:
                 notes.append("pysyncobj is not installed (pip install '.[bench]'); PySyncObj is skipped")
                 continue
             from bench.compare.pysyncobj_group import PySyncObjSystem
 
             systems.append(PySyncObjSystem(registry))
-            notes.append(f"pysyncobj {getattr(pysyncobj, '__version__', '')}".strip())
+            notes.append(f"pysyncobj {version}")
         else:
             raise SystemExit(f"unknown system {name!r}; choose from {', '.join(ALL_SYSTEMS)}")
     return systems, notes
