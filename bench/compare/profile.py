@@ -17,6 +17,7 @@ import collections
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.compare import workloads as wl
@@ -26,11 +27,35 @@ from bench.compare.ours import OursSystem
 RATE = 200  # samples per second
 
 
-def top_frames(raw: Path, n: int = 15) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
-    """From py-spy's raw output (``frame;frame;... count`` per line): total samples, and the ``n`` frames
-    with the most self samples (leaf) and the most inclusive samples (anywhere on the stack)."""
+# Frames every sample passes through (entry point, event loop, thread plumbing): they say nothing about where
+# the time goes, so the inclusive table leaves them out.
+PLUMBING = (
+    "<frozen runpy>",
+    "typer/",
+    "dledger/__main__.py",
+    "dledger/cli.py",
+    "asyncio/runners.py",
+    "threading.py",
+    "concurrent/futures/thread.py",
+    "BaseEventLoop.run_forever",
+    "BaseEventLoop._run_once",
+    "Handle._run",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    total: int  # samples
+    by_self: list[tuple[str, int]]  # leaf frames
+    by_inclusive: list[tuple[str, int]]  # frames anywhere on the stack, plumbing left out
+    by_file: list[tuple[str, int]]  # self samples summed per source file
+
+
+def top_frames(raw: Path, n: int = 15) -> Profile:
+    """Summarise py-spy's raw output (``frame;frame;... count`` per line, frames ``func (file)``)."""
     self_t: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
+    files: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -38,13 +63,16 @@ def top_frames(raw: Path, n: int = 15) -> tuple[int, list[tuple[str, int]], list
             continue
         c = int(count)
         total += c
-        frames = [f for f in stack.split(";") if not f.startswith("process ") and not f.startswith("thread ")]
+        frames = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))]
         if not frames:
             continue
-        self_t[frames[-1]] += c
+        leaf = frames[-1]
+        self_t[leaf] += c
+        files[leaf.rpartition("(")[2].rstrip(")")] += c
         for f in set(frames):
-            incl[f] += c
-    return total, self_t.most_common(n), incl.most_common(n)
+            if not any(p in f for p in PLUMBING):
+                incl[f] += c
+    return Profile(total, self_t.most_common(n), incl.most_common(n), files.most_common(n))
 
 
 async def profile_point(
@@ -70,7 +98,9 @@ async def profile_point(
         fmt,
         "-o",
         str(path),
-        *(["--nolineno"] if fmt == "raw" else []),  # top frames per function, not per line
+        # raw: only samples holding the GIL (Python CPU time, the scarce resource), per function; the flame
+        # graph: wall-clock stacks of every thread (fdatasync and waits included), per line.
+        *(["--nolineno", "--gil"] if fmt == "raw" else ["--threads"]),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -104,22 +134,27 @@ async def run(args: argparse.Namespace, py_spy: str) -> str:
                 if fmt != "raw":
                     lines.append(f"flame graph: {path}")
                     continue
-                total, by_self, by_incl = top_frames(path)
+                prof = top_frames(path)
+                total = prof.total
                 busy = total / (RATE * args.seconds)
                 lines += [
                     "",
                     f"## {system.name} leader, {point.workload} ({point.writers} writers x {result.batch}): "
                     f"{result.rate:,.0f} writes/s while sampled, p50 {result.p50_ms:.2f} ms",
-                    f"{total} samples at {RATE}/s over {args.seconds:g} s: the leader was on CPU (not idle in "
-                    f"its event loop) about {busy:.0%} of the time; raw stacks: {path}",
+                    f"{total} samples holding the GIL at {RATE}/s over {args.seconds:g} s: the leader ran Python "
+                    f"about {busy:.0%} of the time (100% = one core, the most one process can); stacks: {path}",
                     "",
                     "| self % | frame (leaf) |",
                     "|---|---|",
-                    *[f"| {c / total:.1%} | `{f}` |" for f, c in by_self],
+                    *[f"| {c / total:.1%} | `{f}` |" for f, c in prof.by_self],
                     "",
-                    "| inclusive % | frame (anywhere on the stack) |",
+                    "| inclusive % | frame (anywhere on the stack; loop and thread plumbing left out) |",
                     "|---|---|",
-                    *[f"| {c / total:.1%} | `{f}` |" for f, c in by_incl],
+                    *[f"| {c / total:.1%} | `{f}` |" for f, c in prof.by_inclusive],
+                    "",
+                    "| self % | source file |",
+                    "|---|---|",
+                    *[f"| {c / total:.1%} | `{f}` |" for f, c in prof.by_file],
                 ]
     finally:
         registry.stop_all()

@@ -38,6 +38,7 @@ class Summary:
     p99_ms: float
     errors: int
     elections: int
+    client_cpu: float  # median over rounds, in cores: near 1.0 the load generator itself was the limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,7 @@ def summarize(loads: list[LoadResult], order: list[str] | None = None) -> list[S
                 p99_ms=_median([r.p99_ms for r in rs]),
                 errors=sum(r.errors for r in rs),
                 elections=sum(r.elections for r in rs),
+                client_cpu=_median([r.client_cpu for r in rs]),
             )
         )
     return out
@@ -115,6 +117,10 @@ def _num(x: float, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
 
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.0%}"
+
+
 def _ratio(ours: float, peer: float) -> str:
     if math.isnan(ours) or math.isnan(peer) or peer == 0 or ours == 0:
         return "n/a"
@@ -129,13 +135,15 @@ def tables(
 ) -> str:
     """Markdown tables: throughput, ratios, failover, stability, and the durability legend."""
     lines = [
-        "| workload | system | values/call | writes/s median [range] | p50 ms | p99 ms | errors |",
-        "|---|---|---|---|---|---|---|",
+        "Client CPU: the load generator's own CPU during the point (100% = one core; near it, the client was the limit).",
+        "",
+        "| workload | system | values/call | writes/s median [range] | p50 ms | p99 ms | errors | client CPU |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lines.append(
             f"| {s.workload} | {s.system} | {s.batch} | {_num(s.rate_median)} [{_num(s.rate_min)}-{_num(s.rate_max)}] "
-            f"| {_num(s.p50_ms, 2)} | {_num(s.p99_ms, 2)} | {s.errors} |"
+            f"| {_num(s.p50_ms, 2)} | {_num(s.p99_ms, 2)} | {s.errors} | {_pct(s.client_cpu)} |"
         )
     by = {(s.workload, s.system): s for s in summaries}
     pairs = [(a, b) for a, b in PAIRS if any(k[1] == a for k in by) and any(k[1] == b for k in by)]

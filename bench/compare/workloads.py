@@ -61,6 +61,7 @@ class LoadResult:
     p99_ms: float
     elections: int  # term increase over the run
     leader_changes: int  # changes of (leader, term) seen by polling (stability run only; else from the ends)
+    client_cpu: float = float("nan")  # the load generator's CPU over the run, in cores (1.0 = one core busy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,8 @@ async def run_load(
         if first:
             views.append(first)
         loop = asyncio.get_running_loop()
-        t_start = loop.time() + warmup_s
+        cpu0, wall0 = time.process_time(), loop.time()
+        t_start = wall0 + warmup_s
         t_end = t_start + seconds
         stop = asyncio.Event()
 
@@ -152,6 +154,7 @@ async def run_load(
         watcher = asyncio.create_task(watch()) if poll_leader_s else None
         await asyncio.gather(*(writer() for _ in range(point.writers)))
         measured = min(seconds, max(1e-9, loop.time() - t_start))
+        client_cpu = (time.process_time() - cpu0) / max(1e-9, loop.time() - wall0)
         stop.set()
         if watcher is not None:
             await watcher
@@ -176,6 +179,7 @@ async def run_load(
         p99_ms=percentile(lat, 0.99) * 1000,
         elections=elections,
         leader_changes=_count_changes(views),
+        client_cpu=client_cpu,
     )
 
 
