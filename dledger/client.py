@@ -24,6 +24,7 @@ import random
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -228,6 +229,7 @@ class AsyncDLedgerClient:
         self._rng = rng or random.Random()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, client_pb2_grpc.DLedgerStub] = {}
+        self._other_stubs: dict[tuple[str, type], Any] = {}
         self._streams: dict[str, _AppendStream] = {}
         self.leader: str | None = None
         self._next = 0
@@ -380,7 +382,32 @@ class AsyncDLedgerClient:
             attempt += 1
         raise UnavailableError(f"no leader found among {', '.join(self.addresses)} within {self.timeout_s} s")
 
-    async def _unary(self, fn, address: str | None, leader_only: bool = False):
+    def stub(self, address: str, stub_type: type) -> Any:
+        """A stub of another service served by the nodes (e.g. ``kv_pb2_grpc.KVStub``), on this client's
+        channel to ``address``."""
+        self._stub(address)
+        key = (address, stub_type)
+        stub = self._other_stubs.get(key)
+        if stub is None:
+            stub = self._other_stubs[key] = stub_type(self._channels[address])
+        return stub
+
+    async def call(self, fn, *, stub_type: type, write: bool, address: str | None = None):
+        """``await fn(stub)`` on the leader (or on ``address``), following not-leader hints and retrying what
+        is retriable within ``timeout_s``, for services stacked on the nodes (the KV store, the broker).
+
+        A ``write`` whose call broke after the request may have reached the node raises
+        ``OutcomeUnknownError`` instead of being retried: it may have been applied."""
+        return await self._unary(fn, address, leader_only=True, stub_type=stub_type, write=write)
+
+    async def _unary(
+        self,
+        fn,
+        address: str | None,
+        leader_only: bool = False,
+        stub_type: type | None = None,
+        write: bool = False,
+    ):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         attempt = 0
@@ -388,10 +415,19 @@ class AsyncDLedgerClient:
         while loop.time() < deadline:
             target = address or (self._candidate() if leader_only else (self.leader or self._candidate()))
             try:
-                return await fn(self._stub(target))
+                return await fn(self._stub(target) if stub_type is None else self.stub(target, stub_type))
             except grpc.aio.AioRpcError as e:
                 err = _error_from_rpc(e, target)
-                if address is not None or not err.retriable:
+                if (
+                    write
+                    and isinstance(err, UnavailableError)
+                    and not _never_sent(e)
+                    and not _is_node_refusal(e)
+                ):
+                    raise OutcomeUnknownError(
+                        f"{target} failed while the write was in flight: {e.details()}"
+                    ) from e
+                if address is not None or not err.retriable or isinstance(err, OutcomeUnknownError):
                     raise err from e
                 last = err
                 self._learn(err, target)
@@ -407,6 +443,7 @@ class AsyncDLedgerClient:
             await ch.close()
         self._channels.clear()
         self._stubs.clear()
+        self._other_stubs.clear()
 
     async def __aenter__(self) -> AsyncDLedgerClient:
         return self

@@ -8,7 +8,7 @@ Tasks (ARCHITECTURE.md "Hot path"):
   persist (hard state, snapshot reset, truncation, append + fsync per flush policy) in a single-thread
   executor, then send the messages, then hand on what committed, then ``core.advance(ready)``. Persist
   before send is enforced here and nowhere else (one exception: a leader's own AppendEntries leave while it
-  writes the same entries, see ``_send_early``);
+  writes the same entries, see ``dledger.core.messages.split_early``);
 - one **sender** per peer writes everything queued for that peer (AppendEntries, heartbeats, answers) as one
   message on a long-lived stream (the ``Pipe``), without waiting for answers: many AppendEntries are in flight
   at once (pipelining, bounded by the core's window), and a heartbeat is never queued behind more than the one
@@ -55,6 +55,7 @@ from dledger.core.messages import (
     SnapshotMeta,
     SnapshotStatus,
     TimeoutNow,
+    split_early,
 )
 from dledger.core.raft import RaftCore
 from dledger.errors import (
@@ -738,12 +739,10 @@ class Node:
                     break
                 rd = core.ready()
                 waiters, self._reply_waiters = self._reply_waiters, []
-                messages = rd.messages
-                # 0. a leader's own replication goes out while it writes (Raft thesis 10.2.1): see _send_early.
-                if rd.frames and self._send_early(rd):
-                    early = tuple(m for m in messages if isinstance(m, AppendEntries | Heartbeat))
+                # 0. a leader's own replication goes out while it writes the same entries (split_early).
+                early, messages = split_early(rd, core.role)
+                if early:
                     self._dispatch(early, [])
-                    messages = tuple(m for m in messages if not isinstance(m, AppendEntries | Heartbeat))
                 # 1. persist. Nothing below runs until storage has it (fsync per flush policy).
                 if (
                     rd.hard_state is not None
@@ -764,21 +763,6 @@ class Node:
                 self._watch_role()
                 # 4. tell the core its work was done.
                 core.advance(rd)
-
-    def _send_early(self, rd: Ready) -> bool:
-        """May this Ready's AppendEntries and heartbeats leave before its entries are on the leader's disk?
-
-        Yes for a leader whose term and vote are already durable: followers write in parallel with the leader's
-        own write, which takes one disk write off every commit. It is safe because nothing is acknowledged or
-        applied before the leader's own copy is durable too: a commit index is acted on only from a later Ready,
-        taken after this one's write completed, and followers learn it no earlier. Everything else (votes,
-        answers to other nodes' messages, a node truncating or installing a snapshot) waits for the write."""
-        return (
-            rd.hard_state is None
-            and rd.snapshot is None
-            and rd.truncate_from is None
-            and self._core.role is Role.LEADER
-        )
 
     def _persist(self, rd: Ready) -> None:
         """Runs in the I/O thread: the only writer of the log and the metadata."""

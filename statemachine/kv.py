@@ -5,6 +5,9 @@ so a put costs a few dozen bytes of overhead, not a JSON document:
 
     P <klen:u16> <key> <value>     put      -> result: the previous value or None
     D <klen:u16> <key>             delete   -> result: True if the key existed
+    C <klen:u16> <key> <elen:u32> <expected> <value>
+                                   compare-and-swap (elen 0xFFFFFFFF: "the key is absent")
+                                            -> result: Swapped(swapped, current value or None)
 
 Reads do not go through the log: a linearizable read asks the leader for a read index (Raft thesis 6.4: the
 leader confirms it still leads with one heartbeat round, then the read waits until the apply loop has applied
@@ -15,13 +18,17 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from statemachine.api import CommittedEntry
 
 OP_PUT = ord("P")
 OP_DELETE = ord("D")
+OP_CAS = ord("C")
 _KLEN = struct.Struct(">H")
+_ELEN = struct.Struct(">I")
+ABSENT = 0xFFFFFFFF
 _SNAP_ITEM = struct.Struct(">HI")
 MAX_KEY = 0xFFFF
 
@@ -38,6 +45,19 @@ def encode_put(key: bytes, value: bytes) -> bytes:
 def encode_delete(key: bytes) -> bytes:
     _check_key(key)
     return bytes((OP_DELETE,)) + _KLEN.pack(len(key)) + key
+
+
+def encode_cas(key: bytes, expected: bytes | None, value: bytes) -> bytes:
+    """Set ``key`` to ``value`` if it now holds ``expected`` (None: if it does not exist)."""
+    _check_key(key)
+    elen = _ELEN.pack(ABSENT if expected is None else len(expected))
+    return bytes((OP_CAS,)) + _KLEN.pack(len(key)) + key + elen + (expected or b"") + value
+
+
+@dataclass(frozen=True, slots=True)
+class Swapped:
+    swapped: bool
+    current: bytes | None  # the key's value after the command
 
 
 def _check_key(key: bytes) -> None:
@@ -57,9 +77,23 @@ def decode_command(body: bytes | memoryview) -> tuple[int, bytes, bytes]:
     value = bytes(body[3 + klen :])
     if op == OP_DELETE and value:
         raise KVCommandError("delete carries no value")
-    if op not in (OP_PUT, OP_DELETE):
+    if op not in (OP_PUT, OP_DELETE, OP_CAS):
         raise KVCommandError(f"unknown opcode {op:#x}")
+    if op == OP_CAS:
+        if len(value) < _ELEN.size:
+            raise KVCommandError("compare-and-swap lacks its expected-value length")
+        (elen,) = _ELEN.unpack_from(value)
+        if elen != ABSENT and _ELEN.size + elen > len(value):
+            raise KVCommandError(f"expected value of {elen} bytes does not fit a {len(body)}-byte command")
     return op, key, value
+
+
+def split_cas(value: bytes) -> tuple[bytes | None, bytes]:
+    """The (expected, new value) of a compare-and-swap command's tail (checked by ``decode_command``)."""
+    (elen,) = _ELEN.unpack_from(value)
+    if elen == ABSENT:
+        return None, value[_ELEN.size :]
+    return value[_ELEN.size : _ELEN.size + elen], value[_ELEN.size + elen :]
 
 
 class KVStore:
@@ -83,6 +117,13 @@ class KVStore:
             if op == OP_PUT:
                 results.append(data.get(key))
                 data[key] = value
+            elif op == OP_CAS:
+                expected, new = split_cas(value)
+                if data.get(key) == expected:
+                    data[key] = new
+                    results.append(Swapped(True, new))
+                else:
+                    results.append(Swapped(False, data.get(key)))
             else:
                 results.append(data.pop(key, None) is not None)
         return results

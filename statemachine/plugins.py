@@ -1,5 +1,7 @@
-"""Built-in node plugins (``state_machine = "kv"`` or ``"counter"`` in a node's config): a state machine and no
-extra gRPC service; entries reach them through the DLedger client API."""
+"""Built-in node plugins (``state_machine = "kv"`` or ``"counter"`` in a node's config).
+
+The key-value store adds its own gRPC service (``dledger.v1.KV``: put, linearizable get, delete,
+compare-and-swap); the counter has none: its entries reach it through the DLedger client API."""
 
 from __future__ import annotations
 
@@ -20,8 +22,18 @@ class StateMachineOnly:
         return ()
 
 
-def kv(config: Any) -> StateMachineOnly:
-    return StateMachineOnly(KVStore())
+@dataclass
+class KVPlugin:
+    state_machine: KVStore
+
+    def attach(self, node: Any, server: Any) -> Sequence[str]:
+        from statemachine.kvservice import attach  # gRPC only where a node serves it
+
+        return attach(node, server, self.state_machine)
+
+
+def kv(config: Any) -> KVPlugin:
+    return KVPlugin(KVStore())
 
 
 def counter(config: Any) -> StateMachineOnly:

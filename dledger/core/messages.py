@@ -186,7 +186,7 @@ class Ready:
     1. persist: save ``hard_state`` (when not None) durably; if ``snapshot`` is set the log restarts after it;
        if ``truncate_from`` is set, ``truncate_suffix(truncate_from)``; then ``append(frames)``;
     2. send ``messages`` (only after step 1 is durable: a vote or an acknowledgement must never outlive a crash
-       that forgot what it promised);
+       that forgot what it promised; the one exception is ``split_early``);
     3. apply entries up to ``commit_index`` in order (they are all in storage after step 1);
     4. call ``core.advance(ready)``.
     """
@@ -199,3 +199,25 @@ class Ready:
     commit_index: int = -1
     soft_state: SoftState | None = None
     read_states: tuple[tuple[int, int], ...] = field(default=())  # (request context, read index) pairs
+
+
+def split_early(rd: Ready, role: Role) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
+    """(early, rest): the messages of ``rd`` that may leave before its step 1 completes (Raft thesis 10.2.1),
+    and those that must wait for it.
+
+    A leader whose term and vote are already durable may send its AppendEntries and heartbeats while it writes
+    the same entries itself: followers write in parallel with the leader, which takes one disk write off every
+    commit. It is safe because the runtime acts on a commit index only from a later Ready (taken after this
+    one's write completed), so nothing is applied or acknowledged before the leader's own copy is durable, and
+    followers learn that commit index no earlier. Votes, answers to other nodes, and a Ready that truncates or
+    installs a snapshot always wait for the write."""
+    if (
+        role is not Role.LEADER
+        or not rd.frames
+        or rd.hard_state is not None
+        or rd.snapshot is not None
+        or rd.truncate_from is not None
+    ):
+        return (), rd.messages
+    early = tuple(m for m in rd.messages if isinstance(m, AppendEntries | Heartbeat))
+    return early, tuple(m for m in rd.messages if not isinstance(m, AppendEntries | Heartbeat))

@@ -246,6 +246,21 @@ async def _abort(context: grpc.aio.ServicerContext, err: DLedgerError, leader_ad
     await context.abort(convert.status_code(err), str(err))
 
 
+async def abort_rpc(
+    context: grpc.aio.ServicerContext, err: DLedgerError, address_of: Callable[[str], str | None]
+) -> None:
+    """End a call of a service stacked on a node (a plugin's) with ``err``'s status, and for a not-leader
+    error the leader's address in the trailing metadata, exactly as the client service does."""
+    hint = address_of(err.leader_hint) if isinstance(err, NotLeaderError) and err.leader_hint else None
+    await _abort(context, err, hint)
+
+
+async def check_group(context: grpc.aio.ServicerContext, got: str, mine: str) -> None:
+    """An empty group means "whatever this node serves"; another group is INVALID_ARGUMENT."""
+    if got and got != mine:
+        await _abort(context, _unknown_group(got, mine))
+
+
 class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
     """Inbound Raft traffic: check the group, convert, hand to the node, convert the answers back."""
 

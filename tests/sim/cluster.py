@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from dledger.core.config import RaftConfig
-from dledger.core.messages import InstallSnapshot, Message, Ready, Role, SnapshotStatus
+from dledger.core.messages import InstallSnapshot, Message, Ready, Role, SnapshotStatus, split_early
 from dledger.core.raft import RaftCore
 from storage import codec
 from storage.errors import IndexOutOfRange
@@ -64,7 +64,7 @@ class SimNode:
         return self.core is not None
 
 
-CRASH_STAGES = ("before-ready", "after-hard-state", "after-truncate", "after-frames")
+CRASH_STAGES = ("before-ready", "after-hard-state", "after-truncate", "after-frames", "after-early-send")
 
 
 class Cluster:
@@ -142,7 +142,12 @@ class Cluster:
             return
         core = node.core
         assert core is not None
-        if stage != "before-ready" and core.has_ready():
+        if stage == "after-early-send" and core.has_ready():
+            # A leader sent its AppendEntries (split_early) and died before its own write of them.
+            rd = core.ready()
+            early, _ = split_early(rd, core.role)
+            self._send(early)
+        elif stage != "before-ready" and core.has_ready():
             rd = core.ready()
             self._persist(node, rd, stop_after=stage)
         node.core = None
@@ -357,13 +362,18 @@ class Cluster:
             return
         while core.has_ready():
             rd = core.ready()
+            early, rest = split_early(rd, core.role)
+            self._send(early)  # a leader's replication leaves before its own write, as in the node
             self._persist(node, rd)
-            for m in rd.messages:
-                self.queue.append(Envelope(m, self.now))
+            self._send(rest)
             self._apply(node, rd)
             node.read_states.extend(rd.read_states)
             core.advance(rd)
             self._observe(node)
+
+    def _send(self, messages: tuple[Message, ...]) -> None:
+        for m in messages:
+            self.queue.append(Envelope(m, self.now))
 
     def _persist(self, node: SimNode, rd: Ready, stop_after: str | None = None) -> None:
         if rd.hard_state is not None:

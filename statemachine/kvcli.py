@@ -1,0 +1,81 @@
+"""``dledger kv put|get|delete|cas``: the key-value store of a group started with ``--state-machine kv``."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dledger.errors import DLedgerError
+
+kv_app = typer.Typer(help="Key-value store of a group running state_machine = kv.", no_args_is_help=True)
+DirOpt = Annotated[Path | None, typer.Option("--dir", help="a local group directory")]
+AddrOpt = Annotated[str | None, typer.Option("--addresses", help="node addresses, comma separated")]
+
+
+def _run(dir: Path | None, addresses: str | None, op):
+    from dledger.cli import _addresses, _fail
+    from statemachine.kvclient import AsyncKVClient
+
+    async def go():
+        async with AsyncKVClient(_addresses(dir, addresses)) as kv:
+            return await op(kv)
+
+    try:
+        return asyncio.run(go())
+    except DLedgerError as e:
+        _fail(f"{type(e).__name__}: {e}")
+
+
+def _show(value: bytes | None) -> str:
+    return "(absent)" if value is None else value.decode(errors="backslashreplace")
+
+
+@kv_app.command()
+def put(key: str, value: str, dir: DirOpt = None, addresses: AddrOpt = None) -> None:
+    """Set KEY to VALUE (replicated; prints the log index and the previous value)."""
+    w = _run(dir, addresses, lambda kv: kv.put(key.encode(), value.encode()))
+    typer.echo(f"index {w.index} previous {_show(w.previous)}")
+
+
+@kv_app.command()
+def get(
+    key: str,
+    dir: DirOpt = None,
+    addresses: AddrOpt = None,
+    serializable: Annotated[bool, typer.Option(help="read any node's applied state (may be stale)")] = False,
+) -> None:
+    """Print KEY's value (linearizable unless --serializable)."""
+    r = _run(dir, addresses, lambda kv: kv.get(key.encode(), linearizable=not serializable))
+    typer.echo(_show(r.value))
+
+
+@kv_app.command()
+def delete(key: str, dir: DirOpt = None, addresses: AddrOpt = None) -> None:
+    """Delete KEY."""
+    w = _run(dir, addresses, lambda kv: kv.delete(key.encode()))
+    typer.echo(f"index {w.index} existed {w.existed}")
+
+
+@kv_app.command()
+def cas(
+    key: str,
+    value: str,
+    expected: Annotated[
+        str | None, typer.Option(help="swap only if KEY holds this (omit: only if absent)")
+    ] = None,
+    dir: DirOpt = None,
+    addresses: AddrOpt = None,
+) -> None:
+    """Compare-and-swap: set KEY to VALUE if it holds --expected (or is absent)."""
+    exp = expected.encode() if expected is not None else None
+    w = _run(dir, addresses, lambda kv: kv.compare_and_swap(key.encode(), exp, value.encode()))
+    typer.echo(f"index {w.index} swapped {w.swapped} current {_show(w.current)}")
+    if not w.swapped:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(kv_app, name="kv")
