@@ -59,12 +59,19 @@ def read_log(data_dir: str | Path) -> list[codec.Entry]:
     return out
 
 
-def wait(cond, timeout_s: float = 15.0, what: str = "condition"):
-    """Poll ``cond`` until it returns something truthy (returned) or the deadline passes (AssertionError)."""
+def wait(cond, timeout_s: float = 15.0, what: str = "condition", group: grp.GroupSpec | None = None):
+    """Poll ``cond`` until it returns something truthy (returned) or the deadline passes (AssertionError,
+    with the group's status when given, so a failure on a loaded CI machine says where each node stood)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         v = cond()
         if v:
             return v
         time.sleep(0.02)
-    raise AssertionError(f"{what} not reached within {timeout_s} s")
+    state = ""
+    if group is not None:
+        rows = grp.status(group, 2.0)
+        state = "; status: " + ", ".join(
+            f"{r.id} {r.role} term {r.term} last {r.last_index} commit {r.commit_index}" for r in rows
+        )
+    raise AssertionError(f"{what} not reached within {timeout_s} s{state}")
