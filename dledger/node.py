@@ -1061,13 +1061,23 @@ class Node:
 
     # -- peers: inbound (PeerHandler) --------------------------------------------------------------------------
 
-    async def handle_message(self, msg: Message) -> list[Message]:
-        if self._stopping:
-            raise UnavailableError(f"node {self.id} is shutting down")
+    def _check_sender(self, msg: Message) -> None:
+        """Only the group's other voters may speak Raft to this node: a stray process (a node of another
+        group, a tool, a fuzzer) is refused before the core sees anything."""
         if msg.dst != self.id:
             raise InvalidRequestError(
                 f"message for {msg.dst} delivered to {self.id}: check the peer addresses"
             )
+        if msg.src == self.id or msg.src not in self.config.peers:
+            raise InvalidRequestError(
+                f"{type(msg).__name__} from {msg.src!r}, which is not a member of group {self.group} "
+                f"(members: {', '.join(sorted(self.config.peers))}): refused"
+            )
+
+    async def handle_message(self, msg: Message) -> list[Message]:
+        if self._stopping:
+            raise UnavailableError(f"node {self.id} is shutting down")
+        self._check_sender(msg)
         core = self._core
         if core is None:
             raise UnavailableError(f"node {self.id} is starting")
@@ -1089,10 +1099,8 @@ class Node:
         waiters = []
         loop = asyncio.get_running_loop()
         for msg in messages:
-            if msg.dst != self.id:
-                raise InvalidRequestError(
-                    f"message for {msg.dst} delivered to {self.id}: check the peer addresses"
-                )
+            self._check_sender(msg)
+        for msg in messages:
             self._step(msg)
             kind = _RESPONSE_TO.get(type(msg))
             if kind is not None:

@@ -295,10 +295,15 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
         out: asyncio.Queue[raft_pb2.PeerReply | None] = asyncio.Queue()
         pending: set[asyncio.Task] = set()
         group = self._group
+        refused: list[InvalidRequestError] = []
 
         async def one(messages: list[Message]) -> None:
             try:
                 replies = await self._handler.handle_batch(messages)
+            except InvalidRequestError as e:  # e.g. a sender that is not a member: end the stream, say why
+                refused.append(e)
+                out.put_nowait(None)
+                return
             except DLedgerError as e:
                 # The node refused the batch (e.g. it is shutting down): the sender's core times out and
                 # retries, as for any lost message.
@@ -327,6 +332,8 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
                 if item is None:
                     break
                 yield item
+            if refused:
+                await _abort(context, refused[0])
             try:
                 await reader_task
             except DLedgerError as e:

@@ -12,7 +12,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from dledger import group as grp
 from dledger.client import DLedgerClient
+from dledger.core.messages import AppendEntries, Heartbeat, RequestVote
 from dledger.errors import InvalidRequestError
+from dledger.transport import convert
 from dledger.v1 import client_pb2, client_pb2_grpc, raft_pb2, raft_pb2_grpc
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -119,6 +121,47 @@ def test_peer_service_rejects_another_group(group3, roles):
             lambda: peer.Heartbeat(raft_pb2.HeartbeatRequest(group="other", term=1, src="x", dst=lead.id))
         )
         assert e.code() is grpc.StatusCode.INVALID_ARGUMENT and "unknown group" in e.details()
+
+
+def test_peer_service_rejects_a_non_member(group3, roles):
+    """A process that is not in the group (here "intruder", with a huge term) is refused on every peer call,
+    and nothing it sent reached the core."""
+    _, follower = roles
+    huge = 10**9
+    vote = RequestVote(huge, "intruder", follower.id, last_log_index=10**6, last_log_term=huge)
+    append = AppendEntries(huge, "intruder", follower.id, -1, 0, leader_commit=-1)
+    with grpc.insecure_channel(follower.address) as ch:
+        peer = raft_pb2_grpc.RaftPeerStub(ch)
+        calls = [
+            lambda: peer.Vote(convert.vote_to_pb(vote, group3.name)),
+            lambda: peer.AppendEntries(convert.append_entries_to_pb(append, group3.name)),
+            lambda: peer.Heartbeat(
+                convert.heartbeat_to_pb(Heartbeat(huge, "intruder", follower.id, commit=-1), group3.name)
+            ),
+            lambda: peer.Deliver(
+                raft_pb2.DeliverRequest(
+                    group=group3.name, messages=[convert.message_to_pb(append, group3.name)]
+                )
+            ),
+            lambda: list(
+                peer.Pipe(
+                    iter(
+                        [
+                            raft_pb2.DeliverRequest(
+                                group=group3.name, messages=[convert.message_to_pb(append, group3.name)]
+                            )
+                        ]
+                    )
+                )
+            ),
+        ]
+        for call in calls:
+            e = code_of(call)
+            assert e.code() is grpc.StatusCode.INVALID_ARGUMENT, e
+            assert "'intruder', which is not a member of group orders" in e.details()
+    # Had any of it been stepped, the follower would have jumped to the intruder's term.
+    after = {r.id: r.term for r in grp.status(group3)}
+    assert all(t is not None and t < huge for t in after.values()), after
 
 
 def test_health_and_reflection(group3, roles):
