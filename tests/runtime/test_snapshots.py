@@ -161,12 +161,17 @@ def test_corrupt_snapshot_without_a_usable_older_one_is_refused(tmp_path):
             await g.start()
             leader = await g.leader()
             await _put(leader, 0, 100)
+            top = leader.metadata().applied_index
             pid = next(p for p, n in g.nodes.items() if n is not leader)
             node = g.nodes[pid]
+            # Everything applied (no snapshot is still to come) and the newest one compacted the log: then the
+            # older snapshot, if any, is not usable (the log does not continue from it).
             await g.until(
                 lambda: (
-                    node.snapshots.infos()
+                    node.metadata().applied_index >= top
+                    and node.snapshots.infos()
                     and node.log_store.first_index == node.snapshots.infos()[-1].index + 1
+                    and node._snapshot_task is None  # no snapshot (or its compaction) in progress
                 ),
                 what="follower snapshot and compaction",
             )
