@@ -22,8 +22,8 @@ pipe write per follower.
 
 A client's append resolves at commit with (index, pos) of each body: ``_committed`` is the one seam where
 committed entries are handed on (a state machine's apply loop registers through ``add_commit_listener``).
-Storage calls that may block (fsync, truncate, unlink, segment roll) run in one I/O thread, except a follower's
-small appends while its disk is fast and that thread idle (``_persist_inline``).
+Storage calls that may block (fsync, truncate, unlink, segment roll) run in one I/O thread, except small appends
+while the disk is fast and that thread idle (``_persist_inline``).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ from storage.api import LogStore, MetaStore
 from storage.codec import Entry
 from storage.errors import Compacted, IndexOutOfRange
 
-# A follower writes appends up to this size on its event loop while its writes take less than this on average.
+# Appends up to this size are written on the event loop while writes take less than this on average.
 INLINE_MAX_BYTES = 64 << 10
 INLINE_MAX_PERSIST_S = 0.002
 log = logging.getLogger("dledger.node")
@@ -756,7 +756,11 @@ class Node:
                     or rd.frames
                 ):
                     t0 = time.perf_counter()
-                    if self._persist_inline(rd):
+                    inline = self._persist_inline(rd)
+                    if inline and early:
+                        await asyncio.sleep(0)  # the senders put the early AppendEntries on the wire first
+                        inline = self._io_pending == 0
+                    if inline:
                         self._persist(rd)
                         self.stats["persists_inline"] += 1
                     else:
@@ -777,13 +781,12 @@ class Node:
         """Write this Ready on the event loop itself rather than in the I/O thread?
 
         Handing a write to the thread and back costs about as much as a small fdatasync here (a thread wake-up and
-        the GIL), and on a follower that hand-off sits on every commit's critical path. So a follower writes
-        small appends inline while its disk is fast. A leader never does (its heartbeats must not wait for a
-        disk), nor does anyone for truncations, snapshots or large batches, and a slow write (EWMA above
-        ``INLINE_MAX_PERSIST_S``) sends everything back to the thread until the disk is fast again."""
+        the GIL), and that hand-off sits on every commit's critical path, on the leader and on the followers. So
+        small appends are written inline while the disk is fast: the loop (and a leader's heartbeats) then waits
+        for at most one fast write. Truncations, snapshots and large batches always go to the thread, and a slow
+        write (EWMA above ``INLINE_MAX_PERSIST_S``) sends everything back to it until the disk is fast again."""
         return (
-            self._core.role is not Role.LEADER
-            and rd.snapshot is None
+            rd.snapshot is None
             and rd.truncate_from is None
             and len(rd.frames) <= INLINE_MAX_BYTES
             and self._persist_ewma_s < INLINE_MAX_PERSIST_S
