@@ -9,8 +9,12 @@ A command body mirrors the message layout's first two fields so that one look at
 
     0  TOTALSIZE  4
     4  MAGIC      4   0x444C4243
-    8  OP         1   1 create topic, 2 commit consumer offset
+    8  OP         1   1 create topic, 2 commit consumer offset, 3 pop, 4 ack, 5 change invisible duration
     9  PAYLOAD    n   UTF-8 JSON object
+
+Ops 3-5 carry the consumption state of RocketMQ 5 consumers (``broker_adapter.rocketmq``): which messages a group
+received and until when they stay invisible, and which it acknowledged. Time is decided once, by the leader:
+it stamps ``now_ms`` into the command and every node applies the same deadline.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from broker_adapter import message
 
@@ -27,6 +31,9 @@ COMMAND_MAGIC: Final = 0x444C4243
 _HEAD: Final = struct.Struct(">iIB")
 OP_CREATE_TOPIC: Final = 1
 OP_COMMIT_OFFSET: Final = 2
+OP_POP: Final = 3
+OP_ACK: Final = 4
+OP_CHANGE_INVISIBLE: Final = 5
 
 MAX_QUEUES: Final = 1024
 # RocketMQ's topic rule: letters, digits, '%', '-', '_', '|', at most 127 characters.
@@ -52,7 +59,45 @@ class CommitOffset:
     offset: int
 
 
-Command = CreateTopic | CommitOffset
+@dataclass(frozen=True, slots=True)
+class Pop:
+    """A group receives ``offsets`` of a queue (new ones and ones whose invisible time ran out), invisible
+    until ``now_ms + invisible_ms``; ``skip`` are offsets the group's filter does not select (done at once)."""
+
+    group: str
+    topic: str
+    queue_id: int
+    now_ms: int
+    invisible_ms: int
+    offsets: tuple[int, ...]
+    skip: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """A group acknowledges the delivery ``epoch`` of a queue offset (named by a receipt handle)."""
+
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeInvisible:
+    """A group keeps the delivery ``epoch`` of a queue offset invisible until ``now_ms + invisible_ms``."""
+
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    epoch: int
+    now_ms: int
+    invisible_ms: int
+
+
+Command = CreateTopic | CommitOffset | Pop | Ack | ChangeInvisible
 
 
 def check_topic(topic: str) -> str:
@@ -84,6 +129,19 @@ def encode(cmd: Command) -> bytes:
             raise CommandError(f"queue id and offset must be >= 0, got {cmd.queue_id} and {cmd.offset}")
         op = OP_COMMIT_OFFSET
         payload = {"group": cmd.group, "topic": cmd.topic, "queue_id": cmd.queue_id, "offset": cmd.offset}
+    elif isinstance(cmd, Pop | Ack | ChangeInvisible):
+        check_group(cmd.group)
+        check_topic(cmd.topic)
+        numbers = [
+            cmd.queue_id,
+            *(getattr(cmd, f) for f in ("offset", "epoch", "now_ms", "invisible_ms") if hasattr(cmd, f)),
+        ]
+        if isinstance(cmd, Pop):
+            numbers += [*cmd.offsets, *cmd.skip]
+        if any(n < 0 for n in numbers):
+            raise CommandError(f"queue ids, offsets, epochs and times must be >= 0: {cmd!r}")
+        op = {Pop: OP_POP, Ack: OP_ACK, ChangeInvisible: OP_CHANGE_INVISIBLE}[type(cmd)]
+        payload = {f: (list(v) if isinstance(v, tuple) else v) for f, v in _fields(cmd)}
     else:
         raise TypeError(f"not a broker command: {cmd!r}")
     raw = json.dumps(payload, separators=(",", ":")).encode()
@@ -112,6 +170,38 @@ def decode(body: bytes | memoryview) -> Command:
             return CommitOffset(
                 str(payload["group"]), str(payload["topic"]), int(payload["queue_id"]), int(payload["offset"])
             )
+        if op == OP_POP:
+            return Pop(
+                str(payload["group"]),
+                str(payload["topic"]),
+                int(payload["queue_id"]),
+                int(payload["now_ms"]),
+                int(payload["invisible_ms"]),
+                tuple(int(o) for o in payload["offsets"]),
+                tuple(int(o) for o in payload.get("skip", ())),
+            )
+        if op == OP_ACK:
+            return Ack(
+                str(payload["group"]),
+                str(payload["topic"]),
+                int(payload["queue_id"]),
+                int(payload["offset"]),
+                int(payload["epoch"]),
+            )
+        if op == OP_CHANGE_INVISIBLE:
+            return ChangeInvisible(
+                str(payload["group"]),
+                str(payload["topic"]),
+                int(payload["queue_id"]),
+                int(payload["offset"]),
+                int(payload["epoch"]),
+                int(payload["now_ms"]),
+                int(payload["invisible_ms"]),
+            )
     except (ValueError, KeyError, TypeError) as err:
         raise CommandError(f"malformed command payload: {err}") from err
     raise CommandError(f"unknown command op {op}")
+
+
+def _fields(cmd: Command) -> list[tuple[str, Any]]:
+    return [(f, getattr(cmd, f)) for f in cmd.__slots__]

@@ -27,6 +27,7 @@ from typing import Any, BinaryIO, Final
 
 from broker_adapter import commands, message
 from broker_adapter.consumequeue import UNITS_PER_FILE, ConsumeQueue
+from broker_adapter.rocketmq.invisibility import PopStates
 from statemachine.api import CommittedEntry
 from storage.codec import HEADER_SIZE
 
@@ -81,6 +82,8 @@ class BrokerStateMachine:
             tuple[str, int], int
         ] = {}  # per queue: the offset the next message must carry
         self.producers: dict[str, ProducerState] = {}
+        # RocketMQ 5 consumption (receive / ack / change invisible duration): replicated like everything else.
+        self.pops = PopStates()
         self.applied_index = -1  # the last entry given to ``apply`` (with the apply loop's, after a restore)
         self.duplicates = 0  # messages whose (producer, sequence) was already in the log: should stay 0
         self.short_queues: dict[tuple[str, int], int] = {}  # after a snapshot: queues with a hole to repair
@@ -221,8 +224,22 @@ class BrokerStateMachine:
             return cmd
         if cmd.topic not in self.topics or cmd.queue_id >= self.topics[cmd.topic]:
             return commands.CommandError(f"unknown queue {cmd.topic}/{cmd.queue_id}")
-        self.offsets[(cmd.group, cmd.topic, cmd.queue_id)] = cmd.offset
-        return cmd
+        key = (cmd.group, cmd.topic, cmd.queue_id)
+        if isinstance(cmd, commands.CommitOffset):
+            self.offsets[key] = cmd.offset
+            self.pops.reset(*key, cmd.offset)
+            return cmd
+        if isinstance(cmd, commands.Pop):
+            end = self.next_offsets.get((cmd.topic, cmd.queue_id), 0)
+            result: Any = self.pops.pop(cmd, self.offsets.get(key, 0), end)
+        elif isinstance(cmd, commands.Ack):
+            result = self.pops.ack(cmd)
+        else:
+            result = self.pops.change_invisible(cmd)
+        q = self.pops.get(key)
+        if q is not None and q.low != self.offsets.get(key, 0):
+            self.offsets[key] = q.low  # the group's committed offset follows its acknowledgements
+        return result
 
     # -- repair --------------------------------------------------------------------------------------------
     def truncate_beyond(self, log_end_pos: int) -> int:
@@ -258,6 +275,7 @@ class BrokerStateMachine:
             ],
             "applied_index": self.applied_index,
             "duplicates": self.duplicates,
+            "pops": self.pops.to_json(),
         }
         writer.write(json.dumps(state, sort_keys=True).encode())
 
@@ -276,6 +294,7 @@ class BrokerStateMachine:
         }
         self.applied_index = int(state.get("applied_index", -1))
         self.duplicates = int(state.get("duplicates", 0))
+        self.pops = PopStates.from_json(state.get("pops", []))
         for t, q, max_offset in state["queues"]:
             cq = self.queue(t, int(q))
             if cq.max_offset < max_offset:

@@ -3,11 +3,13 @@
 ``make(config)`` builds the dispatcher over ``<data_dir>/consumequeue``; ``attach(node, server)`` (called by the
 node once its storage is open) repairs the ConsumeQueues against the log (units past the log's end are dropped;
 missing ones are re-dispatched by the apply loop's replay), wires the allocator to the node's log and registers
-the gRPC servicer.
+the gRPC servicers: our own Broker service and RocketMQ 5's MessagingService (``broker_adapter.rocketmq``), both
+on the node's one gRPC port.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -17,6 +19,8 @@ from broker_adapter.dispatcher import BrokerStateMachine
 from dledger.v1 import broker_pb2_grpc
 from storage.codec import MAGIC_NORMAL
 
+log = logging.getLogger(__name__)
+
 _SCAN_BYTES = 4 << 20
 
 
@@ -24,6 +28,7 @@ class BrokerPlugin:
     def __init__(self, config: Any):
         self.config = config
         self.servicer: service.BrokerServicer | None = None
+        self.rocketmq: Any = None  # broker_adapter.rocketmq.servicer.MessagingServicer once attached
         self.allocator: QueueOffsetAllocator | None = None
         self.state_machine = BrokerStateMachine(
             config.data_dir / "consumequeue", on_dispatch=self._dispatched
@@ -32,6 +37,8 @@ class BrokerPlugin:
     def _dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
         if self.servicer is not None:
             self.servicer.dispatched(topic, queue_id, next_offset)
+        if self.rocketmq is not None:
+            self.rocketmq.dispatched(topic, queue_id)
 
     def attach(self, node: Any, server: Any) -> Sequence[str]:
         log = node.log_store
@@ -53,7 +60,19 @@ class BrokerPlugin:
         self.servicer = service.BrokerServicer(node, self.state_machine, self.allocator)
         node.add_role_listener(self.servicer.role_changed)
         broker_pb2_grpc.add_BrokerServicer_to_server(self.servicer, server)
-        return service.service_names()
+        try:  # RocketMQ 5's protocol: its generated stubs come with the official client package
+            from broker_adapter.rocketmq import handlers
+            from broker_adapter.rocketmq.servicer import MessagingServicer
+        except ImportError as err:
+            log.warning(
+                "%s: RocketMQ 5 clients are not served (%s); install rocketmq-python-client to serve them",
+                node.id,
+                err,
+            )
+            return service.service_names()
+        self.rocketmq = MessagingServicer(node, self.servicer, self.state_machine)
+        handlers.add_to_server(self.rocketmq, server)
+        return (*service.service_names(), handlers.SERVICE_NAME)
 
 
 def _scan(log: Any, lo: int, hi: int) -> Iterator[Any]:

@@ -146,6 +146,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._applied_event.wait(), min(left, 0.05))
 
+    # -- for the broker's other faces (broker_adapter.rocketmq) ---------------------------------------------
+    async def send(self, request: broker_pb2.SendRequest) -> broker_pb2.SendResponse:
+        """Send as ``Send`` does, on the leader; raises ``DLedgerError`` instead of answering a status."""
+        return await self._send(request)
+
+    async def leader_state(self, timeout_s: float = 5.0) -> int:
+        """The leader's term once its dispatched state is complete (raises NotLeaderError on a follower)."""
+        return await self._leader_state(timeout_s)
+
     # -- Send ----------------------------------------------------------------------------------------------
     async def Send(self, request, context):
         try:

@@ -1,0 +1,213 @@
+"""RocketMQ v2 messages <-> the broker's one message model (a CommitLog message, ``broker_adapter.message``).
+
+A message sent by a RocketMQ 5 client is stored exactly as RocketMQ stores it: its tag in TAGS, keys in KEYS
+(space separated), client message id in UNIQ_CLIENT_MESSAGE_ID_KEYIDX, message group in __SHARDINGKEY, user
+properties as properties. So our own ``Consumer`` reads it like any message, and a message sent by our own
+``Producer`` reaches RocketMQ clients with the same tag, keys and id. The idempotent-producer properties
+(PRODUCER_ID / PRODUCER_SEQ) come from the client id and the sequence inside the client's message id, which the
+official clients keep across retries: a send retried after a failover is stored once.
+
+Only what the broker supports passes: normal messages and messages with a message group (stored in the queue
+the group hashes to). Delayed, transactional, lite and priority messages are refused with UNSUPPORTED.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from typing import Final
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from rocketmq.grpc_protocol import Code, DigestType, Encoding, MessageType, definition_pb2
+
+from broker_adapter import message
+from broker_adapter.rocketmq.status import RocketMQError, bad_request, unsupported
+from dledger.v1 import broker_pb2
+
+# Properties the broker fills from system properties; user properties may not use these names.
+SYSTEM_PROPERTIES: Final = frozenset(
+    {
+        message.PROPERTY_TAGS,
+        message.PROPERTY_KEYS,
+        message.PROPERTY_UNIQ_KEY,
+        message.PROPERTY_MESSAGE_GROUP,
+        message.PROPERTY_PRODUCER_ID,
+        message.PROPERTY_SEQUENCE,
+    }
+)
+# A v1 message id of the official clients: "01" + MAC (6 bytes) + pid (2) + seconds (4) + sequence (4), in hex.
+_MESSAGE_ID_V1: Final = re.compile(r"^01[0-9A-F]{32}$")
+MAX_GZIP_BODY: Final = 64 << 20
+
+_UNSUPPORTED_TYPES: Final = {
+    MessageType.DELAY: "delayed delivery (delivery_timestamp)",
+    MessageType.TRANSACTION: "transactional messages",
+    MessageType.LITE: "lite topics",
+    MessageType.PRIORITY: "priority messages",
+}
+
+
+def _ms(ts: Timestamp) -> int:
+    return ts.seconds * 1000 + ts.nanos // 1_000_000
+
+
+def _timestamp(ms: int) -> Timestamp:
+    return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def check_type(m: definition_pb2.Message) -> None:
+    """Refuse what the broker does not implement, by declared type or by the fields that imply it."""
+    sp = m.system_properties
+    what = _UNSUPPORTED_TYPES.get(sp.message_type)
+    if what is None and sp.HasField("delivery_timestamp"):
+        what = _UNSUPPORTED_TYPES[MessageType.DELAY]
+    if what is None and sp.HasField("lite_topic"):
+        what = _UNSUPPORTED_TYPES[MessageType.LITE]
+    if what is None and sp.HasField("priority"):
+        what = _UNSUPPORTED_TYPES[MessageType.PRIORITY]
+    if what is not None:
+        raise unsupported(what)
+    if sp.message_type not in (MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL, MessageType.FIFO):
+        raise bad_request(f"unknown message type {sp.message_type}")
+
+
+def producer_sequence(message_id: str) -> int | None:
+    """The sequence number inside an official client's v1 message id (None for any other id)."""
+    return int(message_id[-8:], 16) if _MESSAGE_ID_V1.match(message_id) else None
+
+
+def outgoing(
+    m: definition_pb2.Message, queue_id: int, client_id: str, max_body: int
+) -> broker_pb2.OutgoingMessage:
+    """The broker's message for a RocketMQ message (already checked to be of a supported type)."""
+    sp = m.system_properties
+    body = m.body
+    if sp.body_encoding == Encoding.GZIP:
+        try:
+            body = gzip.decompress(body)
+        except (OSError, EOFError) as err:
+            raise bad_request(f"message body is not valid gzip: {err}", Code.MESSAGE_CORRUPTED) from None
+    elif sp.body_encoding not in (Encoding.ENCODING_UNSPECIFIED, Encoding.IDENTITY):
+        raise bad_request(f"unknown body encoding {sp.body_encoding}")
+    if not body:
+        raise bad_request("message body is empty", Code.MESSAGE_BODY_EMPTY)
+    if len(body) > max_body:
+        raise bad_request(
+            f"message body is {len(body)} bytes; this broker takes at most {max_body}",
+            Code.MESSAGE_BODY_TOO_LARGE,
+        )
+    if not sp.message_id:
+        raise bad_request("message has no message_id", Code.ILLEGAL_MESSAGE_ID)
+    if _reserved(sp.message_id):
+        raise bad_request("message_id contains a reserved character", Code.ILLEGAL_MESSAGE_ID)
+    props: dict[str, str] = {}
+    for k, v in m.user_properties.items():
+        if not k or k in SYSTEM_PROPERTIES or _reserved(k) or _reserved(v):
+            raise bad_request(
+                f"user property {k!r} is empty, reserved by RocketMQ or contains \\x01/\\x02",
+                Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+            )
+        props[k] = v
+    tags = ""
+    if sp.HasField("tag"):
+        tags = sp.tag
+        if not tags.strip() or "|" in tags or _reserved(tags):
+            raise bad_request(f"tag {tags!r} is blank or contains '|'", Code.ILLEGAL_MESSAGE_TAG)
+    keys = list(sp.keys)
+    for k in keys:
+        if not k.strip() or message.KEY_SEPARATOR in k or _reserved(k):
+            raise bad_request(f"key {k!r} is blank or contains a space", Code.ILLEGAL_MESSAGE_KEY)
+    if sp.HasField("message_group"):
+        if not sp.message_group.strip() or _reserved(sp.message_group):
+            raise bad_request(f"message group {sp.message_group!r} is blank", Code.ILLEGAL_MESSAGE_GROUP)
+        props[message.PROPERTY_MESSAGE_GROUP] = sp.message_group
+    out = broker_pb2.OutgoingMessage(
+        queue_id=queue_id,
+        body=body,
+        tags=tags,
+        keys=keys,
+        msg_id=sp.message_id,
+        properties=props,
+        born_timestamp=_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0,
+    )
+    seq = producer_sequence(sp.message_id)
+    if seq is not None and client_id and not _reserved(client_id):
+        out.producer_id = client_id
+        out.sequence = seq
+    return out
+
+
+def _reserved(text: str) -> bool:
+    return message.NAME_VALUE_SEPARATOR in text or message.PROPERTY_SEPARATOR in text
+
+
+def message_id_of(m: message.Message) -> str:
+    """The client message id (UNIQ_KEY), or one derived from the CommitLog offset for a message without."""
+    return m.msg_id or f"00{m.physical_offset:032X}"
+
+
+def incoming(
+    m: message.Message,
+    *,
+    receipt_handle: str | None = None,
+    attempt: int | None = None,
+    invisible_ms: int | None = None,
+) -> definition_pb2.Message:
+    """The RocketMQ message a consumer receives for a stored message (with its receipt handle when popped)."""
+    props = m.properties
+    out = definition_pb2.Message(body=m.body)
+    out.topic.name = m.topic
+    for k, v in props.items():
+        if k not in SYSTEM_PROPERTIES:
+            out.user_properties[k] = v
+    sp = out.system_properties
+    if m.tags:
+        sp.tag = m.tags
+    sp.keys.extend(m.keys)
+    sp.message_id = message_id_of(m)
+    sp.body_digest.type = DigestType.CRC32
+    sp.body_digest.checksum = format(zlib.crc32(m.body) & 0xFFFFFFFF, "08X")
+    sp.body_encoding = Encoding.IDENTITY
+    group = props.get(message.PROPERTY_MESSAGE_GROUP)
+    sp.message_type = MessageType.FIFO if group else MessageType.NORMAL
+    if group:
+        sp.message_group = group
+    sp.born_timestamp.CopyFrom(_timestamp(m.born_timestamp))
+    sp.born_host = m.born_host[0]
+    sp.store_timestamp.CopyFrom(_timestamp(m.store_timestamp))
+    sp.store_host = f"{m.store_host[0]}:{m.store_host[1]}"
+    sp.queue_id = m.queue_id
+    sp.queue_offset = m.queue_offset
+    if receipt_handle is not None:
+        sp.receipt_handle = receipt_handle
+    if attempt is not None:
+        sp.delivery_attempt = attempt
+    if invisible_ms is not None:
+        sp.invisible_duration.seconds = invisible_ms // 1000
+        sp.invisible_duration.nanos = (invisible_ms % 1000) * 1_000_000
+    return out
+
+
+def check_filter(expression: definition_pb2.FilterExpression) -> frozenset[str] | None:
+    """The tags a TAG filter selects (None: every message). SQL92 filters are not supported."""
+    from rocketmq.grpc_protocol import FilterType
+
+    if expression.type == FilterType.SQL:
+        raise unsupported("SQL92 filtering")
+    text = expression.expression.strip()
+    if expression.type not in (FilterType.FILTER_TYPE_UNSPECIFIED, FilterType.TAG):
+        raise bad_request(f"unknown filter type {expression.type}", Code.ILLEGAL_FILTER_EXPRESSION)
+    if not text or text == "*":
+        return None
+    tags = frozenset(t.strip() for t in text.split("||"))
+    if "" in tags:
+        raise bad_request(f"tag filter {text!r} has an empty tag", Code.ILLEGAL_FILTER_EXPRESSION)
+    return tags
+
+
+def selects(tags: frozenset[str] | None, message_tags: str | None) -> bool:
+    return tags is None or (message_tags is not None and message_tags in tags)
+
+
+__all__ = ["RocketMQError", "check_filter", "check_type", "incoming", "outgoing", "selects"]

@@ -1,0 +1,166 @@
+"""Followers pass RocketMQ calls to the leader, so a client may talk to any node of the group.
+
+RocketMQ 5 has no "not the leader, go there" answer that clients follow: its proxy forwards to the broker that
+owns a queue. The official clients keep one channel to the group's address list and stay on one node, so each
+node does what RocketMQ's proxy does: a call that changes state (send, receive, ack, offsets) is served by the
+leader, and a follower forwards it over gRPC, waiting for an election to finish when no leader is known.
+
+A forwarded call carries ``x-dledger-forwarded`` so it is never forwarded twice (a node that lost leadership
+answers HA_NOT_AVAILABLE and the forwarding node tries the new leader), and the client's ``x-mq-client-id``
+(the idempotent-producer identity). A forward that fails in transport (the leader died) is retried against the
+next leader while the client's deadline allows: sends are idempotent (client id + message id sequence), acks
+and invisible-time changes name a delivery epoch, and a retried receive at worst leaves messages invisible until
+their invisible time runs out (then they are delivered again: at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+import grpc
+from rocketmq.grpc_protocol import Code, MessagingServiceStub
+
+from broker_adapter.rocketmq.status import RocketMQError
+from dledger.core.messages import Role
+
+log = logging.getLogger(__name__)
+
+FORWARDED: Final = "x-dledger-forwarded"
+CLIENT_ID: Final = "x-mq-client-id"
+_RETRIABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+
+
+def client_id(context: grpc.aio.ServicerContext) -> str:
+    for k, v in context.invocation_metadata() or ():
+        if k == CLIENT_ID:
+            return v if isinstance(v, str) else v.decode()
+    return ""
+
+
+def forwarded(context: grpc.aio.ServicerContext) -> bool:
+    return any(k == FORWARDED for k, _ in context.invocation_metadata() or ())
+
+
+class Forwarder:
+    """One channel per leader address (created on first use); the leader is read from the node's core."""
+
+    def __init__(self, node: Any):
+        self._node = node
+        self._stubs: dict[str, tuple[grpc.aio.Channel, MessagingServiceStub]] = {}
+
+    def is_leader(self) -> bool:
+        core = self._node.core
+        return core is not None and core.role is Role.LEADER
+
+    async def leader(self, deadline: float) -> str | None:
+        """The leader's id ("" for this node), waiting for an election until ``deadline`` (loop time)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            core = self._node.core
+            if core is not None and core.role is Role.LEADER:
+                return ""
+            lead = core.leader_id if core is not None else None
+            if lead and lead != self._node.id:
+                return lead
+            if loop.time() >= deadline:
+                return None
+            await asyncio.sleep(0.01)
+
+    def _stub(self, leader: str) -> MessagingServiceStub:
+        address = self._node.address_of(leader)
+        hit = self._stubs.get(address)
+        if hit is None:
+            channel = grpc.aio.insecure_channel(
+                address,
+                options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
+            )
+            hit = self._stubs[address] = (channel, MessagingServiceStub(channel))
+        return hit[1]
+
+    def _metadata(self, context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
+        return ((FORWARDED, self._node.id), (CLIENT_ID, client_id(context)))
+
+    async def unary(
+        self,
+        method: str,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        deadline: float,
+        local: Callable[[], Any],
+    ) -> Any:
+        """Serve on the leader (``local()``), or forward to it; RocketMQError when no leader answers in time."""
+        loop = asyncio.get_running_loop()
+        last: BaseException | None = None
+        while True:
+            leader = await self.leader(deadline)
+            if leader == "":
+                return await local()
+            if leader is None or forwarded(context):
+                raise _no_leader(self._node.id, last)
+            try:
+                call = getattr(self._stub(leader), method)
+                return await call(
+                    request, timeout=max(0.05, deadline - loop.time()), metadata=self._metadata(context)
+                )
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in _RETRIABLE or loop.time() >= deadline:
+                    raise RocketMQError(
+                        Code.HA_NOT_AVAILABLE, f"forwarding {method} to {leader}: {err.details()}"
+                    ) from None
+                last = err
+                await asyncio.sleep(0.02)
+
+    async def stream(
+        self,
+        method: str,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        deadline: float,
+        local: Callable[[], AsyncIterator[Any]],
+    ) -> AsyncIterator[Any]:
+        """``unary`` for server-streaming calls; a forward is retried only before its first response."""
+        loop = asyncio.get_running_loop()
+        last: BaseException | None = None
+        while True:
+            leader = await self.leader(deadline)
+            if leader == "":
+                async for r in local():
+                    yield r
+                return
+            if leader is None or forwarded(context):
+                raise _no_leader(self._node.id, last)
+            got = 0
+            try:
+                call = getattr(self._stub(leader), method)(
+                    request, timeout=max(0.05, deadline - loop.time()), metadata=self._metadata(context)
+                )
+                async for r in call:
+                    got += 1
+                    yield r
+                return
+            except grpc.aio.AioRpcError as err:
+                if got or err.code() not in _RETRIABLE or loop.time() >= deadline:
+                    raise RocketMQError(
+                        Code.HA_NOT_AVAILABLE, f"forwarding {method} to {leader}: {err.details()}"
+                    ) from None
+                last = err
+                await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        for channel, _ in self._stubs.values():
+            await channel.close()
+        self._stubs.clear()
+
+
+def _no_leader(node_id: str, last: BaseException | None) -> RocketMQError:
+    why = (
+        f" (last attempt: {last.details() if isinstance(last, grpc.aio.AioRpcError) else last})"
+        if last
+        else ""
+    )
+    return RocketMQError(
+        Code.HA_NOT_AVAILABLE, f"node {node_id} is not the leader and no leader answered in time{why}; retry"
+    )

@@ -1,0 +1,101 @@
+"""Registers the MessagingService on a gRPC server, refusing bytes that are not the request message.
+
+The generated ``add_MessagingServiceServicer_to_server`` (from the official client's ``rocketmq.grpc_protocol``)
+deserializes with ``FromString``: a request that does not parse then fails inside gRPC with an opaque INTERNAL
+error. This registration is the same one, built from the same generated service descriptor and message classes,
+except that a request which does not parse is answered INVALID_ARGUMENT naming the method and the parse error
+(the protocol's own statuses cannot be used: there is no request to answer). Nothing reaches the servicer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+import grpc
+from google.protobuf.message import DecodeError
+from rocketmq.grpc_protocol import service_pb2
+
+SERVICE: Final = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]
+SERVICE_NAME: Final = SERVICE.full_name
+
+
+class Malformed:
+    """Stands in for a request that did not parse."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str):
+        self.error = error
+
+
+def _parser(cls: Any) -> Callable[[bytes], Any]:
+    def parse(raw: bytes) -> Any:
+        try:
+            return cls.FromString(raw)
+        except (DecodeError, ValueError) as err:
+            return Malformed(f"{type(err).__name__}: {err}")
+
+    return parse
+
+
+async def _refuse(context: grpc.aio.ServicerContext, method: str, bad: Malformed) -> None:
+    await context.abort(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"{SERVICE_NAME}/{method}: the request is not a valid message ({bad.error})",
+    )
+
+
+def _unary_unary(name: str, fn: Callable) -> Callable:
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Malformed):
+            await _refuse(context, name, request)
+        return await fn(request, context)
+
+    return call
+
+
+def _unary_stream(name: str, fn: Callable) -> Callable:
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if isinstance(request, Malformed):
+            await _refuse(context, name, request)
+        async for r in fn(request, context):
+            yield r
+
+    return call
+
+
+def _stream_stream(name: str, fn: Callable) -> Callable:
+    async def call(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def checked() -> AsyncIterator[Any]:
+            async for r in requests:
+                if isinstance(r, Malformed):
+                    await _refuse(context, name, r)
+                yield r
+
+        async for r in fn(checked(), context):
+            yield r
+
+    return call
+
+
+def add_to_server(servicer: Any, server: grpc.aio.Server) -> None:
+    """Serve every method of the MessagingService from ``servicer`` (a ``MessagingServiceServicer``)."""
+    handlers = {}
+    for m in SERVICE.methods:
+        request_cls = getattr(service_pb2, m.input_type.name)
+        response_cls = getattr(service_pb2, m.output_type.name)
+        fn = getattr(servicer, m.name)
+        kwargs = {
+            "request_deserializer": _parser(request_cls),
+            "response_serializer": response_cls.SerializeToString,
+        }
+        if m.client_streaming and m.server_streaming:
+            handlers[m.name] = grpc.stream_stream_rpc_method_handler(_stream_stream(m.name, fn), **kwargs)
+        elif m.server_streaming:
+            handlers[m.name] = grpc.unary_stream_rpc_method_handler(_unary_stream(m.name, fn), **kwargs)
+        elif m.client_streaming:
+            raise TypeError(f"{SERVICE_NAME}/{m.name}: client-streaming methods are not expected")
+        else:
+            handlers[m.name] = grpc.unary_unary_rpc_method_handler(_unary_unary(m.name, fn), **kwargs)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -1,0 +1,91 @@
+"""Routes, assignments and telemetry settings: how a RocketMQ 5 client finds and configures the broker.
+
+The whole group is one RocketMQ broker (named after the group, broker id 0, the "master") whose endpoints are
+every node's address. The official clients open one gRPC channel to that address list (pick-first), so a
+client keeps talking to one node and moves to another when that node goes away; every node serves every call
+and passes writes to the leader (``forward``), which is how a failover stays invisible to the client.
+
+Topics accept NORMAL and FIFO messages: a message group is stored and hashed to one queue (per-queue order),
+but FIFO consumption (one message of a group in flight at a time) is not provided, so settings say
+``fifo = false``. Every push consumer is assigned every queue: pop-style consumption shares queues safely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from rocketmq.grpc_protocol import (
+    AddressScheme,
+    ClientType,
+    MessageType,
+    Permission,
+    definition_pb2,
+    service_pb2,
+)
+
+LONG_POLLING_S: Final = 20  # what push consumers are told to use (RocketMQ's proxy default is 20-30 s)
+RECEIVE_BATCH: Final = 32
+CONSUME_ATTEMPTS: Final = 16
+ACCEPTED_TYPES: Final = (MessageType.NORMAL, MessageType.FIFO)
+
+
+def endpoints(addresses: Iterable[str]) -> definition_pb2.Endpoints:
+    out = definition_pb2.Endpoints(scheme=AddressScheme.IPv4)
+    for a in sorted(set(addresses)):
+        host, _, port = a.rpartition(":")
+        out.addresses.add(host=host, port=int(port))
+    return out
+
+
+def message_queues(
+    topic: definition_pb2.Resource, queues: int, broker_name: str, addresses: Iterable[str]
+) -> list[definition_pb2.MessageQueue]:
+    ep = endpoints(addresses)
+    out = []
+    for qid in range(queues):
+        mq = definition_pb2.MessageQueue(id=qid, permission=Permission.READ_WRITE)
+        mq.topic.CopyFrom(topic)
+        mq.broker.name = broker_name
+        mq.broker.id = 0
+        mq.broker.endpoints.CopyFrom(ep)
+        mq.accept_message_types.extend(ACCEPTED_TYPES)
+        out.append(mq)
+    return out
+
+
+def assignments(queues: list[definition_pb2.MessageQueue]) -> list[definition_pb2.Assignment]:
+    return [definition_pb2.Assignment(message_queue=mq) for mq in queues]
+
+
+def settings_for(client: definition_pb2.Settings, max_body_size: int) -> definition_pb2.Settings:
+    """The server's answer to a client's settings: the client's own, completed with what the broker decides."""
+    out = definition_pb2.Settings()
+    out.CopyFrom(client)
+    policy = out.backoff_policy
+    policy.Clear()
+    if client.client_type == ClientType.PRODUCER:
+        policy.max_attempts = 3
+        policy.exponential_backoff.initial.FromMilliseconds(10)
+        policy.exponential_backoff.max.FromMilliseconds(1000)
+        policy.exponential_backoff.multiplier = 2.0
+        out.publishing.max_body_size = max_body_size
+        out.publishing.validate_message_type = True
+    else:
+        policy.max_attempts = CONSUME_ATTEMPTS
+        policy.exponential_backoff.initial.FromSeconds(1)
+        policy.exponential_backoff.max.FromSeconds(60)
+        policy.exponential_backoff.multiplier = 2.0
+        sub = out.subscription
+        sub.fifo = False
+        sub.receive_batch_size = RECEIVE_BATCH
+        if client.client_type == ClientType.PUSH_CONSUMER or not sub.HasField("long_polling_timeout"):
+            sub.long_polling_timeout.FromSeconds(LONG_POLLING_S)
+    out.metric.on = False
+    return out
+
+
+def route_response(
+    queues: list[definition_pb2.MessageQueue], status: definition_pb2.Status
+) -> service_pb2.QueryRouteResponse:
+    return service_pb2.QueryRouteResponse(status=status, message_queues=queues)

@@ -1,0 +1,646 @@
+"""``apache.rocketmq.v2.MessagingService`` on every node of a broker group: the official RocketMQ 5 clients
+produce and consume unchanged.
+
+Every call answers with a protocol ``Status`` (never a bare gRPC error, except for bytes that are not the
+request message at all: INVALID_ARGUMENT). Calls that read or change broker state are served by the leader; a
+follower forwards them (``forward``). What each call does:
+
+- QueryRoute / QueryAssignment: the topic's queues on one broker (the group), every node's address as its
+  endpoints; an unknown topic is TOPIC_NOT_FOUND. Every push consumer is assigned every queue.
+- Heartbeat / NotifyClientTermination: the node's table of live clients (not replicated: it is only advice).
+- Telemetry: answers each client ``Settings`` with the server's settings (``route.settings_for``).
+- SendMessage: the messages become CommitLog messages (``convert``), sent through the broker's own send path
+  (idempotent, acknowledged at quorum commit); the queue is the message group's hash, else round robin.
+- ReceiveMessage: a pop. The leader picks the deliverable offsets of the queue (expired in-flight ones, then new
+  ones), proposes a ``Pop`` command stamped with its clock and streams what the applied command granted, each
+  message with a receipt handle. With nothing deliverable it long-polls until a message is dispatched, an
+  invisible time runs out, or the client's polling time ends (then MESSAGE_NOT_FOUND).
+- AckMessage / ChangeInvisibleDuration: ``Ack`` / ``ChangeInvisible`` commands through the log.
+- PullMessage / UpdateOffset / GetOffset / QueryOffset: ConsumeQueue reads and the replicated committed offsets
+  our own ``Consumer`` uses (``CommitOffset`` commands).
+- EndTransaction, RecallMessage, ForwardMessageToDeadLetterQueue, SyncLiteSubscription: UNSUPPORTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
+
+from broker_adapter import commands, message
+from broker_adapter.commitlog import CommitLog, CommitLogError
+from broker_adapter.dispatcher import BrokerStateMachine
+from broker_adapter.rocketmq import convert, route
+from broker_adapter.rocketmq.forward import Forwarder, client_id, forwarded
+from broker_adapter.rocketmq.invisibility import Handled, Outcome, Popped
+from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
+from broker_adapter.rocketmq.status import RocketMQError, bad_request, from_dledger, of, status, unsupported
+from broker_adapter.service import BrokerServicer
+from dledger.errors import DLedgerError, InvalidRequestError, NotFoundError
+from dledger.v1 import broker_pb2
+
+log = logging.getLogger(__name__)
+
+MAX_SEND_BATCH: Final = 1024
+MAX_RECEIVE_BATCH: Final = 1024
+MIN_INVISIBLE_MS: Final = 1_000
+MAX_INVISIBLE_MS: Final = 12 * 3600 * 1000  # RocketMQ's upper bound
+DEFAULT_INVISIBLE_MS: Final = 60_000  # a push consumer asks for none (auto renew): RocketMQ's proxy default
+MAX_POLLING_MS: Final = 60_000
+DEFAULT_DEADLINE_S: Final = 10.0
+HEADROOM: Final = 1024  # bytes of a CommitLog message besides the body (fixed fields, topic, properties)
+MAX_CLIENTS: Final = 10_000
+
+SERVICE_NAME: Final = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name
+
+
+def now_ms() -> int:
+    """The leader's clock for invisible time (stamped into commands; nodes never read their own)."""
+    return int(time.time() * 1000)
+
+
+def duration_ms(d: Duration) -> int:
+    return d.seconds * 1000 + d.nanos // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ClientInfo:
+    client_type: int
+    group: str
+    last_seen: float
+
+
+class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
+    def __init__(self, node: Any, broker: BrokerServicer, state_machine: BrokerStateMachine):
+        self._node = node
+        self._broker = broker
+        self._sm = state_machine
+        self._commitlog = CommitLog(node.log_store, state_machine)
+        self._forward = Forwarder(node)
+        self._waiters: dict[tuple[str, int], asyncio.Event] = {}
+        self._pop_locks: dict[tuple[str, str, int], asyncio.Lock] = {}
+        self._round_robin: dict[str, int] = {}
+        self.clients: OrderedDict[str, ClientInfo] = OrderedDict()
+
+    # -- hooks ---------------------------------------------------------------------------------------------
+    def dispatched(self, topic: str, queue_id: int) -> None:
+        """New messages in a queue: wake long-polling receives and pulls."""
+        ev = self._waiters.pop((topic, queue_id), None)
+        if ev is not None:
+            ev.set()
+
+    async def close(self) -> None:
+        await self._forward.close()
+
+    # -- plumbing ------------------------------------------------------------------------------------------
+    def _deadline(self, context: grpc.aio.ServicerContext, margin_s: float = 0.1) -> float:
+        left = context.time_remaining()
+        left = DEFAULT_DEADLINE_S if left is None else left
+        return asyncio.get_running_loop().time() + max(0.05, left - margin_s)
+
+    async def _unary(self, method: str, request: Any, context: Any, local: Callable, response: type) -> Any:
+        try:
+            return await self._forward.unary(
+                method, request, context, self._deadline(context), lambda: local(request, context)
+            )
+        except RocketMQError as e:
+            return response(status=of(e))
+        except DLedgerError as e:
+            return response(status=of(from_dledger(e)))
+
+    async def _stream(self, method: str, request: Any, context: Any, local: Callable, response: type):
+        try:
+            async for r in self._forward.stream(
+                method, request, context, self._deadline(context), lambda: local(request, context)
+            ):
+                yield r
+        except RocketMQError as e:
+            yield response(status=of(e))
+        except DLedgerError as e:
+            yield response(status=of(from_dledger(e)))
+
+    async def _submit(self, cmds: Sequence[commands.Command]) -> list[Any]:
+        """Propose commands as one batch; each one's applied result (or the error the state machine returned)."""
+        outcomes = await self._node.submit([commands.encode(c) for c in cmds])
+        return [o if isinstance(o, BaseException) else o.result for o in outcomes]
+
+    def _queues(self, topic: str) -> int:
+        try:
+            commands.check_topic(topic)
+        except commands.CommandError as e:
+            raise bad_request(str(e), Code.ILLEGAL_TOPIC) from None
+        n = self._sm.topics.get(topic)
+        if n is None:
+            raise RocketMQError(
+                Code.TOPIC_NOT_FOUND,
+                f"topic {topic!r} does not exist: create it first (dledger topic create)",
+            )
+        return n
+
+    def _queue(self, mq: definition_pb2.MessageQueue) -> tuple[str, int]:
+        topic = mq.topic.name
+        n = self._queues(topic)
+        if not 0 <= mq.id < n:
+            raise bad_request(f"unknown queue {topic}/{mq.id}: the topic has queues 0..{n - 1}")
+        return topic, mq.id
+
+    @staticmethod
+    def _group(group: definition_pb2.Resource) -> str:
+        try:
+            return commands.check_group(group.name)
+        except commands.CommandError as e:
+            raise bad_request(str(e), Code.ILLEGAL_CONSUMER_GROUP) from None
+
+    def _addresses(self) -> list[str]:
+        return list(self._node.config.peers.values())
+
+    def _read(self, topic: str, queue_id: int, offset: int) -> message.Message | None:
+        """The committed message at a queue offset, or None when this node's log no longer holds it."""
+        units = self._sm.queue(topic, queue_id).read(offset, 1)
+        if not units or units[0].size == 0:
+            return None
+        u = units[0]
+        try:
+            _, raw = self._commitlog.get(u.commitlog_offset, u.size, self._sm.applied_index)
+        except CommitLogError:
+            return None
+        return message.decode(raw)
+
+    async def _wait_dispatch(self, topic: str, queue_id: int, until: float) -> None:
+        """Until a message is dispatched to the queue or ``until`` (loop time)."""
+        left = until - asyncio.get_running_loop().time()
+        if left <= 0:
+            return
+        ev = self._waiters.setdefault((topic, queue_id), asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ev.wait(), left)
+
+    # -- routes, clients, settings -------------------------------------------------------------------------
+    async def QueryRoute(self, request, context):
+        return await self._known_topic(
+            "QueryRoute",
+            request,
+            context,
+            lambda n: route.route_response(
+                route.message_queues(request.topic, n, self._node.group, self._addresses()), status()
+            ),
+            service_pb2.QueryRouteResponse,
+        )
+
+    async def QueryAssignment(self, request, context):
+        def answer(n: int) -> service_pb2.QueryAssignmentResponse:
+            self._group(request.group)
+            queues = route.message_queues(request.topic, n, self._node.group, self._addresses())
+            return service_pb2.QueryAssignmentResponse(status=status(), assignments=route.assignments(queues))
+
+        return await self._known_topic(
+            "QueryAssignment", request, context, answer, service_pb2.QueryAssignmentResponse
+        )
+
+    async def _known_topic(self, method: str, request, context, answer: Callable[[int], Any], response: type):
+        """Answer from this node's topics; a topic it does not know (yet) is asked of the leader."""
+        try:
+            try:
+                return answer(self._queues(request.topic.name))
+            except RocketMQError as e:
+                if e.code != Code.TOPIC_NOT_FOUND or self._forward.is_leader() or forwarded(context):
+                    raise
+
+            async def leader_view(_req, _ctx):
+                await self._broker.leader_state()
+                return answer(self._queues(request.topic.name))
+
+            try:
+                return await self._forward.unary(
+                    method, request, context, self._deadline(context), lambda: leader_view(request, context)
+                )
+            except RocketMQError as e:
+                if e.code == Code.HA_NOT_AVAILABLE:
+                    return answer(self._queues(request.topic.name))  # no leader: this node's view (not found)
+                raise
+        except RocketMQError as e:
+            return response(status=of(e))
+        except DLedgerError as e:
+            return response(status=of(from_dledger(e)))
+
+    def _seen(self, context, client_type: int, group: str) -> None:
+        cid = client_id(context)
+        if not cid:
+            raise bad_request("requests must carry the x-mq-client-id header", Code.CLIENT_ID_REQUIRED)
+        self.clients.pop(cid, None)
+        self.clients[cid] = ClientInfo(client_type, group, time.monotonic())
+        while len(self.clients) > MAX_CLIENTS:
+            self.clients.popitem(last=False)
+
+    async def Heartbeat(self, request, context):
+        try:
+            group = self._group(request.group) if request.HasField("group") else ""
+            self._seen(context, request.client_type, group)
+            return service_pb2.HeartbeatResponse(status=status())
+        except RocketMQError as e:
+            return service_pb2.HeartbeatResponse(status=of(e))
+
+    async def NotifyClientTermination(self, request, context):
+        self.clients.pop(client_id(context), None)
+        return service_pb2.NotifyClientTerminationResponse(status=status())
+
+    async def Telemetry(self, request_iterator, context):
+        max_body = self._node.config.max_body_bytes - HEADROOM
+        async for cmd in request_iterator:
+            if not cmd.HasField("settings"):
+                continue  # thread stack traces, verify-message results: nothing asked them of this broker
+            s = cmd.settings
+            if not s.HasField("client_type") or s.client_type == 0:
+                yield service_pb2.TelemetryCommand(
+                    status=status(Code.UNRECOGNIZED_CLIENT_TYPE, "settings carry no client type")
+                )
+                continue
+            group = s.subscription.group.name if s.HasField("subscription") else ""
+            with contextlib.suppress(RocketMQError):
+                self._seen(context, s.client_type, group)
+            yield service_pb2.TelemetryCommand(status=status(), settings=route.settings_for(s, max_body))
+
+    # -- send ----------------------------------------------------------------------------------------------
+    async def SendMessage(self, request, context):
+        return await self._unary("SendMessage", request, context, self._send, service_pb2.SendMessageResponse)
+
+    def _queue_for(self, topic: str, m: definition_pb2.Message, queues: int) -> int:
+        sp = m.system_properties
+        if sp.HasField("message_group") and sp.message_group:
+            return zlib.crc32(sp.message_group.encode()) % queues  # one group, one queue: its order holds
+        n = self._round_robin.get(topic, 0)
+        self._round_robin[topic] = n + 1
+        return n % queues
+
+    async def _send(self, request, context) -> service_pb2.SendMessageResponse:
+        msgs = request.messages
+        if not 1 <= len(msgs) <= MAX_SEND_BATCH:
+            raise bad_request(f"a SendMessageRequest carries 1..{MAX_SEND_BATCH} messages, got {len(msgs)}")
+        topic = msgs[0].topic.name
+        if any(m.topic.name != topic for m in msgs):
+            raise bad_request(
+                "every message of one SendMessageRequest must have the same topic", Code.ILLEGAL_TOPIC
+            )
+        self._queues(topic)  # a bad name is refused before anything else
+        for m in msgs:
+            convert.check_type(m)
+        await self._broker.leader_state()
+        queues = self._queues(topic)
+        max_body = self._node.config.max_body_bytes - HEADROOM
+        cid = client_id(context)
+        out = [convert.outgoing(m, self._queue_for(topic, m, queues), cid, max_body) for m in msgs]
+        try:
+            sent = await self._broker.send(broker_pb2.SendRequest(topic=topic, messages=out))
+        except NotFoundError as e:
+            raise RocketMQError(Code.TOPIC_NOT_FOUND, str(e)) from None
+        resp = service_pb2.SendMessageResponse(status=status())
+        for m, r in zip(msgs, sent.results, strict=True):
+            resp.entries.add(
+                status=status(), message_id=m.system_properties.message_id, offset=r.queue_offset
+            )
+        return resp
+
+    # -- receive, ack, change invisible duration -----------------------------------------------------------
+    async def ReceiveMessage(self, request, context):
+        async for r in self._stream(
+            "ReceiveMessage", request, context, self._receive, service_pb2.ReceiveMessageResponse
+        ):
+            yield r
+
+    async def _receive(self, request, context) -> AsyncIterator[service_pb2.ReceiveMessageResponse]:
+        group = self._group(request.group)
+        topic, qid = self._queue(request.message_queue)
+        batch = request.batch_size
+        if not 1 <= batch <= MAX_RECEIVE_BATCH:
+            raise bad_request(f"batch_size must be in 1..{MAX_RECEIVE_BATCH}, got {batch}")
+        invisible_ms = DEFAULT_INVISIBLE_MS
+        if request.HasField("invisible_duration"):
+            invisible_ms = duration_ms(request.invisible_duration)
+            if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
+                raise bad_request(
+                    f"invisible_duration must be {MIN_INVISIBLE_MS} ms to {MAX_INVISIBLE_MS} ms, got {invisible_ms} ms",
+                    Code.ILLEGAL_INVISIBLE_TIME,
+                )
+        poll_ms = duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else 0
+        if not 0 <= poll_ms <= MAX_POLLING_MS:
+            raise bad_request(
+                f"long_polling_timeout must be 0..{MAX_POLLING_MS} ms, got {poll_ms} ms",
+                Code.ILLEGAL_POLLING_TIME,
+            )
+        tags = convert.check_filter(request.filter_expression)
+        await self._broker.leader_state()
+        loop = asyncio.get_running_loop()
+        until = min(loop.time() + poll_ms / 1000, self._deadline(context, margin_s=0.3))
+        key = (group, topic, qid)
+        lock = self._pop_locks.setdefault(key, asyncio.Lock())
+        try:
+            await asyncio.wait_for(lock.acquire(), max(0.0, until - loop.time()))
+        except TimeoutError:
+            yield service_pb2.ReceiveMessageResponse(
+                status=status(Code.MESSAGE_NOT_FOUND, "no message to receive")
+            )
+            return
+        try:
+            got = await self._pop(key, tags, batch, invisible_ms, until)
+        finally:
+            lock.release()
+        if not got:
+            yield service_pb2.ReceiveMessageResponse(
+                status=status(Code.MESSAGE_NOT_FOUND, "no message to receive")
+            )
+            return
+        popped, msgs = got
+        yield service_pb2.ReceiveMessageResponse(status=status())
+        for d in popped.deliveries:
+            handle = ReceiptHandle(group, topic, qid, d.offset, d.epoch, popped.deadline_ms).encode()
+            yield service_pb2.ReceiveMessageResponse(
+                message=convert.incoming(
+                    msgs[d.offset], receipt_handle=handle, attempt=d.attempt, invisible_ms=invisible_ms
+                )
+            )
+
+    async def _pop(
+        self,
+        key: tuple[str, str, int],
+        tags: frozenset[str] | None,
+        batch: int,
+        invisible_ms: int,
+        until: float,
+    ) -> tuple[Popped, dict[int, message.Message]] | None:
+        group, topic, qid = key
+        loop = asyncio.get_running_loop()
+        while True:
+            now = now_ms()
+            q = self._sm.pops.view(key, self._sm.offsets.get(key, 0))
+            offsets = q.deliverable(now, self._sm.next_offset(topic, qid), batch)
+            if offsets:
+                msgs = {o: self._read(topic, qid, o) for o in offsets}
+                take = tuple(
+                    o for o in offsets if msgs[o] is not None and convert.selects(tags, msgs[o].tags)
+                )
+                skip = tuple(o for o in offsets if o not in take)  # filtered out, or gone from the log
+                (popped,) = await self._submit(
+                    [commands.Pop(group, topic, qid, now, invisible_ms, take, skip)]
+                )
+                if isinstance(popped, BaseException):
+                    raise popped if isinstance(popped, DLedgerError) else NotFoundError(str(popped))
+                if popped.deliveries:
+                    return popped, {d.offset: msgs[d.offset] for d in popped.deliveries}
+                if take:  # all taken by an earlier pop still in the log tail: look again once it applied
+                    await self._wait_dispatch(topic, qid, min(until, loop.time() + 0.01))
+                if loop.time() >= until:
+                    return None
+                continue
+            if loop.time() >= until:
+                return None
+            wake = until
+            nd = q.next_deadline()
+            if nd is not None:
+                wake = min(wake, loop.time() + max(0, nd - now) / 1000 + 0.001)
+            await self._wait_dispatch(topic, qid, wake)
+
+    async def AckMessage(self, request, context):
+        return await self._unary("AckMessage", request, context, self._ack, service_pb2.AckMessageResponse)
+
+    def _handle(self, text: str, group: str, topic: str) -> ReceiptHandle:
+        try:
+            h = ReceiptHandle.decode(text)
+        except ReceiptHandleError as e:
+            raise bad_request(str(e), Code.INVALID_RECEIPT_HANDLE) from None
+        if (h.group, h.topic) != (group, topic):
+            raise bad_request(
+                f"the receipt handle is for group {h.group!r} and topic {h.topic!r}, not {group!r} and {topic!r}",
+                Code.INVALID_RECEIPT_HANDLE,
+            )
+        return h
+
+    async def _ack(self, request, context) -> service_pb2.AckMessageResponse:
+        group = self._group(request.group)
+        topic = request.topic.name
+        self._queues(topic)
+        if not 1 <= len(request.entries) <= MAX_RECEIVE_BATCH:
+            raise bad_request(f"an AckMessageRequest carries 1..{MAX_RECEIVE_BATCH} entries")
+        statuses: list[definition_pb2.Status | None] = []
+        acks: list[tuple[int, commands.Ack]] = []
+        for i, e in enumerate(request.entries):
+            try:
+                h = self._handle(e.receipt_handle, group, topic)
+            except RocketMQError as err:
+                statuses.append(of(err))
+                continue
+            statuses.append(None)
+            acks.append((i, commands.Ack(group, topic, h.queue_id, h.offset, h.epoch)))
+        if acks:
+            await self._broker.leader_state()
+            for (i, _), r in zip(acks, await self._submit([a for _, a in acks]), strict=True):
+                statuses[i] = _handled_status(r, "acknowledge")
+        resp = service_pb2.AckMessageResponse(status=_overall(statuses))
+        for e, st in zip(request.entries, statuses, strict=True):
+            resp.entries.add(message_id=e.message_id, receipt_handle=e.receipt_handle, status=st)
+        return resp
+
+    async def ChangeInvisibleDuration(self, request, context):
+        return await self._unary(
+            "ChangeInvisibleDuration",
+            request,
+            context,
+            self._change,
+            service_pb2.ChangeInvisibleDurationResponse,
+        )
+
+    async def _change(self, request, context) -> service_pb2.ChangeInvisibleDurationResponse:
+        group = self._group(request.group)
+        topic = request.topic.name
+        self._queues(topic)
+        h = self._handle(request.receipt_handle, group, topic)
+        invisible_ms = duration_ms(request.invisible_duration)
+        if not 0 <= invisible_ms <= MAX_INVISIBLE_MS:
+            raise bad_request(
+                f"invisible_duration must be 0..{MAX_INVISIBLE_MS} ms, got {invisible_ms} ms",
+                Code.ILLEGAL_INVISIBLE_TIME,
+            )
+        await self._broker.leader_state()
+        (r,) = await self._submit(
+            [commands.ChangeInvisible(group, topic, h.queue_id, h.offset, h.epoch, now_ms(), invisible_ms)]
+        )
+        st = _handled_status(r, "change the invisible duration of")
+        if st.code != Code.OK:
+            return service_pb2.ChangeInvisibleDurationResponse(status=st)
+        new = ReceiptHandle(group, topic, h.queue_id, h.offset, r.epoch, r.deadline_ms)
+        return service_pb2.ChangeInvisibleDurationResponse(status=st, receipt_handle=new.encode())
+
+    # -- offsets -------------------------------------------------------------------------------------------
+    async def PullMessage(self, request, context):
+        async for r in self._stream(
+            "PullMessage", request, context, self._pull, service_pb2.PullMessageResponse
+        ):
+            yield r
+
+    async def _pull(self, request, context) -> AsyncIterator[service_pb2.PullMessageResponse]:
+        self._group(request.group)
+        topic, qid = self._queue(request.message_queue)
+        batch = request.batch_size
+        if not 1 <= batch <= MAX_RECEIVE_BATCH:
+            raise bad_request(f"batch_size must be in 1..{MAX_RECEIVE_BATCH}, got {batch}")
+        poll_ms = duration_ms(request.long_polling_timeout)
+        if not 0 <= poll_ms <= MAX_POLLING_MS:
+            raise bad_request(
+                f"long_polling_timeout must be 0..{MAX_POLLING_MS} ms, got {poll_ms} ms",
+                Code.ILLEGAL_POLLING_TIME,
+            )
+        tags = convert.check_filter(request.filter_expression)
+        await self._broker.leader_state()
+        offset = request.offset
+        end = self._sm.next_offset(topic, qid)
+        if not 0 <= offset <= end:
+            raise bad_request(
+                f"offset {offset} is outside {topic}/{qid}'s range 0..{end}", Code.ILLEGAL_OFFSET
+            )
+        loop = asyncio.get_running_loop()
+        until = min(loop.time() + poll_ms / 1000, self._deadline(context, margin_s=0.3))
+        while self._sm.next_offset(topic, qid) <= offset and loop.time() < until:
+            await self._wait_dispatch(topic, qid, until)
+        hi = min(self._sm.next_offset(topic, qid), offset + batch)
+        found = []
+        for o in range(offset, hi):
+            m = self._read(topic, qid, o)
+            if m is not None and convert.selects(tags, m.tags):
+                found.append(m)
+        if found:
+            yield service_pb2.PullMessageResponse(status=status())
+        else:
+            yield service_pb2.PullMessageResponse(
+                status=status(Code.MESSAGE_NOT_FOUND, "no message at this offset")
+            )
+        for m in found:
+            yield service_pb2.PullMessageResponse(message=convert.incoming(m))
+        yield service_pb2.PullMessageResponse(next_offset=hi)
+
+    async def UpdateOffset(self, request, context):
+        return await self._unary(
+            "UpdateOffset", request, context, self._update_offset, service_pb2.UpdateOffsetResponse
+        )
+
+    async def _update_offset(self, request, context) -> service_pb2.UpdateOffsetResponse:
+        group = self._group(request.group)
+        await self._broker.leader_state()
+        topic, qid = self._queue(request.message_queue)
+        end = self._sm.next_offset(topic, qid)
+        if not 0 <= request.offset <= end:
+            raise bad_request(
+                f"offset {request.offset} is outside {topic}/{qid}'s range 0..{end}", Code.ILLEGAL_OFFSET
+            )
+        (r,) = await self._submit([commands.CommitOffset(group, topic, qid, request.offset)])
+        if isinstance(r, BaseException):
+            raise r if isinstance(r, DLedgerError) else InvalidRequestError(str(r))
+        return service_pb2.UpdateOffsetResponse(status=status())
+
+    async def GetOffset(self, request, context):
+        return await self._unary(
+            "GetOffset", request, context, self._get_offset, service_pb2.GetOffsetResponse
+        )
+
+    async def _get_offset(self, request, context) -> service_pb2.GetOffsetResponse:
+        group = self._group(request.group)
+        await self._broker.leader_state()
+        topic, qid = self._queue(request.message_queue)
+        o = self._sm.committed_offset(group, topic, qid)
+        if o is None:
+            raise RocketMQError(Code.OFFSET_NOT_FOUND, f"group {group!r} has no offset for {topic}/{qid}")
+        return service_pb2.GetOffsetResponse(status=status(), offset=o)
+
+    async def QueryOffset(self, request, context):
+        return await self._unary(
+            "QueryOffset", request, context, self._query_offset, service_pb2.QueryOffsetResponse
+        )
+
+    async def _query_offset(self, request, context) -> service_pb2.QueryOffsetResponse:
+        await self._broker.leader_state()
+        topic, qid = self._queue(request.message_queue)
+        end = self._sm.next_offset(topic, qid)
+        policy = request.query_offset_policy
+        if policy == service_pb2.BEGINNING:
+            offset = 0
+        elif policy == service_pb2.END:
+            offset = end
+        elif policy == service_pb2.TIMESTAMP:
+            if not request.HasField("timestamp"):
+                raise bad_request("query_offset_policy TIMESTAMP needs a timestamp")
+            offset = self._first_stored_at(topic, qid, end, request.timestamp.ToMilliseconds())
+        else:
+            raise bad_request(f"unknown query_offset_policy {policy}")
+        return service_pb2.QueryOffsetResponse(status=status(), offset=offset)
+
+    def _first_stored_at(self, topic: str, qid: int, end: int, ts_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``ts_ms`` (store times grow with the
+        offset); messages this node no longer holds count as older."""
+        lo, hi = 0, end
+        while lo < hi:
+            mid = (lo + hi) // 2
+            m = self._read(topic, qid, mid)
+            if m is None or m.store_timestamp < ts_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # -- not supported -------------------------------------------------------------------------------------
+    async def EndTransaction(self, request, context):
+        return service_pb2.EndTransactionResponse(
+            status=of(unsupported("transactional messages (EndTransaction)"))
+        )
+
+    async def RecallMessage(self, request, context):
+        return service_pb2.RecallMessageResponse(
+            status=of(unsupported("recalling delayed messages (RecallMessage)"))
+        )
+
+    async def ForwardMessageToDeadLetterQueue(self, request, context):
+        return service_pb2.ForwardMessageToDeadLetterQueueResponse(
+            status=of(unsupported("dead-letter queues (ForwardMessageToDeadLetterQueue)"))
+        )
+
+    async def SyncLiteSubscription(self, request, context):
+        return service_pb2.SyncLiteSubscriptionResponse(
+            status=of(unsupported("lite topics (SyncLiteSubscription)"))
+        )
+
+
+def _handled_status(r: Any, verb: str) -> definition_pb2.Status:
+    """The status of one applied Ack / ChangeInvisible."""
+    if isinstance(r, Handled):
+        if r.outcome is Outcome.DONE:
+            return status()
+        if r.outcome is Outcome.ALREADY:
+            if verb == "acknowledge":
+                return status(message="already acknowledged")
+            return status(Code.INVALID_RECEIPT_HANDLE, "the message was already acknowledged")
+        if r.outcome is Outcome.REDELIVERED:
+            return status(
+                Code.INVALID_RECEIPT_HANDLE,
+                f"cannot {verb} this delivery: its invisible time ran out and the message was delivered again "
+                "(use the newer receipt handle)",
+            )
+        return status(Code.INVALID_RECEIPT_HANDLE, f"cannot {verb} a message the group never received")
+    if isinstance(r, DLedgerError):
+        return of(from_dledger(r))
+    return status(Code.INVALID_RECEIPT_HANDLE, str(r))
+
+
+def _overall(statuses: Sequence[definition_pb2.Status | None]) -> definition_pb2.Status:
+    codes = {s.code for s in statuses if s is not None}
+    if codes == {Code.OK}:
+        return status()
+    if len(codes) == 1:
+        return next(s for s in statuses if s is not None)
+    return status(Code.MULTIPLE_RESULTS, "entries have different results")
