@@ -1,0 +1,79 @@
+"""``python -m dledger.chaos.faultnode node --config FILE``: a node whose disk can be made full from outside.
+
+The same node as ``python -m dledger node``, except that its log store writes through ``SwitchableFullDisk``:
+while the file ``<data_dir>/CONTROL`` exists, every write, preallocation and file creation of the log fails
+with ENOSPC, exactly as a full file system answers. The nemesis creates and removes that file; nothing else
+about the node changes. This runs without root and without a size-limited mount, so it runs in CI; the storage
+layer already routes every write through one injectable ``FileIO`` (storage/fileio.py), and this launcher is
+the one place that substitutes it for a whole process.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+from storage.fileio import FileIO
+
+CONTROL = "chaos-disk-full"
+
+
+def control_path(data_dir: str | Path) -> Path:
+    return Path(data_dir) / CONTROL
+
+
+class SwitchableFullDisk(FileIO):
+    """A ``FileIO`` that answers ENOSPC to writes while its control file exists (one ``stat`` per write)."""
+
+    def __init__(self, control: str):
+        self.control = control
+
+    def _check(self, what: str) -> None:
+        if os.path.exists(self.control):
+            raise OSError(errno.ENOSPC, f"No space left on device (injected: {what}; {self.control} exists)")
+
+    def pwrite(self, fd: int, data, offset: int) -> None:
+        self._check("pwrite")
+        super().pwrite(fd, data, offset)
+
+    def fallocate(self, fd: int, offset: int, length: int) -> None:
+        self._check("fallocate")
+        super().fallocate(fd, offset, length)
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        if flags & os.O_CREAT:
+            self._check(f"create {path}")
+        return super().open(path, flags, mode)
+
+
+def _data_dir(argv: list[str]) -> Path:
+    if "--config" not in argv:
+        raise SystemExit("faultnode: --config FILE is required (the data_dir comes from it)")
+    config = Path(argv[argv.index("--config") + 1])
+    return Path(tomllib.loads(config.read_text())["data_dir"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    control = str(control_path(_data_dir(argv)))
+
+    import storage.filestore as filestore
+
+    class _NodeFileIO(SwitchableFullDisk):
+        def __init__(self) -> None:
+            super().__init__(control)
+
+    # FileLogStore.open builds ``FileIO()`` when the node passes none: this process's log gets the switch.
+    filestore.FileIO = _NodeFileIO
+
+    from dledger.cli import main as cli_main
+
+    sys.argv = [sys.argv[0], *argv]
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""The nemesis: faults injected into a running local group of node processes, each with its own heal.
+
+Fault kinds (``FAULT_KINDS``), as in Jepsen's and DLedger's suites:
+
+==========================  ==========================================================================
+kill-leader, kill-random    SIGKILL the node; healed by starting it again (it recovers from its files)
+pause-leader, pause-random  SIGSTOP, held past the election timeout (until another node leads); SIGCONT
+partition-halves            two random halves cannot exchange messages
+partition-isolate-leader    the leader alone on one side
+partition-ring              a majorities ring: every node hears from a majority, no two the same majority
+partition-bridge            two halves that share one node (the bridge), which hears from everyone
+oneway-loss                 messages from one node to another break their connection with probability p
+oneway-latency              messages from one node (the leader when known) to the others are delayed
+disk-full                   the log store of one node answers ENOSPC to every write (faultnode launcher)
+torn-tail                   a follower is killed and the tail of its last segment gets a partial frame
+                            (a write cut short by the crash), then it is restarted
+==========================  ==========================================================================
+
+Every injection and heal is recorded in the history as a ``nemesis`` event with what exactly was done (nodes,
+pairs, pids, bytes), so a failing run's schedule can be read back and replayed from its seed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dledger import group as grp
+from dledger.chaos.faultnode import control_path
+from dledger.chaos.history import History
+from dledger.chaos.proxy import Network
+from dledger.errors import UnavailableError
+from storage.segments import list_segments
+
+FAULT_KINDS = (
+    "kill-leader",
+    "kill-random",
+    "pause-leader",
+    "pause-random",
+    "partition-halves",
+    "partition-isolate-leader",
+    "partition-ring",
+    "partition-bridge",
+    "oneway-loss",
+    "oneway-latency",
+    "disk-full",
+    "torn-tail",
+)
+NEEDS_PROXY = frozenset(k for k in FAULT_KINDS if k.startswith(("partition", "oneway")))
+LAUNCHER = "dledger.chaos.faultnode"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One scheduled fault: inject, hold ``hold_s`` (at least until ``until`` holds, when given), heal."""
+
+    kind: str
+    hold_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "hold_s": round(self.hold_s, 3)}
+
+
+def schedule(seed: int, kinds: list[str], count: int, hold_s: tuple[float, float] = (1.0, 3.0)) -> list[Step]:
+    """A reproducible fault schedule: every kind once (shuffled), then random kinds, ``count`` steps in all."""
+    bad = [k for k in kinds if k not in FAULT_KINDS]
+    if bad:
+        raise ValueError(f"unknown fault kinds {bad}; known: {', '.join(FAULT_KINDS)}")
+    rng = random.Random(seed)
+    order = list(kinds)
+    rng.shuffle(order)
+    while len(order) < count:
+        order.append(rng.choice(kinds))
+    return [Step(k, rng.uniform(*hold_s)) for k in order[:count]]
+
+
+@dataclass(slots=True)
+class Active:
+    """A fault in effect, with what its heal needs."""
+
+    step: Step
+    detail: dict[str, Any] = field(default_factory=dict)
+    started: float = 0.0
+
+
+class Nemesis:
+    def __init__(
+        self,
+        group: grp.GroupSpec,
+        history: History,
+        network: Network | None,
+        seed: int,
+        *,
+        launcher: str = LAUNCHER,
+        election_timeout_s: float = 0.3,
+    ):
+        self.group = group
+        self.history = history
+        self.network = network
+        self.rng = random.Random(seed ^ 0x5EED)
+        self.launcher = launcher
+        self.election_timeout_s = election_timeout_s
+        self.paused: set[str] = set()
+        self.counts: dict[str, int] = {}
+        self._stop = threading.Event()
+
+    # -- observing -----------------------------------------------------------------------------------------------
+
+    def leader(self) -> str | None:
+        lead = grp.leader_of(grp.status(self.group, timeout_s=0.3))
+        return lead.id if lead is not None else None
+
+    def _ids(self) -> list[str]:
+        return [n.id for n in self.group.nodes]
+
+    def _pick(self, prefer_leader: bool) -> str:
+        if prefer_leader:
+            lead = self.leader()
+            if lead is not None:
+                return lead
+        return self.rng.choice(self._ids())
+
+    def _follower(self) -> str:
+        lead = self.leader()
+        return self.rng.choice([i for i in self._ids() if i != lead])
+
+    def _wait_new_leader(self, old: str | None, max_s: float) -> str | None:
+        """Poll until a node other than ``old`` leads (the sign an election timeout passed), up to ``max_s``."""
+        deadline = time.monotonic() + max_s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            rows = grp.status(self.group, timeout_s=0.3)
+            lead = grp.leader_of([r for r in rows if r.id != old])
+            if lead is not None:
+                return lead.id
+            self._stop.wait(0.05)
+        return None
+
+    # -- faults --------------------------------------------------------------------------------------------------
+
+    def inject(self, step: Step) -> Active:
+        if step.kind in NEEDS_PROXY and self.network is None:
+            raise ValueError(f"fault {step.kind} needs a proxied group (a Network)")
+        act = Active(step, started=time.monotonic())
+        kind = step.kind
+        if kind in ("kill-leader", "kill-random"):
+            node = self._pick(kind == "kill-leader")
+            pid = grp.kill_node(self.group.node(node))
+            act.detail = {"node": node, "pid": pid}
+        elif kind in ("pause-leader", "pause-random"):
+            node = self._pick(kind == "pause-leader")
+            pid = grp.signal_node(self.group.node(node), signal.SIGSTOP)
+            if pid is not None:
+                self.paused.add(node)
+            act.detail = {"node": node, "pid": pid}
+        elif kind.startswith("partition-"):
+            act.detail = self._partition(kind)
+        elif kind == "oneway-loss":
+            src, dst = self.rng.sample(self._ids(), 2)
+            p = round(self.rng.uniform(0.05, 0.4), 3)
+            self.network.loss(src, dst, p)
+            act.detail = {"from": src, "to": dst, "reset_probability": p}
+        elif kind == "oneway-latency":
+            src = self._pick(True)
+            delay = round(self.rng.uniform(0.05, 0.25), 3)
+            for dst in self._ids():
+                if dst != src:
+                    self.network.delay(src, dst, delay)
+            act.detail = {"from": src, "delay_s": delay}
+        elif kind == "disk-full":
+            node = self._pick(self.rng.random() < 0.5)
+            control_path(self.group.node(node).data_dir).write_text("injected by the nemesis\n")
+            act.detail = {"node": node}
+        elif kind == "torn-tail":
+            node = self._follower()
+            pid = grp.kill_node(self.group.node(node))
+            act.detail = {
+                "node": node,
+                "pid": pid,
+                **tear_tail(Path(self.group.node(node).data_dir), self.rng),
+            }
+            grp.start_node(self.group.node(node), self.launcher)
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.history.add("nemesis", "nemesis", kind, phase="start", **act.detail)
+        return act
+
+    def _partition(self, kind: str) -> dict[str, Any]:
+        ids = self._ids()
+        self.rng.shuffle(ids)
+        n = len(ids)
+        if kind == "partition-halves":
+            sides = [ids[: n // 2], ids[n // 2 :]]
+            cut = self.network.partition(sides)
+        elif kind == "partition-isolate-leader":
+            lead = self._pick(True)
+            sides = [[lead], [i for i in ids if i != lead]]
+            cut = self.network.partition(sides)
+        elif kind == "partition-bridge":
+            bridge = ids[0]
+            rest = ids[1:]
+            sides = [[bridge, *rest[: len(rest) // 2]], [bridge, *rest[len(rest) // 2 :]]]
+            cut = self.network.partition(sides)
+        elif kind == "partition-ring":
+            # Node ids[k] hears only from the majority-1 nodes before it on the ring (one-way cuts): every
+            # node's view is a majority, and no two views are the same majority.
+            m = n // 2 + 1
+            hears = {ids[k]: {ids[(k - d) % n] for d in range(1, m)} for k in range(n)}
+            cut = [(src, dst) for dst in ids for src in ids if src != dst and src not in hears[dst]]
+            self.network.cut_pairs(cut)
+            sides = [[dst, *sorted(hears[dst])] for dst in ids]
+        else:
+            raise ValueError(kind)
+        return {"sides": sides, "cut": [f"{a}->{b}" for a, b in cut]}
+
+    def hold(self, act: Active) -> None:
+        """Keep the fault in effect for its hold time; kills and pauses of a leader also last until another
+        node leads (so a pause is longer than the election timeout), bounded by 4 x the hold time."""
+        kind = act.step.kind
+        deadline = act.started + act.step.hold_s
+        if kind in ("pause-leader", "pause-random", "kill-leader", "kill-random"):
+            self._wait_new_leader(
+                act.detail.get("node"), max(act.step.hold_s * 4, 3 * self.election_timeout_s)
+            )
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            self._stop.wait(remaining)  # the fault's own duration, drawn from the seed
+
+    def heal(self, act: Active) -> None:
+        kind = act.step.kind
+        d = act.detail
+        if kind in ("kill-leader", "kill-random"):
+            grp.start_node(self.group.node(d["node"]), self.launcher)
+        elif kind in ("pause-leader", "pause-random"):
+            self._resume(d["node"])
+        elif kind.startswith(("partition-", "oneway-")):
+            self.network.heal()
+        elif kind == "disk-full":
+            control_path(self.group.node(d["node"]).data_dir).unlink(missing_ok=True)
+        restarted = self.ensure_running()
+        self.history.add("nemesis", "nemesis", kind, phase="heal", restarted=restarted)
+
+    def _resume(self, node: str) -> None:
+        grp.signal_node(self.group.node(node), signal.SIGCONT)
+        self.paused.discard(node)
+
+    def ensure_running(self) -> list[str]:
+        """Start any node that is not running (killed, or died of a fault): the ids started."""
+        started = []
+        for spec in self.group.nodes:
+            if not grp.is_running(spec):
+                grp.start_node(spec, self.launcher)
+                started.append(spec.id)
+        return started
+
+    def heal_all(self) -> list[str]:
+        """Undo every fault: resume paused nodes, heal the network, free the disks, start stopped nodes."""
+        for node in list(self.paused):
+            self._resume(node)
+        if self.network is not None:
+            self.network.heal()
+        for spec in self.group.nodes:
+            control_path(spec.data_dir).unlink(missing_ok=True)
+        return self.ensure_running()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def tear_tail(data_dir: Path, rng: random.Random) -> dict[str, Any]:
+    """Append a partial entry frame to the last data segment of a stopped node: the bytes a crash leaves
+    when it interrupts a write that was never acknowledged (a header that claims more body than follows)."""
+    segs = list_segments(str(data_dir / "data"))
+    if not segs:
+        return {"torn": 0}
+    _base, path = segs[-1]
+    size = os.path.getsize(path)
+    import struct
+
+    body_len = rng.randint(64, 4096)
+    header = struct.pack(">iiqqqiIIi", 1, 48 + body_len, 1 << 40, 1 << 30, size, 0, 0, 0, body_len)
+    garbage = header[: rng.randint(8, 48)] if rng.random() < 0.3 else header + rng.randbytes(body_len // 2)
+    with open(path, "ab") as f:
+        f.write(garbage)
+    return {"segment": os.path.basename(path), "at": size, "torn": len(garbage)}
+
+
+def wait_healthy(group: grp.GroupSpec, timeout_s: float, stop: threading.Event | None = None) -> bool:
+    """Poll until every node answers and one of them leads."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = grp.status(group, timeout_s=0.3)
+        if all(r.role != "down" for r in rows) and grp.leader_of(rows) is not None:
+            return True
+        if stop is not None and stop.is_set():
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def wait_converged(group: grp.GroupSpec, timeout_s: float) -> list[grp.NodeStatus]:
+    """Poll until every node is up and all report the same last index and commit index (nothing in flight)."""
+    deadline = time.monotonic() + timeout_s
+    rows = grp.status(group, timeout_s=0.5)
+    while time.monotonic() < deadline:
+        ok = all(r.role != "down" for r in rows) and grp.leader_of(rows) is not None
+        if ok and len({(r.last_index, r.commit_index) for r in rows}) == 1:
+            return rows
+        time.sleep(0.1)
+        rows = grp.status(group, timeout_s=0.5)
+    raise UnavailableError(
+        "the group did not converge within "
+        f"{timeout_s} s: "
+        + ", ".join(f"{r.id} {r.role} t{r.term} last {r.last_index} commit {r.commit_index}" for r in rows)
+    )

@@ -1,0 +1,350 @@
+"""One seeded chaos run: a proxied group of real node processes, workloads, the nemesis, then the checkers.
+
+``run(RunConfig(...))`` does, in order:
+
+1. create a proxied broker group (``dledger.group.create(..., proxied=True)``), start the proxy and the nodes
+   (through the fault-injection launcher), create the topic;
+2. start the producers and the consumer group (and the register clients of a KV group), and a status
+   observer that records every (leader, term) it sees;
+3. run the fault schedule drawn from the seed: inject, hold, heal, wait until the group answers again;
+4. heal everything, stop the producers, wait until every node holds and has committed the same entries, let
+   the consumer group run to the end of every queue, stop the group (SIGTERM);
+5. judge: the checkers on the history and the files, optionally the Spark audit; write ``summary.json``,
+   ``history.jsonl``, ``acks.jsonl`` and ``schedule.json`` to the output directory.
+
+A failing run names its seed and schedule in the summary (``Summary.reproduce``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker_adapter.client import BrokerConnection
+from dledger import group as grp
+from dledger.chaos import checkers
+from dledger.chaos.history import INFO, OK, History, operations
+from dledger.chaos.nemesis import LAUNCHER, NEEDS_PROXY, Nemesis, Step, schedule, wait_converged, wait_healthy
+from dledger.chaos.proxy import LinkSpec, Network
+from dledger.chaos.workload import GROUP, TOPIC, Consumers, Producers, Registers
+from dledger.errors import DLedgerError
+
+RAFT = {"election_timeout_min_ms": 300, "election_timeout_max_ms": 600, "heartbeat_interval_ms": 60}
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    directory: Path
+    out: Path
+    seed: int = 1
+    faults: tuple[str, ...] = ("kill-leader", "pause-leader", "partition-halves")
+    steps: int = 0  # faults to inject; 0 = as many as fit in duration_s (at least one of each kind)
+    duration_s: float = 0.0  # 0 = run exactly ``steps`` faults
+    hold_s: tuple[float, float] = (1.0, 2.5)
+    nodes: int = 3
+    producers: int = 3
+    consumers: int = 2
+    queues: int = 4
+    body_size: int = 128
+    workload: str = "broker"  # "broker" (producers + consumers) or "kv" (register clients)
+    registers: int = 3  # KV: client threads
+    keys: int = 3  # KV: registers
+    audit: bool = False  # run the Spark audit of the final files (checker 5; starts a JVM)
+    proxied: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "directory": str(self.directory),
+            "seed": self.seed,
+            "faults": list(self.faults),
+            "steps": self.steps,
+            "duration_s": self.duration_s,
+            "hold_s": list(self.hold_s),
+            "nodes": self.nodes,
+            "workload": self.workload,
+            "audit": self.audit,
+        }
+
+
+@dataclass(slots=True)
+class Summary:
+    seed: int
+    schedule: list[dict[str, Any]]
+    faults: dict[str, int]
+    operations: dict[str, int]
+    verdicts: list[dict[str, Any]]
+    leader_changes: int
+    longest_unavailability_s: float
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(v["ok"] for v in self.verdicts)
+
+    def reproduce(self, cfg: RunConfig) -> str:
+        kinds = ",".join(cfg.faults)
+        return (
+            f"dledger chaos --dir DIR --seed {self.seed} --faults {kinds} --steps {len(self.schedule)} "
+            f"--workload {cfg.workload}  # schedule: "
+            + "; ".join(f"{s['kind']} {s['hold_s']}s" for s in self.schedule)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "seed": self.seed,
+            "schedule": self.schedule,
+            "faults": self.faults,
+            "operations": self.operations,
+            "verdicts": self.verdicts,
+            "leader_changes": self.leader_changes,
+            "longest_unavailability_s": round(self.longest_unavailability_s, 3),
+            "elapsed_s": round(self.elapsed_s, 1),
+            "notes": self.notes,
+        }
+
+
+class LeaderObserver:
+    """Polls the group's status and records each new (leader, term) it sees."""
+
+    def __init__(self, group: grp.GroupSpec, history: History, interval_s: float = 0.2):
+        self.group = group
+        self.history = history
+        self.interval_s = interval_s
+        self.changes = 0
+        self._stop = threading.Event()
+        self._last: tuple[str, int] | None = None
+        self._thread = threading.Thread(target=self._run, name="observer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            lead = grp.leader_of(grp.status(self.group, timeout_s=0.3))
+            if lead is not None and (lead.id, lead.term or 0) != self._last:
+                if self._last is not None:
+                    self.changes += 1
+                self._last = (lead.id, lead.term or 0)
+                self.history.add("observer", "observe", "leader", node=lead.id, term=lead.term)
+            self._stop.wait(self.interval_s)
+
+
+def _steps(cfg: RunConfig) -> list[Step]:
+    count = cfg.steps or max(len(cfg.faults), int(cfg.duration_s / (sum(cfg.hold_s) / 2 + 2.0)) + 1)
+    return schedule(cfg.seed, list(cfg.faults), count, cfg.hold_s)
+
+
+def _wait_for_ack(history: History, after: float, timeout_s: float) -> bool:
+    """Poll until some client operation was acknowledged after ``after`` (the group serves again)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(
+            e.type == OK and e.f in ("send", "write") and e.time > after
+            for e in reversed(history.events[-200:])
+        ):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def run(cfg: RunConfig, log=print) -> Summary:
+    """Run one chaos run; every process started here is stopped before this returns (or raises)."""
+    t_start = time.monotonic()
+    out = cfg.out
+    out.mkdir(parents=True, exist_ok=True)
+    steps = _steps(cfg)
+    (out / "schedule.json").write_text(
+        json.dumps({"config": cfg.to_json(), "schedule": [s.to_json() for s in steps]}, indent=2) + "\n"
+    )
+    needs_proxy = any(s.kind in NEEDS_PROXY for s in steps)
+    if needs_proxy and not cfg.proxied:
+        raise ValueError("partition and one-way faults need a proxied group")
+    history = History(out / "history.jsonl")
+    group = grp.create(
+        cfg.directory,
+        cfg.nodes,
+        base_port=None,
+        proxied=cfg.proxied,
+        raft=dict(RAFT),
+        state_machine="broker" if cfg.workload == "broker" else "dledger.chaos.register:make",
+    )
+    network = (
+        Network([LinkSpec(a, b, p, group.node(b).address) for a, b, p in group.links], seed=cfg.seed)
+        if group.links
+        else None
+    )
+    notes: list[str] = []
+    nemesis: Nemesis | None = None
+    observer = LeaderObserver(group, history)
+    workers: list[Any] = []
+    commit_index = -1
+    t_work = t_end = 0.0
+    try:
+        if network is not None:
+            network.start()
+        for spec in group.nodes:
+            grp.start_node(spec, LAUNCHER)
+        if not wait_healthy(group, 60):
+            raise DLedgerError(f"the group in {cfg.directory} did not elect a leader within 60 s")
+        servers = group.addresses
+        if cfg.workload == "broker":
+            with BrokerConnection(servers, timeout_s=2.0, retry_for_s=30.0) as admin:
+                if TOPIC not in {t.topic for t in admin.list_topics()}:
+                    admin.create_topic(TOPIC, cfg.queues)
+            producers = Producers(history, servers, count=cfg.producers, body_size=cfg.body_size)
+            consumers = Consumers(history, servers, cfg.queues, count=cfg.consumers)
+            workers = [producers, consumers]
+        else:
+            registers = Registers(history, servers, clients=cfg.registers, keys=cfg.keys, seed=cfg.seed)
+            workers = [registers]
+        observer.start()
+        t_work = history.now()
+        for w in workers:
+            w.start()
+        nemesis = Nemesis(
+            group, history, network, cfg.seed, election_timeout_s=RAFT["election_timeout_max_ms"] / 1000
+        )
+        _wait_for_ack(history, t_work, 30.0)
+        deadline = t_start + cfg.duration_s if cfg.duration_s else None
+        for i, step in enumerate(steps):
+            if deadline is not None and time.monotonic() > deadline and i >= len(cfg.faults):
+                break
+            act = nemesis.inject(step)
+            log(f"[{history.now():7.1f}s] fault {i + 1}/{len(steps)}: {step.kind} {act.detail}")
+            nemesis.hold(act)
+            nemesis.heal(act)
+            healed_at = history.now()
+            if not wait_healthy(group, 60):
+                notes.append(f"after {step.kind}: no leader within 60 s of the heal")
+            if not _wait_for_ack(history, healed_at, 60.0):
+                notes.append(f"after {step.kind}: no acknowledged operation within 60 s of the heal")
+        restarted = nemesis.heal_all()
+        if restarted:
+            notes.append(f"nodes restarted at the end: {restarted}")
+        t_end = history.now()
+        workers[0].stop()
+        rows = wait_converged(group, 90)
+        commit_index = rows[0].commit_index or -1
+        if cfg.workload == "broker":
+            with BrokerConnection(servers, timeout_s=2.0, retry_for_s=30.0) as admin:
+                info = {t.topic: t for t in admin.list_topics()}[TOPIC]
+            ends = {q: off for q, off in enumerate(info.max_offsets)}
+            if not consumers.drain_to(ends, 90):
+                notes.append(f"the consumer group did not reach the end offsets {ends} within 90 s")
+        observer.stop()
+        for w in workers:
+            if w.crashes:
+                notes.append(f"workload crashed: {w.crashes}")
+    finally:
+        for w in workers:
+            try:
+                w.stop(5.0)
+            except RuntimeError as e:
+                notes.append(str(e))
+        observer.stop()
+        if nemesis is not None:
+            nemesis.stop()
+        for spec in group.nodes:  # a paused node cannot take SIGTERM: resume first
+            grp.signal_node(spec, signal.SIGCONT)
+        grp.stop_group(group)
+        if network is not None:
+            network.stop()
+        history.close()
+    events = History.load(out / "history.jsonl")
+    verdicts: list[checkers.Verdict] = []
+    if cfg.workload == "broker":
+        logs = checkers.read_group([(n.id, n.data_dir) for n in group.nodes], commit_index)
+        verdicts += [
+            checkers.check_acked_present(events, logs, TOPIC),
+            checkers.check_nothing_unsent(events, logs, TOPIC),
+            checkers.check_queue_order(logs, TOPIC),
+        ]
+        ops = checkers.summarize_sends(events)
+        ack_log = write_ack_log(events, out / "acks.jsonl")
+        if cfg.audit:
+            verdicts.append(spark_audit(cfg.directory, ack_log, out / "audit"))
+    else:
+        verdicts.append(checkers.check_linearizable(events))
+        reg = operations(events)
+        ops = {
+            "attempted": sum(1 for o in reg if o.f in ("write", "read")),
+            "acked": sum(1 for o in reg if o.f in ("write", "read") and o.type == OK),
+            "failed": sum(1 for o in reg if o.f in ("write", "read") and o.type == "fail"),
+            "unknown": sum(1 for o in reg if o.f in ("write", "read") and o.type == INFO),
+        }
+    for n in notes:
+        verdicts.append(checkers.Verdict("liveness", [n], 1))
+    gap, gap_at = checkers.longest_unavailability(events, t_work, t_end or t_work)
+    summary = Summary(
+        cfg.seed,
+        [s.to_json() for s in steps],
+        dict(nemesis.counts) if nemesis else {},
+        ops,
+        [v.to_json() for v in verdicts],
+        observer.changes,
+        gap,
+        time.monotonic() - t_start,
+        notes,
+    )
+    doc = summary.to_json()
+    doc["longest_unavailability_from_s"] = round(gap_at, 3)
+    doc["commit_index"] = commit_index
+    if not summary.ok:
+        doc["reproduce"] = summary.reproduce(cfg)
+    (out / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return summary
+
+
+def write_ack_log(events, path: Path) -> Path:
+    """The producers' outcomes in the audit's ack-log format (acknowledged, or ``acked: false`` if unknown)."""
+    with open(path, "w") as f:
+        for o in operations(events, "send"):
+            if o.type == OK:
+                rec = {k: o.value[k] for k in ("msg_id", "queue_id", "queue_offset", "commitlog_offset")}
+                f.write(json.dumps({"topic": TOPIC, **rec}) + "\n")
+            elif o.type == INFO:
+                f.write(json.dumps({"msg_id": o.value["msg_id"], "acked": False}) + "\n")
+    return path
+
+
+def spark_audit(directory: Path, ack_log: Path, report: Path, timeout_s: float = 600) -> checkers.Verdict:
+    """Checker 5: ``dledger audit`` of the final files, in its own process (it starts a JVM)."""
+    v = checkers.Verdict("spark_audit")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dledger",
+            "audit",
+            str(directory),
+            "--ack-log",
+            str(ack_log),
+            "--report",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    v.stats["exit_status"] = proc.returncode
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+        v.violation(f"dledger audit exited {proc.returncode}: " + " | ".join(tail))
+    return v
+
+
+__all__ = ["GROUP", "RunConfig", "Summary", "run"]

@@ -1,0 +1,172 @@
+"""The checkers must catch what they claim to catch: lost, duplicated, unsent and misplaced messages, broken
+queue order, divergent nodes, and non-linearizable register histories (synthetic inputs, no processes)."""
+
+from __future__ import annotations
+
+from dledger.chaos.checkers import (
+    NodeLog,
+    RegisterOp,
+    StoredMessage,
+    check_acked_present,
+    check_linearizable,
+    check_nothing_unsent,
+    check_queue_order,
+    check_register,
+    longest_unavailability,
+)
+from dledger.chaos.history import Event, History
+
+T = "chaos"
+
+
+def _msg(index, msg_id, q, off, pos=None):
+    pos = index * 1000 if pos is None else pos
+    return StoredMessage(index, msg_id, T, q, off, pos + 48, pos)
+
+
+def _send(h: list[Event], t, proc, msg_id, outcome="ok", q=0, off=0, index=0):
+    h.append(Event(t, proc, "invoke", "send", {"msg_id": msg_id, "queue_id": q}))
+    value = {"msg_id": msg_id}
+    if outcome == "ok":
+        value.update(queue_id=q, queue_offset=off, commitlog_offset=index * 1000 + 48)
+    h.append(Event(t + 0.01, proc, outcome, "send", value))
+
+
+def _log(node, msgs):
+    lg = NodeLog(node)
+    lg.messages = list(msgs)
+    lg.entries = [(m.index, 1, m.index * 7) for m in msgs]
+    lg.last_index = msgs[-1].index if msgs else -1
+    return lg
+
+
+def _consume(h, t, proc, msg_id, q, off):
+    h.append(Event(t, proc, "ok", "consume", {"msg_id": msg_id, "queue_id": q, "queue_offset": off}))
+
+
+def test_clean_history_passes():
+    h: list[Event] = []
+    _send(h, 0.0, "p0", "A", q=0, off=0, index=1)
+    _send(h, 0.1, "p0", "B", q=0, off=1, index=2)
+    _send(h, 0.2, "p1", "C", outcome="info")  # unknown and not stored: allowed
+    _consume(h, 0.3, "c0", "A", 0, 0)
+    _consume(h, 0.3, "c0", "B", 0, 1)
+    logs = [_log(n, [_msg(1, "A", 0, 0), _msg(2, "B", 0, 1)]) for n in ("n0", "n1", "n2")]
+    assert check_acked_present(h, logs, T).ok
+    assert check_nothing_unsent(h, logs, T).ok
+    assert check_queue_order(logs, T).ok
+
+
+def test_lost_acknowledged_message_on_one_node_is_caught():
+    h: list[Event] = []
+    _send(h, 0.0, "p0", "A", q=0, off=0, index=1)
+    _consume(h, 0.3, "c0", "A", 0, 0)
+    logs = [_log("n0", [_msg(1, "A", 0, 0)]), _log("n1", [])]
+    v = check_acked_present(h, logs, T)
+    assert not v.ok and "n1" in v.violations[0] and "0 times" in v.violations[0]
+
+
+def test_misplaced_acknowledgement_and_unconsumed_message_are_caught():
+    h: list[Event] = []
+    _send(h, 0.0, "p0", "A", q=0, off=5, index=1)  # acked at offset 5, stored at 0
+    v = check_acked_present(h, [_log("n0", [_msg(1, "A", 0, 0)])], T)
+    assert not v.ok
+    assert any("stored at" in x for x in v.violations)
+    assert any("never consumed" in x for x in v.violations)
+
+
+def test_duplicate_delivery_needs_a_restart():
+    h: list[Event] = []
+    _send(h, 0.0, "p0", "A", q=0, off=0, index=1)
+    _consume(h, 0.3, "c0", "A", 0, 0)
+    _consume(h, 0.5, "c0", "A", 0, 0)
+    logs = [_log("n0", [_msg(1, "A", 0, 0)])]
+    assert not check_acked_present(h, logs, T).ok
+    h.insert(5, Event(0.4, "c0", "ok", "load-offsets", {"offsets": {"0": 0}}))
+    v = check_acked_present(h, logs, T)
+    assert v.ok, v.violations
+    assert v.stats["redelivered_after_restart"] == 1
+
+
+def test_committed_offset_going_back_is_caught():
+    h = [
+        Event(0.1, "c0", "invoke", "commit", {"queue_id": 0, "offset": 3}),
+        Event(0.2, "c0", "ok", "commit", {"queue_id": 0, "offset": 3}),
+        Event(0.3, "c1", "ok", "load-offsets", {"offsets": {"0": 1}}),
+    ]
+    v = check_acked_present(h, [_log("n0", [])], T)
+    assert not v.ok and "loaded offset 1" in v.violations[0]
+
+
+def test_unsent_rejected_and_duplicated_messages_are_caught():
+    h: list[Event] = []
+    _send(h, 0.0, "p0", "A", q=0, off=0, index=1)
+    _send(h, 0.1, "p0", "R", outcome="fail")
+    logs = [_log("n0", [_msg(1, "A", 0, 0), _msg(2, "A", 0, 1), _msg(3, "R", 0, 2), _msg(4, "X", 0, 3)])]
+    v = check_nothing_unsent(h, logs, T)
+    text = " ".join(v.violations)
+    assert "no producer sent it" in text and "rejected" in text and "2 times" in text
+
+
+def test_queue_order_and_divergence_are_caught():
+    gap = [_msg(1, "A", 0, 0), _msg(2, "B", 0, 2)]
+    assert "expected 1" in check_queue_order([_log("n0", gap)], T).violations[0]
+    a = _log("n0", [_msg(1, "A", 0, 0), _msg(2, "B", 0, 1)])
+    b = _log("n1", [_msg(1, "A", 0, 0), _msg(2, "C", 0, 1)])
+    v = check_queue_order([a, b], T)
+    assert not v.ok and "holds C" in v.violations[0]
+    bad_phys = _log("n0", [StoredMessage(1, "A", T, 0, 0, 99, 1000)])
+    assert "PHYSICALOFFSET" in check_queue_order([bad_phys], T).violations[0]
+
+
+def _op(i, f, v, a, b):
+    return RegisterOp(i, f, v, a, b)
+
+
+def test_register_linearizable_histories():
+    # w1 completes, then a read sees it; a concurrent write may be seen or not
+    ops = [
+        _op(0, "write", "1", 0, 1),
+        _op(1, "read", "1", 2, 3),
+        _op(2, "write", "2", 2.5, 5),
+        _op(3, "read", "1", 4, 4.5),
+    ]
+    ok, order, _ = check_register(ops)
+    assert ok and [o.id for o in order][:2] == [0, 1]
+    # an indeterminate write may take effect late
+    ops = [_op(0, "write", "1", 0, float("inf")), _op(1, "read", None, 1, 2), _op(2, "read", "1", 3, 4)]
+    assert check_register(ops)[0]
+
+
+def test_register_stale_read_is_not_linearizable():
+    ops = [_op(0, "write", "1", 0, 1), _op(1, "write", "2", 2, 3), _op(2, "read", "1", 4, 5)]
+    ok, _, why = check_register(ops)
+    assert not ok and "no linearization" in why
+    # a read of a value never written
+    assert not check_register([_op(0, "write", "1", 0, 1), _op(1, "read", "9", 2, 3)])[0]
+    # reads going back in time: 2 then 1 while both writes completed before
+    ops = [
+        _op(0, "write", "1", 0, 1),
+        _op(1, "write", "2", 0, 1),
+        _op(2, "read", "2", 2, 3),
+        _op(3, "read", "1", 4, 5),
+    ]
+    assert not check_register(ops)[0]
+
+
+def test_linearizable_verdict_reads_a_history(tmp_path):
+    h = History(tmp_path / "h.jsonl")
+    h.add("r0", "invoke", "write", key="k", value="a")
+    h.add("r0", "ok", "write", key="k", value="a")
+    h.add("r1", "invoke", "read", key="k")
+    h.add("r1", "ok", "read", key="k", value="a")
+    h.add("r1", "invoke", "read", key="k")
+    h.add("r1", "ok", "read", key="k", value=None)  # the write is lost: not linearizable
+    h.close()
+    v = check_linearizable(History.load(tmp_path / "h.jsonl"))
+    assert not v.ok and v.stats["operations"] == 3
+
+
+def test_longest_unavailability():
+    h = [Event(t, "p", "ok", "send", {}) for t in (1.0, 1.5, 4.0)]
+    assert longest_unavailability(h, 0.0, 5.0) == (2.5, 1.5)
