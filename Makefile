@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard proto/dledger/v1/*.proto)
 
-.PHONY: install test soak demo bench bench-storage bench-core proto lint format clean check-java
+.PHONY: install test soak chaos demo bench bench-storage bench-core proto lint format clean check-java
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dledger-py needs Python >= 3.11")'
@@ -24,6 +24,11 @@ test: $(STAMP)
 
 soak: $(STAMP)
 	SOAK=1 $(BIN)/python -m pytest -q -m slow
+
+# A long randomized fault-injection run (about 10 minutes): every fault kind, then the checkers and the Spark audit.
+CHAOS_S ?= 600
+chaos: $(STAMP) check-java
+	$(BIN)/python -m dledger chaos --out var/chaos/$$(date +%Y%m%d-%H%M%S) --faults all --duration $(CHAOS_S)
 
 demo: $(STAMP) check-java
 	$(BIN)/python -m dledger demo

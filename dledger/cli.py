@@ -428,7 +428,7 @@ def run_demo(dir: Path, entries: int) -> int:
 
 # Commands of the layers above the log (the broker, the audit) live with them and register here: the CLI is the
 # one place that composes every layer, so it may import them; nothing else in dledger does.
-EXTENSIONS = ("broker_adapter.cli", "spark.cli", "statemachine.kvcli")
+EXTENSIONS = ("broker_adapter.cli", "spark.cli", "statemachine.kvcli", "dledger.chaos.cli")
 
 
 def _register_extensions() -> None:
