@@ -295,7 +295,9 @@ def wait_healthy(group: grp.GroupSpec, timeout_s: float, stop: threading.Event |
     """Poll until every node answers and one of them leads."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        rows = grp.status(group, timeout_s=0.3)
+        # A generous status timeout: on a loaded machine (CI runs Spark beside this) a node that just restarted
+        # can take longer than a fraction of a second to answer, which is not the unavailability we measure.
+        rows = grp.status(group, timeout_s=1.5)
         if all(r.role != "down" for r in rows) and grp.leader_of(rows) is not None:
             return True
         if stop is not None and stop.is_set():
@@ -307,13 +309,13 @@ def wait_healthy(group: grp.GroupSpec, timeout_s: float, stop: threading.Event |
 def wait_converged(group: grp.GroupSpec, timeout_s: float) -> list[grp.NodeStatus]:
     """Poll until every node is up and all report the same last index and commit index (nothing in flight)."""
     deadline = time.monotonic() + timeout_s
-    rows = grp.status(group, timeout_s=0.5)
+    rows = grp.status(group, timeout_s=1.5)
     while time.monotonic() < deadline:
         ok = all(r.role != "down" for r in rows) and grp.leader_of(rows) is not None
         if ok and len({(r.last_index, r.commit_index) for r in rows}) == 1:
             return rows
         time.sleep(0.1)
-        rows = grp.status(group, timeout_s=0.5)
+        rows = grp.status(group, timeout_s=1.5)
     raise UnavailableError(
         "the group did not converge within "
         f"{timeout_s} s: "
