@@ -1,102 +1,21 @@
-"""A linearizable register service for the KV workload (``state_machine = "dledger.chaos.register:make"``).
+"""Client of the linearizable registers the KV workload reads and writes: the built-in KV store's gRPC service
+(``state_machine = "kv"``, ``dledger.v1.KV``: puts through the log, gets through the leader's read index).
 
-The built-in KV state machine (``statemachine.kv``) has no read RPC: its linearizable read is an in-process
-call (``node.linearizable_read``). This plugin puts that state machine behind two small gRPC methods so that
-clients in another process can write and read registers while the nemesis runs:
-
-    /dledger.chaos.Register/Put   request: JSON {"key", "value"}  -> {"index"}   (after the entry is applied)
-    /dledger.chaos.Register/Get   request: JSON {"key"}           -> {"value"}   (read index, then local read)
-
-Errors carry the node's usual status codes and trailers (``dledger.transport.convert``): FAILED_PRECONDITION
-with the leader's address, UNAVAILABLE with ``refused``/``outcome-unknown``, so ``RegisterClient`` can tell a
-write that was not done from one that may have been.
+Unlike ``statemachine.kvclient`` (which retries within a deadline), one call here is one attempt set with a
+few not-leader redirects, and every failure is classified for the history: NotLeaderError / UnavailableError
+(not done) or OutcomeUnknownError (may have been done), which is what the linearizability checker needs.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 
-from dledger.errors import (
-    DLedgerError,
-    InvalidRequestError,
-    NotLeaderError,
-    OutcomeUnknownError,
-    UnavailableError,
-)
+from dledger.errors import DLedgerError, NotLeaderError, OutcomeUnknownError, UnavailableError
 from dledger.transport import convert
-from statemachine.kv import KVStore, encode_put
-
-SERVICE = "dledger.chaos.Register"
-PUT = f"/{SERVICE}/Put"
-GET = f"/{SERVICE}/Get"
-
-
-def _request(raw: bytes) -> dict[str, Any]:
-    try:
-        req = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidRequestError(f"request is not JSON: {e}") from None
-    if not isinstance(req, dict) or not isinstance(req.get("key"), str) or not req["key"]:
-        raise InvalidRequestError('request must be a JSON object with a non-empty string "key"')
-    return req
-
-
-class RegisterPlugin:
-    def __init__(self, config: Any):
-        self.state_machine = KVStore()
-        self._node: Any = None
-
-    def attach(self, node: Any, server: grpc.aio.Server) -> Sequence[str]:
-        self._node = node
-        handler = grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                "Put": grpc.unary_unary_rpc_method_handler(self._put),
-                "Get": grpc.unary_unary_rpc_method_handler(self._get),
-            },
-        )
-        server.add_generic_rpc_handlers((handler,))
-        return (SERVICE,)
-
-    async def _abort(self, context: grpc.aio.ServicerContext, err: DLedgerError) -> None:
-        addr = (
-            self._node.address_of(err.leader_hint)
-            if isinstance(err, NotLeaderError) and err.leader_hint
-            else None
-        )
-        context.set_trailing_metadata(convert.error_metadata(err, addr))
-        await context.abort(convert.status_code(err), str(err))
-
-    async def _put(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        try:
-            req = _request(raw)
-            value = req.get("value")
-            if not isinstance(value, str):
-                raise InvalidRequestError('a put needs a string "value"')
-            outcomes = await self._node.submit([encode_put(req["key"].encode(), value.encode())])
-            if isinstance(outcomes[0], BaseException):
-                raise InvalidRequestError(f"the state machine rejected the put: {outcomes[0]}")
-            return json.dumps({"index": outcomes[0].index}).encode()
-        except DLedgerError as e:
-            await self._abort(context, e)
-            raise AssertionError("unreachable: abort raises") from e
-
-    async def _get(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        try:
-            key = _request(raw)["key"].encode()
-            value = await self._node.linearizable_read(lambda kv: kv.get(key))
-            return json.dumps({"value": None if value is None else bytes(value).decode()}).encode()
-        except DLedgerError as e:
-            await self._abort(context, e)
-            raise AssertionError("unreachable: abort raises") from e
-
-
-def make(config: Any) -> RegisterPlugin:
-    return RegisterPlugin(config)
+from dledger.v1 import kv_pb2, kv_pb2_grpc
 
 
 class RegisterClient:
@@ -109,12 +28,12 @@ class RegisterClient:
         self._leader: str | None = None
         self._rr = 0
 
-    def _call(self, method: str, address: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, fn: Callable[[kv_pb2_grpc.KVStub], Any], address: str) -> Any:
         ch = self._channels.get(address)
         if ch is None:
             ch = self._channels[address] = grpc.insecure_channel(address)
         try:
-            raw = ch.unary_unary(method)(json.dumps(payload).encode(), timeout=self.timeout_s)
+            return fn(kv_pb2_grpc.KVStub(ch))
         except grpc.RpcError as e:
             md = dict(e.trailing_metadata() or ())
             code = e.code()
@@ -129,9 +48,8 @@ class RegisterClient:
             ):
                 raise OutcomeUnknownError(f"{code.name}: {e.details()}") from None
             raise convert.error_from_status(code, e.details() or "", md) from None
-        return json.loads(raw)
 
-    def call(self, method: str, payload: dict[str, Any], redirects: int = 2) -> dict[str, Any]:
+    def call(self, fn: Callable[[kv_pb2_grpc.KVStub], Any], redirects: int = 2) -> Any:
         """Send to the known leader (or the next server); follow up to ``redirects`` not-leader hints. Errors
         propagate: NotLeaderError / UnavailableError (not done), OutcomeUnknownError (may have been done)."""
         if self._leader is None:
@@ -140,7 +58,7 @@ class RegisterClient:
         target = self._leader
         for _ in range(redirects + 1):
             try:
-                return self._call(method, target, payload)
+                return self._call(fn, target)
             except NotLeaderError as e:
                 hint = e.leader_hint
                 if not hint or ":" not in hint or hint == target:
@@ -153,10 +71,13 @@ class RegisterClient:
         raise NotLeaderError(None, f"still not the leader after {redirects} redirects")
 
     def put(self, key: str, value: str) -> int:
-        return int(self.call(PUT, {"key": key, "value": value})["index"])
+        req = kv_pb2.PutRequest(key=key.encode(), value=value.encode())
+        return self.call(lambda kv: kv.Put(req, timeout=self.timeout_s)).index
 
     def get(self, key: str) -> str | None:
-        return self.call(GET, {"key": key})["value"]
+        req = kv_pb2.KVGetRequest(key=key.encode())
+        r = self.call(lambda kv: kv.Get(req, timeout=self.timeout_s))
+        return r.value.decode() if r.found else None
 
     def close(self) -> None:
         for ch in self._channels.values():

@@ -180,7 +180,7 @@ def run(cfg: RunConfig, log=print) -> Summary:
         base_port=None,
         proxied=cfg.proxied,
         raft=dict(RAFT),
-        state_machine="broker" if cfg.workload == "broker" else "dledger.chaos.register:make",
+        state_machine="broker" if cfg.workload == "broker" else "kv",
     )
     network = (
         Network([LinkSpec(a, b, p, group.node(b).address) for a, b, p in group.links], seed=cfg.seed)

@@ -7,7 +7,7 @@
 - ``Consumers``: a consumer group; each consumer owns a fixed share of the queues, pulls from the leader,
   records what it received and commits the next offset after each batch. After an error it restarts from the
   group's committed offsets (recorded, so a checker can tell a redelivery after a restart from a duplicate).
-- ``Registers``: clients of the linearizable register (``dledger.chaos.register``): writes of unique values
+- ``Registers``: clients of the KV service's registers (``dledger.chaos.register``): writes of unique values
   and reads of a few keys, for the linearizability checker.
 
 Every workload runs in threads (the clients are synchronous), bounded by ``stop()`` and by its deadlines.
