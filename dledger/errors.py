@@ -43,6 +43,14 @@ class BackpressureError(DLedgerError):
     grpc_status = "RESOURCE_EXHAUSTED"
 
 
+class StorageFullError(DLedgerError):
+    """This node's disk is full: it refuses writes (nothing was written) until a write succeeds again. Other
+    nodes of the group may still accept them, so a client retries, on the leader of the moment."""
+
+    retriable = True
+    grpc_status = "RESOURCE_EXHAUSTED"
+
+
 class InvalidRequestError(DLedgerError):
     grpc_status = "INVALID_ARGUMENT"
 

@@ -66,6 +66,7 @@ from dledger.errors import (
     NotFoundError,
     NotLeaderError,
     OutcomeUnknownError,
+    StorageFullError,
     UnavailableError,
 )
 from dledger.metrics import NodeMetrics
@@ -86,9 +87,9 @@ from statemachine.apply_loop import Applied, ApplyLoop
 from statemachine.snapshot import DATA as SNAPSHOT_DATA
 from statemachine.snapshot import META as SNAPSHOT_META
 from statemachine.snapshot import SnapshotError, SnapshotInfo, SnapshotStore
-from storage.api import LogStore, MetaStore
+from storage.api import HardState, LogStore, MetaStore
 from storage.codec import Entry
-from storage.errors import Compacted, IndexOutOfRange
+from storage.errors import Compacted, DiskFullError, IndexOutOfRange
 
 # Appends up to this size are written on the event loop while writes take less than this on average.
 INLINE_MAX_BYTES = 64 << 10
@@ -110,6 +111,14 @@ _ROLE_NAMES = {
     Role.PRE_CANDIDATE: "candidate",
 }
 COMMIT_INDEX_KEY = "commit_index"  # checkpoint in the MetaStore (audit input; not needed for safety)
+
+
+class _AppendRefused(Exception):
+    """The log store refused an append for want of space and rolled it back (raised from ``_persist``)."""
+
+    def __init__(self, cause: DiskFullError):
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 @dataclass(slots=True)
@@ -216,6 +225,9 @@ class Node:
         self._io_pending = 0  # jobs submitted to the I/O thread and not finished
         self.metrics = NodeMetrics()
         self.failure: BaseException | None = None  # why the node stopped on its own, if it did
+        self._disk_full: str | None = None  # why writes are refused (a full disk), until a write succeeds
+        self._quiet_until = 0.0  # loop time before which a node whose disk filled up does not campaign
+        self._disk_full_logged = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -232,9 +244,7 @@ class Node:
             self._last_snapshot_index = applied
             self.add_commit_listener(self._apply.commit_advanced)
             self.add_role_listener(self._fail_reads)
-        self._core = RaftCore(
-            self.id, cfg.voters, self._log, hard_state, cfg.raft, self._rng, applied=applied
-        )
+        self._core = self._new_core(hard_state, applied)
         if self._transport is None:
             control_timeout = max(0.2, cfg.raft.election_timeout_min_ms / 1000)
             self._transport = GrpcPeerTransport(
@@ -282,6 +292,10 @@ class Node:
             cfg.bind,
             cfg.flush,
         )
+
+    def _new_core(self, hard_state: HardState, applied: int) -> RaftCore:
+        cfg = self.config
+        return RaftCore(self.id, cfg.voters, self._log, hard_state, cfg.raft, self._rng, applied=applied)
 
     def _open_storage(self) -> None:
         from storage.filestore import FileLogStore
@@ -760,11 +774,23 @@ class Node:
                     if inline and early:
                         await asyncio.sleep(0)  # the senders put the early AppendEntries on the wire first
                         inline = self._io_pending == 0
-                    if inline:
-                        self._persist(rd)
-                        self.stats["persists_inline"] += 1
-                    else:
-                        await self._on_io(self._persist, rd)
+                    try:
+                        if inline:
+                            self._persist(rd)
+                            self.stats["persists_inline"] += 1
+                        else:
+                            await self._on_io(self._persist, rd)
+                    except _AppendRefused as e:
+                        # Nothing this Ready asked for is sent, committed or advanced: the core is rebuilt
+                        # from what storage holds, exactly as a restart would find it.
+                        for w in waiters:
+                            if not w.future.done():
+                                w.future.set_result([])  # no answer: to the sender, a lost message
+                        self._enter_disk_full(e.cause)
+                        core = self._core
+                        continue
+                    if rd.frames and self._disk_full is not None:
+                        self._leave_disk_full()
                     self.stats["persist_wait_us"] += int((time.perf_counter() - t0) * 1e6)
                 # 2. send (answers ride back on the calls that asked; the rest go through the senders).
                 self._dispatch(messages, waiters)
@@ -776,6 +802,51 @@ class Node:
                 self._watch_role()
                 # 4. tell the core its work was done.
                 core.advance(rd)
+
+    def _enter_disk_full(self, cause: DiskFullError) -> None:
+        """The disk is full: refuse writes instead of stopping, and lose nothing.
+
+        The failed Ready is dropped whole (its append was rolled back; none of its messages left, apart from a
+        leader's early AppendEntries, which a crash at the same point would have sent too), and the core is
+        rebuilt from storage: the state a restart would find, kept in a live process that still answers
+        status, reads and votes. A leader thereby steps down and the rest of the group elects another one;
+        waiting appends fail (proposed ones with "outcome unknown": followers may hold and commit them). For
+        one election timeout the node does not campaign, so that it does not win an election it cannot serve.
+        Any later append that succeeds (an AppendEntries from the leader, or its own no-op after winning an
+        election) proves there is space again and lifts the refusal."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        first = self._disk_full is None
+        self._disk_full = str(cause)
+        self.stats["disk_full_refusals"] += 1
+        if first or now - self._disk_full_logged > 10:
+            self._disk_full_logged = now
+            log.error(
+                "%s: %s; refusing writes until an append succeeds (%d refusals so far)",
+                self.id,
+                cause,
+                self.stats["disk_full_refusals"],
+            )
+        err = self._storage_full()
+        for p in self._queued:
+            _fail(p.future, err)
+        self._queued.clear()
+        self._queued_entries = 0
+        self._fail_proposed(f"node {self.id} could not write the entries: {cause}; their outcome is unknown")
+        applied = min(self._commit_index, self._log.last_index)
+        self._core = self._new_core(self._meta.load_hard_state(), applied)
+        self._quiet_until = now + self.config.raft.election_timeout_max_ms / 1000
+        self._watch_role()
+
+    def _leave_disk_full(self) -> None:
+        log.warning("%s: an append succeeded again: accepting writes", self.id)
+        self._disk_full = None
+
+    def _storage_full(self) -> StorageFullError:
+        return StorageFullError(
+            f"node {self.id} refuses writes: {self._disk_full}. Free space in {self.config.data_dir}; the node "
+            "accepts writes again as soon as an append succeeds"
+        )
 
     def _persist_inline(self, rd: Ready) -> bool:
         """Write this Ready on the event loop itself rather than in the I/O thread?
@@ -816,7 +887,10 @@ class Node:
         if rd.truncate_from is not None:
             self._log.truncate_suffix(rd.truncate_from)
         if rd.frames:
-            self._log.append(rd.frames)
+            try:
+                self._log.append(rd.frames)
+            except DiskFullError as e:  # rolled back by the store: the log is as it was before this append
+                raise _AppendRefused(e) from e
             self._dirty_since_sync = True
         if self._sync_each_ready and (rd.frames or rd.truncate_from is not None):
             self._log.sync()
@@ -912,7 +986,6 @@ class Node:
     async def _ticker(self) -> None:
         loop = asyncio.get_running_loop()
         interval = self.config.raft.tick_ms / 1000
-        core = self._core
         deadline = loop.time()
         while True:
             deadline += interval
@@ -923,6 +996,9 @@ class Node:
                 # The loop stalled: drop the missed ticks instead of firing them in a burst.
                 deadline = loop.time()
                 await asyncio.sleep(0)
+            if self._disk_full is not None and loop.time() < self._quiet_until:
+                continue  # the disk just filled up: no election timeout runs (see _enter_disk_full)
+            core = self._core  # rebuilt after a full disk
             core.tick()
             if core.has_ready():
                 self._wake.set()
@@ -1166,7 +1242,12 @@ class Node:
         if self._apply is None:
             raise InvalidRequestError(f"node {self.id} runs no state machine")
         p = self._enqueue(bodies, prepare, want_results=True)
-        await p.future
+        try:
+            await p.future
+        except BaseException:
+            for f in p.applied:  # they fail too ("outcome unknown"); the caller has its answer already
+                f.add_done_callback(_retrieve)
+            raise
         return list(await asyncio.gather(*p.applied, return_exceptions=True))
 
     def _enqueue(self, bodies: list[bytes], prepare: Prepare | None, want_results: bool) -> _PendingAppend:
@@ -1188,6 +1269,8 @@ class Node:
         core = self._core
         if core.role is not Role.LEADER:
             raise self._not_leader()
+        if self._disk_full is not None:
+            raise self._storage_full()
         pending = self._queued_entries + self._proposed_entries
         if pending + len(bodies) > self.config.max_pending_entries:
             raise BackpressureError(
@@ -1288,6 +1371,11 @@ def _combined_prepare(queued: list[_PendingAppend]) -> Prepare | None:
         return body if fn is None else fn(index, pos, body)
 
     return prepare
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _fail(fut: asyncio.Future, err: BaseException) -> None:
