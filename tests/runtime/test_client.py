@@ -103,7 +103,7 @@ def test_no_leader_known_is_unavailable_and_retried(tmp_path):
             await g.until(lambda: survivor.core.leader_id is None, what="the survivor forgets the leader")
             with pytest.raises(UnavailableError, match="no leader is known"):
                 await survivor.append([b"x"])
-            async with AsyncDLedgerClient([survivor.config.address], timeout_s=0.5, use_stream=False) as c:
+            async with AsyncDLedgerClient([survivor.config.address], timeout_s=2.0, use_stream=False) as c:
                 with pytest.raises(UnavailableError, match="no leader is known"):
                     await c.append(b"refused, so retried, never 'outcome unknown'")
                 assert c.stats["retries"] >= 1
