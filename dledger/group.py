@@ -248,6 +248,11 @@ def start_node(spec: NodeSpec, module: str = "dledger") -> int:
             close_fds=True,
         )
     _pid_file(spec).write_text(f"{proc.pid}\n")
+    # Until the child has exec'd, /proc shows the parent's command line and is_running() would say "not
+    # running": a caller that checked right away would start the node a second time. Wait for the exec.
+    deadline = time.monotonic() + 10.0
+    while not is_running(spec, proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
     return proc.pid
 
 

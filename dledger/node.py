@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import fcntl
 import heapq
 import io
 import logging
@@ -40,6 +41,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dledger.core.messages import (
     AppendEntries,
@@ -228,6 +230,7 @@ class Node:
         self._disk_full: str | None = None  # why writes are refused (a full disk), until a write succeeds
         self._quiet_until = 0.0  # loop time before which a node whose disk filled up does not campaign
         self._disk_full_logged = 0.0
+        self._lock_fd: int | None = None  # holds the data directory's exclusive lock while open
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -235,7 +238,12 @@ class Node:
         loop = asyncio.get_running_loop()
         cfg = self.config
         if self._log is None or self._meta is None:
-            await loop.run_in_executor(self._io, self._open_storage)
+            try:
+                await loop.run_in_executor(self._io, self._open_storage)
+            except BaseException:
+                self._io.shutdown(wait=False)
+                self._snap_io.shutdown(wait=False)
+                raise
         hard_state = self._meta.load_hard_state()
         applied = -1
         if self._state_machine is not None:
@@ -303,6 +311,7 @@ class Node:
 
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_data_dir(cfg.data_dir)
         if self._log is None:
             # The store is opened in its "async" mode whatever the node's policy: the node calls fdatasync
             # itself (``sync()``, in the I/O thread). The store's lock is held through an fdatasync inside a
@@ -417,15 +426,20 @@ class Node:
             self._stopped.set()
 
     def _close_storage(self) -> None:
-        if self._log is not None:
-            self._log.sync()
-            if self._meta is not None and self._commit_index > self._checkpointed_commit:
-                self._meta.put(COMMIT_INDEX_KEY, str(self._commit_index).encode(), sync=True)
-            self._log.close()
-        if self._meta is not None:
-            self._meta.close()
-        if self._state_machine is not None:
-            self._state_machine.close()
+        try:
+            if self._log is not None:
+                self._log.sync()
+                if self._meta is not None and self._commit_index > self._checkpointed_commit:
+                    self._meta.put(COMMIT_INDEX_KEY, str(self._commit_index).encode(), sync=True)
+                self._log.close()
+            if self._meta is not None:
+                self._meta.close()
+            if self._state_machine is not None:
+                self._state_machine.close()
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the data directory's lock
+                self._lock_fd = None
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -1371,6 +1385,24 @@ def _combined_prepare(queued: list[_PendingAppend]) -> Prepare | None:
         return body if fn is None else fn(index, pos, body)
 
     return prepare
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    """Take the data directory's exclusive lock (``node.lock``, released when the process ends, even by kill -9):
+    two processes writing one log would corrupt it, so a second node on the same directory refuses to start."""
+    path = data_dir / "node.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UnavailableError(
+            f"the data directory {data_dir} is in use by another node process (pid {holder}); stop it first"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _retrieve(fut: asyncio.Future) -> None:

@@ -58,6 +58,7 @@ def run_chaos(
         tmp = tempfile.TemporaryDirectory(prefix="dledger-chaos-")
         dir = Path(tmp.name) / "group"
     console.print(f"chaos run: seed {seed}, faults {', '.join(kinds)}, workload {workload}, output in {out}")
+    ok = False
     try:
         cfg = RunConfig(
             dir.resolve(),
@@ -70,9 +71,13 @@ def run_chaos(
             audit=audit and workload == "broker",
         )
         summary = run(cfg, log=console.print)
+        ok = summary.ok
     finally:
         if tmp is not None:
-            tmp.cleanup()
+            if ok:
+                tmp.cleanup()
+            else:  # the nodes' logs and files are the evidence: keep them
+                console.print(f"the group's files and node logs are kept in {dir}")
     t = Table(title=f"chaos run, seed {seed}: {'PASS' if summary.ok else 'FAIL'}")
     t.add_column("measure")
     t.add_column("value")

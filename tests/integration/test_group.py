@@ -162,7 +162,9 @@ def test_old_leader_restarts_truncates_and_catches_up(group3):
     spec = group3.node(killed)
     with DLedgerClient([n.address for n in group3.nodes if n.id != killed], group3.name) as c:
         last = c.append_batch([b"while it was down"] * 50)[-1].index
-    grp.start_node(spec)
+    pid = grp.start_node(spec)
+    # At once, not eventually: a caller that checked too early would start the node a second time.
+    assert grp.is_running(spec, pid), "start_node returns once the child runs the node's command"
     wait(lambda: caught_up(group3, last), what=f"{killed} catching up")
     logs = {s.id: read_log(s.data_dir) for s in group3.nodes}
     ref = {e.index: e.header.chain_crc for e in logs[group3.nodes[0].id]}

@@ -9,7 +9,13 @@ import time
 import pytest
 
 from dledger.client import AsyncDLedgerClient
-from dledger.core.messages import AppendEntries, AppendEntriesResponse, RequestVote, RequestVoteResponse
+from dledger.core.messages import (
+    AppendEntries,
+    AppendEntriesResponse,
+    RequestVote,
+    RequestVoteResponse,
+    Role,
+)
 from dledger.errors import InvalidRequestError, NotFoundError, NotLeaderError
 from storage import codec
 from storage.errors import StorageError
@@ -290,5 +296,39 @@ def test_a_node_whose_storage_fails_stops_and_says_why(tmp_path):
                 await asyncio.wait_for(victim.wait_stopped(), 10)
                 assert isinstance(victim.failure, StorageError)
                 assert (await c.get(r.index)).body == b"committed by the two healthy nodes"
+
+    asyncio.run(run())
+
+
+def test_a_second_node_on_the_same_data_directory_refuses_to_start(tmp_path):
+    """Two processes writing one log would corrupt it: the data directory is locked while a node has it open."""
+    from dledger.errors import UnavailableError
+    from dledger.group import free_ports
+    from dledger.node import Node
+    from dledger.nodeconfig import NodeConfig
+
+    async def run():
+        (port,) = free_ports(1)
+        config = NodeConfig("n0", {"n0": f"127.0.0.1:{port}"}, tmp_path / "n0")
+        first = Node(config)
+        await first.start()
+        try:
+            second = Node(NodeConfig("n0", {"n0": "127.0.0.1:1"}, tmp_path / "n0"), serve=False)
+            with pytest.raises(UnavailableError, match=r"in use by another node process \(pid \d+\)"):
+                await second.start()
+            assert first.failure is None
+            for _ in range(1000):  # a group of one elects itself
+                if first.core.role is Role.LEADER:
+                    break
+                await asyncio.sleep(0.01)
+            await first.append([b"still the only writer"])
+        finally:
+            await first.stop()
+        again = Node(config)
+        await again.start()  # the lock went with the node that held it
+        try:
+            assert again.log_store.last_index >= 1
+        finally:
+            await again.stop()
 
     asyncio.run(run())
