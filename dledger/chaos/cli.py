@@ -8,6 +8,7 @@ run prints the line that reproduces it (seed and fault schedule). Exit status: 0
 from __future__ import annotations
 
 import random
+import signal
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -41,6 +42,8 @@ def run_chaos(
     from dledger.chaos.runner import RunConfig, run
 
     console = Console()
+    # A run stopped with SIGTERM (or by a job runner's timeout) still stops its nodes and proxies on the way out.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     kinds = FAULT_KINDS if faults == "all" else tuple(k.strip() for k in faults.split(",") if k.strip())
     unknown = [k for k in kinds if k not in FAULT_KINDS]
     if unknown or not kinds:
@@ -99,3 +102,7 @@ def run_chaos(
 
 def register(app: typer.Typer) -> None:
     app.command("chaos")(run_chaos)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
