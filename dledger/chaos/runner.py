@@ -91,8 +91,14 @@ class Summary:
 
     def reproduce(self, cfg: RunConfig) -> str:
         kinds = ",".join(cfg.faults)
+        # A duration run draws the same schedule from the seed and duration; how far it gets depends on the pace.
+        length = (
+            f"--duration {cfg.duration_s:g}"
+            if not cfg.steps and cfg.duration_s
+            else f"--steps {cfg.steps or len(self.schedule)}"
+        )
         return (
-            f"dledger chaos --dir DIR --seed {self.seed} --faults {kinds} --steps {len(self.schedule)} "
+            f"dledger chaos --dir DIR --seed {self.seed} --faults {kinds} {length} "
             f"--workload {cfg.workload}  # schedule: "
             + "; ".join(f"{s['kind']} {s['hold_s']}s" for s in self.schedule)
         )
@@ -144,7 +150,11 @@ class LeaderObserver:
 
 
 def _steps(cfg: RunConfig) -> list[Step]:
-    count = cfg.steps or max(len(cfg.faults), int(cfg.duration_s / (sum(cfg.hold_s) / 2 + 2.0)) + 1)
+    """``--steps N``: exactly N. ``--duration S``: more than can fit (every step holds at least the shortest hold
+    time); the run injects them in order until S seconds have passed, so it lasts S seconds whatever the pace."""
+    count = cfg.steps or (
+        len(cfg.faults) + int(cfg.duration_s / cfg.hold_s[0]) + 1 if cfg.duration_s else len(cfg.faults)
+    )
     return schedule(cfg.seed, list(cfg.faults), count, cfg.hold_s)
 
 
@@ -193,6 +203,7 @@ def run(cfg: RunConfig, log=print) -> Summary:
     workers: list[Any] = []
     commit_index = -1
     t_work = t_end = 0.0
+    injected: list[Step] = []
     try:
         if network is not None:
             network.start()
@@ -223,8 +234,10 @@ def run(cfg: RunConfig, log=print) -> Summary:
         for i, step in enumerate(steps):
             if deadline is not None and time.monotonic() > deadline and i >= len(cfg.faults):
                 break
+            injected.append(step)
             act = nemesis.inject(step)
-            log(f"[{history.now():7.1f}s] fault {i + 1}/{len(steps)}: {step.kind} {act.detail}")
+            planned = f"{i + 1}/{len(steps)}" if deadline is None else f"{i + 1}"
+            log(f"[{history.now():7.1f}s] fault {planned}: {step.kind} {act.detail}")
             nemesis.hold(act)
             nemesis.heal(act)
             healed_at = history.now()
@@ -291,7 +304,7 @@ def run(cfg: RunConfig, log=print) -> Summary:
     gap, gap_at = checkers.longest_unavailability(events, t_work, t_end or t_work)
     summary = Summary(
         cfg.seed,
-        [s.to_json() for s in steps],
+        [s.to_json() for s in injected],
         dict(nemesis.counts) if nemesis else {},
         ops,
         [v.to_json() for v in verdicts],
