@@ -70,7 +70,7 @@ def vote_response_from_pb(p: raft_pb2.VoteResponse) -> RequestVoteResponse:
     return RequestVoteResponse(term=p.term, src=p.src, dst=p.dst, granted=p.granted, pre_vote=p.pre_vote)
 
 
-def append_entries_to_pb(m: AppendEntries, group: str) -> raft_pb2.AppendEntriesRequest:
+def append_entries_to_pb(m: AppendEntries, group: str, frames: bool = True) -> raft_pb2.AppendEntriesRequest:
     p = raft_pb2.AppendEntriesRequest(
         group=group,
         term=m.term,
@@ -79,8 +79,9 @@ def append_entries_to_pb(m: AppendEntries, group: str) -> raft_pb2.AppendEntries
         prev_log_index=m.prev_log_index,
         prev_log_term=m.prev_log_term,
         leader_commit=m.leader_commit,
-        frames=bytes(m.frames),
     )
+    if frames:
+        p.frames = bytes(m.frames)
     if m.prev_chain_crc is not None:
         p.prev_chain_crc = m.prev_chain_crc
     return p
@@ -216,6 +217,49 @@ def message_from_pb(p: raft_pb2.RaftMessage) -> Message:
     if kind is None:
         raise InvalidRequestError("empty RaftMessage envelope")
     return _FROM_PB[kind](getattr(p, kind))
+
+
+def encode_deliver(messages: Iterable[Message], group: str) -> bytes:
+    """The wire bytes of ``DeliverRequest(group, messages)``, for the replication stream's hot path.
+
+    Building the protobuf object copies an AppendEntries' frames several times (into the request, into the
+    envelope, into the outer message: about 0.2 ms per 100 KiB here) and the leader does it once per follower per
+    batch. The encoding rules make a cheaper way exact: a message's fields may appear in any order, so an
+    AppendEntriesRequest is its other fields, serialized by protobuf, followed by field 8 (frames) written
+    here; the envelope and the request are length-delimited fields around it. The frames are copied once, into
+    the result. The receiver parses the bytes with the generated ``DeliverRequest`` as usual."""
+    g = group.encode()
+    parts: list[bytes | memoryview] = [b"\x0a", _varint(len(g)), g]  # field 1 (group), length-delimited
+    for m in messages:
+        if type(m) is AppendEntries and m.frames:
+            head = append_entries_to_pb(m, group, frames=False).SerializeToString()
+            size = _varint(len(m.frames))
+            body_len = len(head) + 1 + len(size) + len(m.frames)
+            inner = _varint(body_len)
+            # field 2 (messages) > RaftMessage field 3 (append_entries) > head + field 8 (frames)
+            parts += [
+                b"\x12",
+                _varint(1 + len(inner) + body_len),
+                b"\x1a",
+                inner,
+                head,
+                b"\x42",
+                size,
+                m.frames,
+            ]
+        else:
+            rm = message_to_pb(m, group).SerializeToString()
+            parts += [b"\x12", _varint(len(rm)), rm]
+    return b"".join(parts)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def reply_to_pb(messages: Iterable[Message], group: str) -> raft_pb2.PeerReply:

@@ -47,6 +47,8 @@ from dledger.v1 import client_pb2, client_pb2_grpc, raft_pb2, raft_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+PIPE_METHOD = "/dledger.v1.RaftPeer/Pipe"
+
 MAX_MESSAGE_BYTES = (
     64 << 20
 )  # a replication payload is bounded by RaftConfig.max_append_bytes; leave headroom
@@ -100,14 +102,16 @@ class _Pipe:
         self.peer = peer
         self._group = group
         self._on_replies = on_replies
-        self.call = peer.data_stub.Pipe()
+        # Requests go out as bytes from ``convert.encode_deliver`` (no serializer); answers parse as usual.
+        self.call = peer.data.stream_stream(
+            PIPE_METHOD, request_serializer=None, response_deserializer=raft_pb2.PeerReply.FromString
+        )()
         self.broken: str | None = None
         self._reader = asyncio.create_task(self._read(), name=f"pipe-{peer.id}")
 
     async def write(self, messages: list[Message]) -> None:
         g = self._group
-        req = raft_pb2.DeliverRequest(group=g, messages=[convert.message_to_pb(m, g) for m in messages])
-        await self.call.write(req)
+        await self.call.write(convert.encode_deliver(messages, g))
 
     async def _read(self) -> None:
         try:
