@@ -214,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     results: list[LoadResult] = []
     failovers: list[grp.Failover] = []
     soak: LoadResult | None = None
-    with tempfile.TemporaryDirectory(prefix="dledger-bench-") as tmp:
+    # One event loop for every measurement: grpc.aio's poller keeps posting to the loop it started on, and a
+    # fresh asyncio.run() per point leaves it calling into closed loops ("Event loop is closed" noise).
+    with tempfile.TemporaryDirectory(prefix="dledger-bench-") as tmp, asyncio.Runner() as runner:
         root = Path(tmp)
         fsync_rate = fsync_baseline(root)
         print(f"baseline: fdatasync'd 1 KiB writes in {root}: {fsync_rate:,.0f}/s")
@@ -226,13 +228,13 @@ def main(argv: list[str] | None = None) -> int:
                 grp.wait_for_leader(g)
                 if policy == policies[0]:
                     lead = grp.leader_of(grp.status(g))
-                    u1 = asyncio.run(unary_baseline(lead.address, 1))
-                    u64 = asyncio.run(unary_baseline(lead.address, 64))
+                    u1 = runner.run(unary_baseline(lead.address, 1))
+                    u64 = runner.run(unary_baseline(lead.address, 64))
                     print(
                         f"baseline: unary gRPC calls to the leader: {u1:,.0f}/s (1 caller), {u64:,.0f}/s (64)"
                     )
                 for clients, batch in points:
-                    r = asyncio.run(load(g, clients, batch, args.seconds))
+                    r = runner.run(load(g, clients, batch, args.seconds))
                     results.append(r)
                     print(
                         f"{policy:5} clients={clients:3} batch={batch:3}: {r.rate:9,.0f} entries/s  "
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
                 if policy == "sync" and args.rounds:
-                    failovers = asyncio.run(failover_rounds(g, args.rounds))
+                    failovers = runner.run(failover_rounds(g, args.rounds))
                     for f in failovers:
                         print(
                             f"failover: killed {f.killed}, {f.new_leader} leads after {f.to_leader_s * 1000:.0f} ms, "
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                             flush=True,
                         )
                 if policy == "sync" and args.soak_s:
-                    soak = asyncio.run(load(g, 64, 100, args.soak_s))
+                    soak = runner.run(load(g, 64, 100, args.soak_s))
                     print(
                         f"soak {args.soak_s:.0f} s at 64 x 100: {soak.rate:,.0f} entries/s, "
                         f"leader changes {soak.leader_changes}",
