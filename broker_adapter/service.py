@@ -122,8 +122,31 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             raise InvalidRequestError(str(e)) from None
         n = self._sm.topics.get(topic)
         if n is None:
-            raise NotFoundError(f"unknown topic {topic!r}: create it first (dledger topic create)")
+            raise NotFoundError(
+                f"unknown topic {topic!r}: create it first (dledger topic create), or turn on "
+                "[broker] auto_create_topic_queues"
+            )
         return n
+
+    @property
+    def auto_create_topic_queues(self) -> int:
+        return self._node.config.auto_create_topic_queues
+
+    async def ensure_topic(self, topic: str) -> int:
+        """The topic's queue count. With ``auto_create_topic_queues`` on, the leader first creates an unknown
+        topic through the log (a CreateTopic entry, so every node agrees); off, an unknown topic is NOT_FOUND."""
+        try:
+            return self._queues_of(topic)
+        except NotFoundError:
+            queues = self.auto_create_topic_queues
+            if not queues:
+                raise
+        self._require_leader()
+        (result,) = await self._submit([commands.encode(commands.CreateTopic(topic, queues))])
+        if isinstance(result, BaseException) and not isinstance(result, commands.CommandError):
+            raise result
+        # A CommandError here means a concurrent create chose another queue count first: that one stands.
+        return self._queues_of(topic)
 
     def _check_queue(self, topic: str, queue_id: int) -> None:
         n = self._queues_of(topic)
@@ -169,7 +192,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         except commands.CommandError as e:
             raise InvalidRequestError(str(e)) from None
         await self._leader_state()  # a follower redirects before judging a topic by its possibly stale state
-        queues = self._queues_of(topic)
+        queues = await self.ensure_topic(topic)
         msgs = list(request.messages)
         if not msgs or len(msgs) > MAX_SEND_BATCH:
             raise InvalidRequestError(f"a send carries 1..{MAX_SEND_BATCH} messages, got {len(msgs)}")

@@ -63,7 +63,9 @@ _TOP_KEYS = {
     "state_machine",
     "snapshot",
     "metrics_listen",
+    "broker",
 }
+_BROKER_KEYS = {"auto_create_topic_queues"}
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
 _SNAPSHOT_KEYS = {"entries": "snapshot_entries", "bytes": "snapshot_bytes", "keep": "snapshot_keep"}
 
@@ -87,6 +89,9 @@ class NodeConfig:
     metrics_listen: str = (
         ""  # host:port of the Prometheus /metrics endpoint (port 0: any free one); off if ""
     )
+    # [broker] a send to (or a RocketMQ route query for) an unknown topic creates it with this many queues,
+    # through the log; 0 (the default) refuses it with NOT_FOUND instead.
+    auto_create_topic_queues: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
@@ -129,6 +134,11 @@ class NodeConfig:
                 raise ConfigError(
                     f"[snapshot] {name.removeprefix('snapshot_')} must be an integer >= {lo}, got {v!r}"
                 )
+        n = self.auto_create_topic_queues
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1024:
+            raise ConfigError(
+                f"[broker] auto_create_topic_queues must be an integer in 0..1024 (0: off), got {n!r}"
+            )
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise ConfigError(f"data_dir {self.data_dir} exists and is not a directory")
 
@@ -187,6 +197,10 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
     bad_snapshot = set(snapshot) - set(_SNAPSHOT_KEYS)
     if bad_snapshot:
         raise ConfigError(f"[snapshot]: unknown keys {sorted(bad_snapshot)}; known: {sorted(_SNAPSHOT_KEYS)}")
+    broker = dict(raw.get("broker", {}))
+    bad_broker = set(broker) - _BROKER_KEYS
+    if bad_broker:
+        raise ConfigError(f"[broker]: unknown keys {sorted(bad_broker)}; known: {sorted(_BROKER_KEYS)}")
     limits = dict(raw.get("limits", {}))
     bad_limits = set(limits) - _LIMIT_KEYS
     if bad_limits:
@@ -239,6 +253,10 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
         "metrics_listen",
     ):
         v = pick(name)
+        if v is not None:
+            kwargs[name] = v
+    for name in _BROKER_KEYS:
+        v = overrides.get(name, broker.get(name))
         if v is not None:
             kwargs[name] = v
     for key, name in _SNAPSHOT_KEYS.items():

@@ -143,9 +143,21 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if n is None:
             raise RocketMQError(
                 Code.TOPIC_NOT_FOUND,
-                f"topic {topic!r} does not exist: create it first (dledger topic create)",
+                f"topic {topic!r} does not exist: create it first (dledger topic create), or turn on "
+                "[broker] auto_create_topic_queues",
             )
         return n
+
+    async def _queues_on_leader(self, topic: str) -> int:
+        """``_queues`` on the leader, creating an unknown topic first when auto-create is on (as RocketMQ's
+        autoCreateTopicEnable does at the route query a producer starts with)."""
+        try:
+            return self._queues(topic)
+        except RocketMQError as e:
+            if e.code != Code.TOPIC_NOT_FOUND or not self._broker.auto_create_topic_queues:
+                raise
+        await self._broker.ensure_topic(topic)
+        return self._queues(topic)
 
     def _queue(self, mq: definition_pb2.MessageQueue) -> tuple[str, int]:
         topic = mq.topic.name
@@ -213,12 +225,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             try:
                 return answer(self._queues(request.topic.name))
             except RocketMQError as e:
-                if e.code != Code.TOPIC_NOT_FOUND or self._forward.is_leader() or forwarded(context):
+                if e.code != Code.TOPIC_NOT_FOUND:
+                    raise
+                if self._forward.is_leader():
+                    return answer(await self._queues_on_leader(request.topic.name))
+                if forwarded(context):
                     raise
 
             async def leader_view(_req, _ctx):
                 await self._broker.leader_state()
-                return answer(self._queues(request.topic.name))
+                return answer(await self._queues_on_leader(request.topic.name))
 
             try:
                 return await self._forward.unary(

@@ -294,3 +294,54 @@ def test_offsets_dense_and_identical_across_leader_stops(tmp_path):
                 prod.close()
 
     run(main())
+
+
+def test_topic_auto_create_is_off_by_default_and_goes_through_the_log_when_on(tmp_path):
+    out = broker_pb2.OutgoingMessage
+
+    async def main():
+        async with LocalGroup(
+            tmp_path / "on", 3, state_machine_plugin="broker", auto_create_topic_queues=3
+        ) as g:
+            leader = await g.leader()
+            async with grpc.aio.insecure_channel(leader.config.address) as ch:
+                stub = broker_pb2_grpc.BrokerStub(ch)
+                # Concurrent first sends to one new topic: each succeeds, the topic is created once.
+                sends = [
+                    stub.Send(
+                        broker_pb2.SendRequest(topic="fresh", messages=[out(body=b"%d" % i, queue_id=i % 3)])
+                    )
+                    for i in range(6)
+                ]
+                results = await asyncio.gather(*sends)
+                assert sorted((r.results[0].queue_id, r.results[0].queue_offset) for r in results) == [
+                    (0, 0),
+                    (0, 1),
+                    (1, 0),
+                    (1, 1),
+                    (2, 0),
+                    (2, 1),
+                ]
+                with pytest.raises(grpc.aio.AioRpcError) as ei:
+                    await stub.Send(broker_pb2.SendRequest(topic="fresh", messages=[out(queue_id=3)]))
+                assert ei.value.code() == grpc.StatusCode.NOT_FOUND and "unknown queue" in ei.value.details()
+            last = leader.log_store.last_index
+            await g.until(
+                lambda: all(n.plugin.state_machine.applied_index >= last for n in g.nodes.values()),
+                what="apply",
+            )
+            assert {n.plugin.state_machine.topics.get("fresh") for n in g.nodes.values()} == {3}
+            check_queues_everywhere(g, "fresh", 3)
+
+        async with group(tmp_path / "off") as g:
+            leader = await g.leader()
+            before = leader.log_store.last_index
+            async with grpc.aio.insecure_channel(leader.config.address) as ch:
+                stub = broker_pb2_grpc.BrokerStub(ch)
+                with pytest.raises(grpc.aio.AioRpcError) as ei:
+                    await stub.Send(broker_pb2.SendRequest(topic="fresh", messages=[out(body=b"x")]))
+                assert ei.value.code() == grpc.StatusCode.NOT_FOUND
+                assert "auto_create_topic_queues" in ei.value.details()
+            assert leader.log_store.last_index == before, "nothing was written"
+
+    run(main())

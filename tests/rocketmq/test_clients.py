@@ -8,11 +8,14 @@ import time
 
 import pytest
 from rocketmq import FilterExpression, Producer, SimpleConsumer
+from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 from rocketmq.v5.exception import BadRequestException
 
+from broker_adapter.client import BrokerConnection
 from broker_adapter.client import Consumer as OurConsumer
 from broker_adapter.client import Producer as OurProducer
-from tests.rocketmq.conftest import client_config, create_topic, new_message, poll, running
+from dledger import group as grp
+from tests.rocketmq.conftest import META, client_config, create_topic, new_message, poll, running, stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -140,3 +143,33 @@ def test_tag_filter_skips_other_tags(broker_group):
         got = receive_all(c, len(want))
         assert {m.message_id for m in got} == want
         assert c.receive(32, 20) == []
+
+
+def test_an_unknown_topic_is_topic_not_found_when_auto_create_is_off(broker_group):
+    for address in broker_group.addresses:  # the leader and the followers answer alike
+        with stub(address) as s:
+            req = service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name="rmq-never-created"))
+            resp = s.QueryRoute(req, metadata=META, timeout=10)
+        assert resp.status.code == Code.TOPIC_NOT_FOUND
+        assert "auto_create_topic_queues" in resp.status.message and not resp.message_queues
+
+
+def test_auto_create_lets_the_official_producer_send_to_a_new_topic(tmp_path):
+    """With ``[broker] auto_create_topic_queues``, the route query a producer starts with creates the topic
+    through the log (off by default: see the not-found test above)."""
+    g = grp.create(tmp_path / "g", 3, None, state_machine="broker")
+    for spec in g.nodes:
+        with open(spec.config, "a") as f:
+            f.write("\n[broker]\nauto_create_topic_queues = 2\n")
+    try:
+        for spec in g.nodes:
+            grp.start_node(spec)
+        grp.wait_for_leader(g)
+        with running(Producer(client_config(g), ("rmq-auto",))) as producer:
+            ids = {producer.send(new_message("rmq-auto", b"m%d" % i)).message_id for i in range(4)}
+        assert len(ids) == 4
+        with BrokerConnection(g.addresses) as c:
+            info = {t.topic: t for t in c.list_topics()}["rmq-auto"]
+        assert info.queues == 2 and sum(info.max_offsets) == 4
+    finally:
+        grp.stop_group(g)

@@ -99,3 +99,14 @@ def test_data_dir_must_be_a_directory(tmp_path):
     f.write_text("x")
     with pytest.raises(ConfigError, match="not a directory"):
         nodeconfig.load(None, id="n0", peers=PEERS, data_dir=f)
+
+
+def test_broker_section(tmp_path):
+    base = f'id = "n0"\ndata_dir = "{tmp_path / "n0"}"\npeers = "{PEERS}"\n'
+    assert nodeconfig.load(write(tmp_path, base)).auto_create_topic_queues == 0, "off by default"
+    cfg = nodeconfig.load(write(tmp_path, base + "[broker]\nauto_create_topic_queues = 8\n"))
+    assert cfg.auto_create_topic_queues == 8
+    with pytest.raises(ConfigError, match=r"\[broker\]: unknown keys \['auto_create'\]"):
+        nodeconfig.load(write(tmp_path, base + "[broker]\nauto_create = true\n"))
+    with pytest.raises(ConfigError, match="0..1024"):
+        nodeconfig.load(write(tmp_path, base + "[broker]\nauto_create_topic_queues = 5000\n"))
