@@ -1,0 +1,266 @@
+"""Fuzz every gRPC surface of real node processes with hypothesis-generated requests (issue 9, "Bad input").
+
+Two real 3-node groups on 127.0.0.1: one runs the broker (the DLedger client service, the Broker service,
+RocketMQ 5's MessagingService, the peer service), one the KV store (client, KV, peer). Requests come from
+``protofuzz`` (every field of every request type: edge integers, undefined enums, empty, long and odd strings,
+oversized bytes, random raw frames). After every call:
+
+- the status is one a client can act on (never UNKNOWN, INTERNAL or DATA_LOSS), with a message when it is an
+  error, and a unary call answers within its deadline (no hang);
+- a RocketMQ answer's own status is never an internal error, and says why when it is not OK;
+- a call the server refused wrote nothing (no node's last index moved while the term stayed the same);
+- peer-service calls from a node id that is not a member are refused with INVALID_ARGUMENT.
+
+The last test of each module checks the group is whole: every node runs and answers, a write commits, and
+every node holds the same committed log.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rocketmq.grpc_protocol import Code, service_pb2
+
+from broker_adapter.client import BrokerConnection
+from dledger import group as grp
+from dledger.client import DLedgerClient
+from dledger.v1 import broker_pb2, client_pb2, kv_pb2, raft_pb2
+from tests.fuzz import protofuzz as pf
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+GROUP = "dledger"
+TOPIC = "fz"
+MEMBERS = ("n0", "n1", "n2")
+NEVER = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.DATA_LOSS}
+# Calls that may legitimately wait for more (long polling, open streams): our deadline ending them is not a hang.
+MAY_WAIT = {"ReceiveMessage", "PullMessage", "Telemetry", "AppendStream", "Pipe"}
+ROCKETMQ_INTERNAL = {Code.INTERNAL_ERROR, Code.INTERNAL_SERVER_ERROR}
+META = (("x-mq-client-id", "fuzz@1@0@hypothesis"),)
+HINTS = {
+    "group": [GROUP],
+    "topic": [TOPIC],
+    "name": [TOPIC, "fz-consumers"],
+    "target": list(MEMBERS),
+    "key": [b"k", b""],
+}
+EXAMPLES = settings(
+    max_examples=int(
+        os.environ.get("FUZZ_EXAMPLES", "60")
+    ),  # per surface; e.g. FUZZ_EXAMPLES=2000 for a long run
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+)
+
+
+@dataclass
+class Target:
+    group: grp.GroupSpec
+    channels: dict[str, grpc.Channel]
+
+    def any_channel(self, i: int) -> grpc.Channel:
+        return list(self.channels.values())[i % len(self.channels)]
+
+    def state(self) -> tuple[int, int]:
+        """(highest term, highest last index) over the nodes that answer."""
+        rows = grp.status(self.group, timeout_s=2.0)
+        terms = [r.term for r in rows if r.term is not None]
+        lasts = [r.last_index for r in rows if r.last_index is not None]
+        return max(terms, default=-1), max(lasts, default=-1)
+
+
+def _start(tmp: pytest.TempPathFactory, name: str, state_machine: str) -> Iterator[Target]:
+    g, _ = grp.up(tmp.mktemp(name), 3, None, state_machine=state_machine)
+    opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+    channels = {a: grpc.insecure_channel(a, options=opts) for a in g.addresses}
+    try:
+        if state_machine == "broker":
+            with BrokerConnection(g.addresses) as c:
+                c.create_topic(TOPIC, 2)
+        yield Target(g, channels)
+    finally:
+        for ch in channels.values():
+            ch.close()
+        grp.stop_group(g)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory) -> Iterator[Target]:
+    yield from _start(tmp_path_factory, "fuzz-broker", "broker")
+
+
+@pytest.fixture(scope="module")
+def kv(tmp_path_factory) -> Iterator[Target]:
+    yield from _start(tmp_path_factory, "fuzz-kv", "kv")
+
+
+def calls(methods: list[pf.Method], hints=HINTS) -> st.SearchStrategy:
+    """(method, requests, node number): one request, or up to three for a client stream."""
+
+    def for_method(m: pf.Method) -> st.SearchStrategy:
+        one = pf.requests(m.input, hints)
+        reqs = st.lists(one, max_size=3) if m.client_streaming else one.map(lambda r: [r])
+        return st.tuples(st.just(m), reqs, st.integers(0, 2))
+
+    return st.sampled_from(methods).flatmap(for_method)
+
+
+def judge(
+    target: Target, method: pf.Method, reqs: list, node: int, *, check_writes: bool = True
+) -> pf.Outcome:
+    before = target.state() if check_writes else None
+    timeout = 3.0 if method.name in MAY_WAIT else 10.0
+    out = pf.call(target.any_channel(node), method, reqs, timeout, META)
+    where = f"{method!r} on node {node} with {[str(r)[:300] for r in reqs]}"
+    assert out.code not in NEVER, f"{where}: {out.code.name} {out.details!r}"
+    if out.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        assert method.name in MAY_WAIT, f"{where}: no answer within {timeout} s"
+    elif out.code is not grpc.StatusCode.OK:
+        assert out.details.strip(), f"{where}: {out.code.name} without a message"
+    refused = out.code is not grpc.StatusCode.OK
+    for r in out.responses:
+        status = getattr(r, "status", None)
+        if status is not None and hasattr(status, "code") and status.code:
+            assert status.code not in ROCKETMQ_INTERNAL, f"{where}: {status}"
+            if status.code != Code.OK:
+                assert status.message.strip(), f"{where}: status {status.code} without a message"
+                refused = True
+    if before is not None and refused:
+        after = target.state()
+        if after[0] == before[0]:  # a new term's leader appends its no-op: not the refused call's doing
+            assert after[1] == before[1], (
+                f"{where}: refused ({out.code.name}) yet the log grew {before} -> {after}"
+            )
+    return out
+
+
+# -- the client service (raw log) and the Broker service, on the broker group ---------------------------------
+
+CLIENT = pf.methods(client_pb2.DESCRIPTOR.services_by_name["DLedger"])
+BROKER = pf.methods(broker_pb2.DESCRIPTOR.services_by_name["Broker"])
+
+
+@EXAMPLES
+@given(calls(CLIENT))
+def test_client_service(broker, c):
+    method, reqs, node = c
+    # A leadership transfer is a legitimate write of its own (a new term), so it is judged without the write check.
+    judge(broker, method, reqs, node, check_writes=method.name not in ("TransferLeadership", "AppendStream"))
+
+
+@EXAMPLES
+@given(calls(BROKER))
+def test_broker_service(broker, c):
+    judge(broker, *c)
+
+
+# -- RocketMQ 5's MessagingService ----------------------------------------------------------------------------
+
+ROCKETMQ = pf.methods(service_pb2.DESCRIPTOR.services_by_name["MessagingService"])
+
+
+@EXAMPLES
+@given(calls(ROCKETMQ))
+def test_rocketmq_messaging_service(broker, c):
+    judge(broker, *c)
+
+
+# -- the peer service -----------------------------------------------------------------------------------------
+
+PEER = pf.methods(raft_pb2.DESCRIPTOR.services_by_name["RaftPeer"])
+
+
+def _rewrite(msg, **values) -> None:
+    """Set the named fields everywhere in ``msg`` (nested and repeated messages included)."""
+    for field, value in msg.ListFields():
+        if field.type == field.TYPE_MESSAGE:
+            items = value if field.is_repeated else [value]
+            for item in items:
+                if not field.message_type.GetOptions().map_entry:
+                    _rewrite(item, **values)
+    for name, value in values.items():
+        if name in msg.DESCRIPTOR.fields_by_name:
+            f = msg.DESCRIPTOR.fields_by_name[name]
+            if not f.is_repeated and f.type != f.TYPE_MESSAGE:
+                setattr(msg, name, value)
+
+
+def _senders(msg) -> int:
+    """How many messages in ``msg`` (itself included) name a sender."""
+    n = int("src" in msg.DESCRIPTOR.fields_by_name)
+    for field, value in msg.ListFields():
+        if field.type == field.TYPE_MESSAGE and not field.message_type.GetOptions().map_entry:
+            n += sum(_senders(v) for v in (value if field.is_repeated else [value]))
+    return n
+
+
+@EXAMPLES
+@given(calls(PEER), st.sampled_from(["intruder", "", "n9", "N0", "n0 "]))
+def test_peer_service_refuses_non_members(broker, c, intruder):
+    method, reqs, node = c
+    for r in reqs:
+        _rewrite(r, src=intruder, group=GROUP)
+    out = judge(broker, method, reqs, node)
+    if sum(_senders(r) for r in reqs):  # (an empty stream or batch names no sender: nothing to refuse)
+        assert out.code is grpc.StatusCode.INVALID_ARGUMENT, f"{method!r} from {intruder!r}: {out.code.name}"
+
+
+@EXAMPLES
+@given(calls([m for m in PEER if m.name in ("AppendEntries", "Heartbeat", "Deliver", "Pipe")]))
+def test_peer_service_from_a_member_with_a_stale_term_writes_nothing(broker, c):
+    """A member's old message with random frames: answered (or refused), never written."""
+    method, reqs, node = c
+    for r in reqs:
+        _rewrite(r, src=MEMBERS[(node + 1) % 3], dst=MEMBERS[node], term=0, group=GROUP)
+    before = broker.state()
+    judge(broker, method, reqs, node)
+    after = broker.state()
+    if after[0] == before[0]:
+        assert after[1] == before[1], f"a stale {method!r} wrote entries: {before} -> {after}"
+
+
+# -- the KV service -------------------------------------------------------------------------------------------
+
+KV = pf.methods(kv_pb2.DESCRIPTOR.services_by_name["KV"])
+
+
+@EXAMPLES
+@given(calls(KV + [m for m in CLIENT if m.name in ("Get", "Metadata", "Append")]))
+def test_kv_service(kv, c):
+    judge(kv, *c)
+
+
+# -- after the fuzz: the groups are whole ---------------------------------------------------------------------
+
+
+def _whole(target: Target) -> None:
+    g = target.group
+    rows = grp.wait_for_all(g, 30)
+    assert all(r.role != "down" for r in rows), f"a node stopped under fuzzing: {rows}"
+    with DLedgerClient(g.addresses, GROUP) as c:
+        last = c.append(b"after the fuzz").index
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            infos = [c.metadata(a) for a in g.addresses]
+            if all(i.commit_index >= last for i in infos):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"not every node committed {last}: {infos}")
+        views = {(e.term, bytes(e.body)) for e in (c.get(last, a) for a in g.addresses)}
+        assert len(views) == 1, f"the nodes disagree at index {last}: {views}"
+
+
+def test_zz_broker_group_is_whole(broker):
+    _whole(broker)
+
+
+def test_zz_kv_group_is_whole(kv):
+    _whole(kv)
