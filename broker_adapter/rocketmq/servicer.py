@@ -585,11 +585,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         topic, qid = self._queue(request.message_queue)
         end = self._sm.next_offset(topic, qid)
         policy = request.query_offset_policy
-        if policy == service_pb2.BEGINNING:
+        if policy == definition_pb2.BEGINNING:
             offset = 0
-        elif policy == service_pb2.END:
+        elif policy == definition_pb2.END:
             offset = end
-        elif policy == service_pb2.TIMESTAMP:
+        elif policy == definition_pb2.TIMESTAMP:
             if not request.HasField("timestamp"):
                 raise bad_request("query_offset_policy TIMESTAMP needs a timestamp")
             offset = self._first_stored_at(topic, qid, end, request.timestamp.ToMilliseconds())

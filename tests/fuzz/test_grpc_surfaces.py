@@ -78,6 +78,7 @@ class Target:
 
 def _start(tmp: pytest.TempPathFactory, name: str, state_machine: str) -> Iterator[Target]:
     g, _ = grp.up(tmp.mktemp(name), 3, None, state_machine=state_machine)
+    grp.wait_for_all(g, 30)  # up() returns once two nodes elected a leader; fuzz all three
     opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
     channels = {a: grpc.insecure_channel(a, options=opts) for a in g.addresses}
     try:

@@ -29,7 +29,12 @@ def broker_group(tmp_path_factory) -> Iterator[grp.GroupSpec]:
 
 
 def start_group(directory: Path) -> grp.GroupSpec:
+    """A group whose every node answers (``up`` returns once two of them elected a leader)."""
     g, _ = grp.up(directory, 3, None, state_machine="broker")
+    rows = grp.wait_for_all(g, 30)
+    if any(r.role == "down" for r in rows):
+        grp.stop_group(g)
+        raise RuntimeError(f"a node of the test group did not start: {rows}")
     return g
 
 

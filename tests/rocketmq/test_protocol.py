@@ -1,0 +1,136 @@
+"""RocketMQ 5's offset-based calls and the calls we do not support, through the generated stub on a real group.
+
+PullMessage / UpdateOffset / GetOffset / QueryOffset map onto our ConsumeQueues and the replicated committed
+offsets (our own Consumer sees the same offsets); EndTransaction, RecallMessage, ForwardMessageToDeadLetterQueue
+and SyncLiteSubscription answer the protocol's UNSUPPORTED at once with a message saying what is not supported,
+and the node goes on serving.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from google.protobuf import duration_pb2, timestamp_pb2
+from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
+
+from broker_adapter.client import Consumer as OurConsumer
+from broker_adapter.client import Producer as OurProducer
+from tests.rocketmq.conftest import META, create_topic, stub
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+TOPIC = "rmq-offsets"
+
+
+def res(name: str) -> definition_pb2.Resource:
+    return definition_pb2.Resource(name=name)
+
+
+def queue(qid: int, topic: str = TOPIC) -> definition_pb2.MessageQueue:
+    return definition_pb2.MessageQueue(topic=res(topic), id=qid)
+
+
+def pull(s, offset: int, batch: int = 32, group: str = "puller"):
+    req = service_pb2.PullMessageRequest(
+        group=res(group),
+        message_queue=queue(0),
+        offset=offset,
+        batch_size=batch,
+        filter_expression=definition_pb2.FilterExpression(type=definition_pb2.TAG, expression="*"),
+        long_polling_timeout=duration_pb2.Duration(seconds=0),
+    )
+    status, messages, next_offset = None, [], None
+    for r in s.PullMessage(req, metadata=META, timeout=10):
+        if r.HasField("status"):
+            status = r.status
+        elif r.HasField("message"):
+            messages.append(r.message)
+        else:
+            next_offset = r.next_offset
+    return status, messages, next_offset
+
+
+def test_offset_calls_map_onto_consume_queues_and_replicated_offsets(broker_group):
+    g = broker_group
+    create_topic(g, TOPIC, 1)
+    t0 = time.time()
+    with OurProducer(g.addresses) as p:
+        sent = [p.send(TOPIC, f"m{i}".encode()) for i in range(6)]
+    assert [r.queue_offset for r in sent] == list(range(6))
+    for address in g.addresses:  # the leader answers, and followers forward or redirect alike
+        with stub(address) as s:
+            status, got, nxt = pull(s, 2, batch=3)
+            assert status.code == Code.OK and nxt == 5
+            assert [m.body for m in got] == [b"m2", b"m3", b"m4"]
+            assert [m.system_properties.queue_offset for m in got] == [2, 3, 4]
+            status, got, nxt = pull(s, 6)
+            assert status.code == Code.MESSAGE_NOT_FOUND and not got and nxt == 6
+            status, _, _ = pull(s, 7)
+            assert status.code == Code.ILLEGAL_OFFSET and "outside" in status.message
+
+            def query(policy, **kw):
+                req = service_pb2.QueryOffsetRequest(message_queue=queue(0), query_offset_policy=policy, **kw)
+                return s.QueryOffset(req, metadata=META, timeout=10)
+
+            assert query(definition_pb2.BEGINNING).offset == 0
+            assert query(definition_pb2.END).offset == 6
+            before = timestamp_pb2.Timestamp()
+            before.FromMilliseconds(int(t0 * 1000) - 60_000)
+            assert query(definition_pb2.TIMESTAMP, timestamp=before).offset == 0
+            later = timestamp_pb2.Timestamp()
+            later.FromMilliseconds(int(time.time() * 1000) + 60_000)
+            assert query(definition_pb2.TIMESTAMP, timestamp=later).offset == 6
+            assert query(definition_pb2.TIMESTAMP).status.code == Code.BAD_REQUEST
+
+    with stub(g.addresses[0]) as s:
+        get = service_pb2.GetOffsetRequest(group=res("offset-group"), message_queue=queue(0))
+        assert s.GetOffset(get, metadata=META, timeout=10).status.code == Code.OFFSET_NOT_FOUND
+        upd = service_pb2.UpdateOffsetRequest(group=res("offset-group"), message_queue=queue(0), offset=4)
+        assert s.UpdateOffset(upd, metadata=META, timeout=10).status.code == Code.OK
+        bad = service_pb2.UpdateOffsetRequest(group=res("offset-group"), message_queue=queue(0), offset=99)
+        r = s.UpdateOffset(bad, metadata=META, timeout=10)
+        assert r.status.code == Code.ILLEGAL_OFFSET and "outside" in r.status.message
+    # The committed offset went through the log: every node, and our own consumer group API, see 4.
+    for address in g.addresses:
+        with stub(address) as s:
+            r = s.GetOffset(get, metadata=META, timeout=10)
+            assert (r.status.code, r.offset) == (Code.OK, 4)
+    ours = OurConsumer(g.addresses, "offset-group")
+    try:
+        assert ours.committed(TOPIC, 0) == 4
+    finally:
+        ours.close()
+
+
+UNSUPPORTED = [
+    (
+        "EndTransaction",
+        service_pb2.EndTransactionRequest(topic=res(TOPIC), message_id="x", transaction_id="t"),
+        "transaction",
+    ),
+    ("RecallMessage", service_pb2.RecallMessageRequest(topic=res(TOPIC), recall_handle="h"), "recall"),
+    (
+        "ForwardMessageToDeadLetterQueue",
+        service_pb2.ForwardMessageToDeadLetterQueueRequest(
+            group=res("g"), topic=res(TOPIC), receipt_handle="r", message_id="x", max_delivery_attempts=3
+        ),
+        "dead-letter",
+    ),
+    (
+        "SyncLiteSubscription",
+        service_pb2.SyncLiteSubscriptionRequest(topic=res(TOPIC), group=res("g")),
+        "lite",
+    ),
+]
+
+
+@pytest.mark.parametrize(("method", "request_", "what"), UNSUPPORTED, ids=[u[0] for u in UNSUPPORTED])
+def test_unsupported_calls_say_so_and_the_node_serves_on(broker_group, method, request_, what):
+    for address in broker_group.addresses:
+        with stub(address) as s:
+            r = getattr(s, method)(request_, metadata=META, timeout=5)
+            assert r.status.code == Code.UNSUPPORTED
+            assert what in r.status.message.lower() and "not supported" in r.status.message
+            route = s.QueryRoute(service_pb2.QueryRouteRequest(topic=res(TOPIC)), metadata=META, timeout=10)
+            assert route.status.code in (Code.OK, Code.TOPIC_NOT_FOUND), "the node still answers"
