@@ -52,7 +52,7 @@ def _ms(ts: Timestamp) -> int:
     return ts.seconds * 1000 + ts.nanos // 1_000_000
 
 
-def _timestamp(ms: int) -> Timestamp:
+def timestamp(ms: int) -> Timestamp:
     return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
@@ -173,9 +173,9 @@ def incoming(
     sp.message_type = MessageType.FIFO if group else MessageType.NORMAL
     if group:
         sp.message_group = group
-    sp.born_timestamp.CopyFrom(_timestamp(m.born_timestamp))
+    sp.born_timestamp.CopyFrom(timestamp(m.born_timestamp))
     sp.born_host = m.born_host[0]
-    sp.store_timestamp.CopyFrom(_timestamp(m.store_timestamp))
+    sp.store_timestamp.CopyFrom(timestamp(m.store_timestamp))
     sp.store_host = f"{m.store_host[0]}:{m.store_host[1]}"
     sp.queue_id = m.queue_id
     sp.queue_offset = m.queue_offset

@@ -377,6 +377,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return
         popped, msgs = got
         yield service_pb2.ReceiveMessageResponse(status=status())
+        # As RocketMQ's proxy does: the clients time delivery latency from it (the PushConsumer fails every
+        # received batch without it).
+        yield service_pb2.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(now_ms()))
         for d in popped.deliveries:
             handle = ReceiptHandle(group, topic, qid, d.offset, d.epoch, popped.deadline_ms).encode()
             yield service_pb2.ReceiveMessageResponse(

@@ -17,6 +17,7 @@ from rocketmq import ClientConfiguration, Credentials, Message
 from rocketmq.grpc_protocol import MessagingServiceStub
 
 from broker_adapter.client import BrokerConnection
+from broker_adapter.rocketmq import ensure_event_loop
 from dledger import group as grp
 
 
@@ -65,6 +66,7 @@ def new_message(topic: str, body: bytes, tag: str | None = None, keys=(), props=
 
 @contextlib.contextmanager
 def running(client):
+    ensure_event_loop()
     client.startup()
     try:
         yield client
