@@ -108,5 +108,5 @@ def test_broker_section(tmp_path):
     assert cfg.auto_create_topic_queues == 8
     with pytest.raises(ConfigError, match=r"\[broker\]: unknown keys \['auto_create'\]"):
         nodeconfig.load(write(tmp_path, base + "[broker]\nauto_create = true\n"))
-    with pytest.raises(ConfigError, match="0..1024"):
+    with pytest.raises(ConfigError, match=r"0\.\.1024"):
         nodeconfig.load(write(tmp_path, base + "[broker]\nauto_create_topic_queues = 5000\n"))
