@@ -207,6 +207,7 @@ def test_demo_reports_nothing_lost(tmp_path):
         "0 acknowledged messages missing, 0 consumed twice" in text
         and "nothing acknowledged was lost" in text
     )
+    assert "both clients read every message the official client sent" in text, text
     g = grp.load(tmp_path / "demo")
     assert all(not grp.is_running(spec) for spec in g.nodes), "the demo stops every node it started"
 
