@@ -58,6 +58,9 @@ MAX_INVISIBLE_MS: Final = 12 * 3600 * 1000  # RocketMQ's upper bound
 DEFAULT_INVISIBLE_MS: Final = 60_000  # a push consumer asks for none (auto renew): RocketMQ's proxy default
 MAX_POLLING_MS: Final = 60_000
 DEFAULT_DEADLINE_S: Final = 10.0
+BUSY_RECHECK_S: Final = (
+    0.2  # a receive that found every queue busy or drained looks again at least this often
+)
 HEADROOM: Final = 1024  # bytes of a CommitLog message besides the body (fixed fields, topic, properties)
 MAX_CLIENTS: Final = 10_000
 
@@ -357,25 +360,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         await self._broker.leader_state()
         loop = asyncio.get_running_loop()
         until = min(loop.time() + poll_ms / 1000, self._deadline(context, margin_s=0.3))
-        key = (group, topic, qid)
-        lock = self._pop_locks.setdefault(key, asyncio.Lock())
-        try:
-            await asyncio.wait_for(lock.acquire(), max(0.0, until - loop.time()))
-        except TimeoutError:
-            yield service_pb2.ReceiveMessageResponse(
-                status=status(Code.MESSAGE_NOT_FOUND, "no message to receive")
-            )
-            return
-        try:
-            got = await self._pop(key, tags, batch, invisible_ms, until)
-        finally:
-            lock.release()
+        got = await self._pop_any(group, topic, qid, tags, batch, invisible_ms, until)
         if not got:
             yield service_pb2.ReceiveMessageResponse(
                 status=status(Code.MESSAGE_NOT_FOUND, "no message to receive")
             )
             return
-        popped, msgs = got
+        qid, popped, msgs = got
         yield service_pb2.ReceiveMessageResponse(status=status())
         # As RocketMQ's proxy does: the clients time delivery latency from it (the PushConsumer fails every
         # received batch without it).
@@ -387,6 +378,63 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     msgs[d.offset], receipt_handle=handle, attempt=d.attempt, invisible_ms=invisible_ms
                 )
             )
+
+    async def _pop_any(
+        self,
+        group: str,
+        topic: str,
+        first: int,
+        tags: frozenset[str] | None,
+        batch: int,
+        invisible_ms: int,
+        until: float,
+    ) -> tuple[int, Popped, dict[int, message.Message]] | None:
+        """Pop from the queue the client chose, or from the topic's other queues when it has nothing to deliver,
+        as RocketMQ's broker pops a topic for a receive (queue id -1): a client that picked a drained queue does
+        not long-poll while other queues hold messages. Queues another receive of the group is popping are
+        skipped; with nothing anywhere, wait for a dispatch to any queue or an invisible time running out."""
+        loop = asyncio.get_running_loop()
+        n = self._queues(topic)
+        order = [(first + i) % n for i in range(n)]
+        while True:
+            for q in order:
+                key = (group, topic, q)
+                lock = self._pop_locks.setdefault(key, asyncio.Lock())
+                if lock.locked():
+                    continue
+                async with lock:
+                    got = await self._pop(key, tags, batch, invisible_ms, loop.time())  # one look, no wait
+                if got:
+                    return (q, *got)
+            if loop.time() >= until:
+                return None
+            now = now_ms()
+            wake = min(until, loop.time() + BUSY_RECHECK_S)
+            for q in order:
+                key = (group, topic, q)
+                pq = self._sm.pops.view(key, self._sm.offsets.get(key, 0))
+                if pq.deliverable(now, self._sm.next_offset(topic, q), 1):
+                    # more to look at (messages filtered out by tag, or a pop not applied yet): soon again
+                    wake = min(wake, loop.time() + 0.01)
+                nd = pq.next_deadline()
+                if nd is not None:
+                    wake = min(wake, loop.time() + max(0, nd - now) / 1000 + 0.001)
+            await self._wait_dispatch_any(topic, order, wake)
+
+    async def _wait_dispatch_any(self, topic: str, queue_ids: Sequence[int], until: float) -> None:
+        """Until a message is dispatched to one of the queues or ``until`` (loop time)."""
+        left = until - asyncio.get_running_loop().time()
+        if left <= 0:
+            return
+        waits = [
+            asyncio.ensure_future(self._waiters.setdefault((topic, q), asyncio.Event()).wait())
+            for q in queue_ids
+        ]
+        try:
+            await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
     async def _pop(
         self,

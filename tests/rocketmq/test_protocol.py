@@ -134,3 +134,62 @@ def test_unsupported_calls_say_so_and_the_node_serves_on(broker_group, method, r
             assert what in r.status.message.lower() and "not supported" in r.status.message
             route = s.QueryRoute(service_pb2.QueryRouteRequest(topic=res(TOPIC)), metadata=META, timeout=10)
             assert route.status.code in (Code.OK, Code.TOPIC_NOT_FOUND), "the node still answers"
+
+
+def receive(s, qid: int, topic: str, group: str, batch: int = 32, poll_s: int = 0):
+    req = service_pb2.ReceiveMessageRequest(
+        group=res(group),
+        message_queue=queue(qid, topic),
+        filter_expression=definition_pb2.FilterExpression(type=definition_pb2.TAG, expression="*"),
+        batch_size=batch,
+        invisible_duration=duration_pb2.Duration(seconds=30),
+        long_polling_timeout=duration_pb2.Duration(seconds=poll_s),
+    )
+    status, messages, delivered_at = None, [], None
+    for r in s.ReceiveMessage(req, metadata=META, timeout=10):
+        if r.HasField("status"):
+            status = r.status
+        elif r.HasField("delivery_timestamp"):
+            delivered_at = r.delivery_timestamp
+        else:
+            messages.append(r.message)
+    return status, messages, delivered_at
+
+
+def test_a_receive_pops_the_topics_other_queues_when_its_queue_is_drained(broker_group):
+    """As RocketMQ's broker pops a whole topic for a receive: a client that picked an empty queue still gets
+    the messages waiting in the others (the official client rotates over queues, and would otherwise long-poll
+    an empty queue while others are full), each with a receipt for the queue it came from."""
+    g = broker_group
+    topic = "rmq-any-queue"
+    create_topic(g, topic, 4)
+    with OurProducer(g.addresses) as p:
+        msgs = []
+        for i in range(5):
+            om = p.outgoing(topic, f"q2-{i}".encode())
+            om.queue_id = 2  # everything in queue 2
+            msgs.append(om)
+        p.send_messages(topic, msgs)
+    with stub(g.addresses[0]) as s:
+        status, got, delivered_at = receive(s, 0, topic, "any-queue-g")
+        assert status.code == Code.OK, status
+        assert delivered_at is not None and delivered_at.seconds > 0, (
+            "the delivery timestamp clients time from"
+        )
+        assert sorted(m.body for m in got) == [f"q2-{i}".encode() for i in range(5)]
+        assert {m.system_properties.queue_id for m in got} == {2}
+        ack = service_pb2.AckMessageRequest(
+            group=res("any-queue-g"),
+            topic=res(topic),
+            entries=[
+                service_pb2.AckMessageEntry(
+                    message_id=m.system_properties.message_id,
+                    receipt_handle=m.system_properties.receipt_handle,
+                )
+                for m in got
+            ],
+        )
+        r = s.AckMessage(ack, metadata=META, timeout=10)
+        assert r.status.code == Code.OK and all(e.status.code == Code.OK for e in r.entries), r
+        status, got, _ = receive(s, 1, topic, "any-queue-g")  # acked everywhere: nothing in any queue
+        assert status.code == Code.MESSAGE_NOT_FOUND and not got
