@@ -8,6 +8,7 @@ for a group of commands, ``@app.command()`` for one.
     dledger watch --dir DIR                    live table of roles, terms, indexes
     dledger kill-leader --dir DIR              kill -9 the leader, report failover times
     dledger snapshot --dir DIR                 every node snapshots its state machine and compacts its log
+    dledger repair --dir NODE_DIR              truncate a stopped node's log at its first corrupt entry
     dledger append / get                       raw log use
     dledger demo                               the whole story in one command
 """
@@ -15,8 +16,11 @@ for a group of commands, ``@app.command()`` for one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -26,6 +30,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from dledger import group as grp
@@ -79,6 +84,7 @@ def node(
     """Run one node in the foreground until SIGTERM or Ctrl-C."""
     from dledger import nodeconfig
     from dledger.node import run_node
+    from storage.errors import StorageCorruptError, StorageError
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -106,6 +112,99 @@ def node(
         _fail(str(e))
     except OSError as e:
         _fail(f"node {cfg.node_id} could not start: {e}")
+    except StorageCorruptError as e:
+        # Damage a crash cannot explain: starting would serve and replicate a log that is not what was written.
+        lost = f"the entries from index {e.index} on" if e.index is not None else "the entries from there on"
+        _fail(
+            escape(
+                f"node {cfg.node_id} refuses to start, its log is corrupt: {e}; "
+                f"`dledger repair --dir {cfg.data_dir}` truncates the log there "
+                f"(this node loses {lost} and refills them from its group)"
+            )
+        )
+    except StorageError as e:
+        _fail(escape(f"node {cfg.node_id} could not open its log in {cfg.data_dir}: {e}"))
+
+
+# -- repair --------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def repair(
+    dir: Annotated[Path, typer.Option("--dir", help="the node directory (holds data/ and index/)")],
+    segment_size: Annotated[
+        int | None,
+        typer.Option(help="the log's segment size in bytes (default: the one its start record names)"),
+    ] = None,
+) -> None:
+    """Truncate a stopped node's log at its first corrupt entry, so the node starts again.
+
+    This node loses the entries from there on: run it only while the rest of the group holds them."""
+    from storage import filestore
+    from storage.errors import StorageError
+
+    if not (dir / "data").is_dir():
+        _fail(
+            f"no log in {dir} (no data/ directory): give a node directory, the one holding data/ and index/"
+        )
+    size = _segment_size(dir, segment_size)
+    fd = _lock_node_dir(dir)
+    try:
+        r = filestore.repair(str(dir), size)
+    except (StorageError, OSError) as e:
+        _fail(escape(f"could not repair the log in {dir}: {e}"))
+    finally:
+        os.close(fd)  # releases the lock: the node may start now
+    t = r.tail
+    end = (
+        f"the log now ends at index {t.last_index} (term {t.last_term})"
+        if t.last_index >= 0
+        else "the log is empty"
+    )
+    if r.bad is None:
+        msg = f"no corruption found in {dir}: dropped 0 entries; {end}"
+    else:
+        where = f"index {r.bad.index} (file {r.bad.path}, offset {r.bad.offset}: {r.bad.reason})"
+        if r.dropped_entries:
+            msg = f"dropped {r.dropped_entries} entries from {where}; {end}"
+        else:  # nothing proved later entries existed: a torn tail, which a normal start cuts too
+            msg = f"dropped 0 entries: cut a torn tail of {r.torn_bytes} bytes at {where}; {end}"
+    if r.rebuilt_units:
+        msg += f"; rebuilt {r.rebuilt_units} index units from the data"
+    console.print(escape(msg), soft_wrap=True)
+
+
+def _segment_size(dir: Path, given: int | None) -> int:
+    """The segment size the log was written with: a repair walking it with another one would see every entry
+    past the first file as misplaced and cut the log there."""
+    from storage import codec
+    from storage.recovery import START_FILE
+
+    recorded = None
+    # No start record (a log never opened), or an unreadable one, which the repair itself reports.
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+        recorded = int(json.loads((dir / "data" / START_FILE).read_text()).get("segment_size") or 0) or None
+    if given is not None and recorded is not None and given != recorded:
+        _fail(f"the log in {dir} was written with --segment-size {recorded}, not {given}")
+    return given or recorded or codec.DEFAULT_SEGMENT_SIZE
+
+
+def _lock_node_dir(dir: Path) -> int:
+    """Take the node's own lock (``node.lock``, as ``dledger.node`` does): a running node holds it, and while
+    the repair holds it no node can open the log being cut."""
+    try:
+        fd = os.open(dir / "node.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        _fail(f"cannot take the lock of {dir}: {e}")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        _fail(f"{dir} is in use by a running node process (pid {holder}): stop the node first, then repair")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # a node started meanwhile names this process as the holder
+    return fd
 
 
 # -- group ---------------------------------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ class LogStart:
                 LogPosition(
                     int(prev["index"]), int(prev["term"]), int(prev["end_pos"]), int(prev["chain_crc"])
                 ),
+                int(doc.get("segment_size") or 0),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise StorageCorruptError(f"unreadable log start record: {exc}", path, 0) from exc
