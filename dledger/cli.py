@@ -252,7 +252,7 @@ def group_down(dir: DirOption) -> None:
 def group_status(
     dir: DirOption, as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False
 ) -> None:
-    """Each node's id, address, pid, role, term, last index, commit index and data dir."""
+    """Each node's id, address, pid, role, term, last index, commit index, applied index and data dir."""
     try:
         g = grp.load(dir)
     except DLedgerError as e:
@@ -266,10 +266,10 @@ def group_status(
 
 def _status_table(rows: list[grp.NodeStatus], title: str | None = None) -> Table:
     t = Table(title=title)
-    for col in ("node", "address", "pid", "role", "term", "last index", "commit index", "lag", "data dir"):
-        t.add_column(
-            col, justify="right" if col in ("pid", "term", "last index", "commit index", "lag") else "left"
-        )
+    numeric = ("pid", "term", "last index", "commit index", "applied", "lag")
+    columns = ("node", "address", "pid", "role", "term", "last index", "commit index", "applied", "lag")
+    for col in (*columns, "data dir"):
+        t.add_column(col, justify="right" if col in numeric else "left")
     top = max((r.commit_index for r in rows if r.commit_index is not None), default=-1)
     styles = {"leader": "bold green", "follower": "cyan", "candidate": "yellow", "down": "red"}
     for r in rows:
@@ -282,6 +282,7 @@ def _status_table(rows: list[grp.NodeStatus], title: str | None = None) -> Table
             "" if r.term is None else str(r.term),
             "" if r.last_index is None else str(r.last_index),
             "" if r.commit_index is None else str(r.commit_index),
+            "" if r.applied_index is None else str(r.applied_index),
             lag,
             r.data_dir,
         )

@@ -75,6 +75,9 @@ class NodeStatus:
     last_index: int | None
     commit_index: int | None
     data_dir: str
+    # Last index the node's state machine applied (its commit index when it runs none): the gap to
+    # commit_index is the apply lag. Last, so positional construction written before it still works.
+    applied_index: int | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -354,6 +357,7 @@ async def status_async(group: GroupSpec, timeout_s: float = 0.5) -> list[NodeSta
                     info.last_index,
                     info.commit_index,
                     spec.data_dir,
+                    info.applied_index,
                 )
             )
     return rows

@@ -75,10 +75,27 @@ def test_fresh_group_elects_one_leader_and_reports_status(group3):
     ).stdout
     doc = json.loads(out)
     assert [n["id"] for n in doc["nodes"]] == ["n0", "n1", "n2"]
+    keys = {"id", "address", "pid", "role", "term", "last_index", "commit_index", "applied_index", "data_dir"}
     for n in doc["nodes"]:
-        assert set(n) == {"id", "address", "pid", "role", "term", "last_index", "commit_index", "data_dir"}
+        assert set(n) == keys
         assert n["address"].startswith("127.0.0.1:") and isinstance(n["pid"], int)
+        assert isinstance(n["applied_index"], int) and n["applied_index"] <= n["commit_index"]
         assert (Path(n["data_dir"]) / "data").is_dir()
+    table = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dledger",
+            "group",
+            "status",
+            "--dir",
+            str(Path(group3.nodes[0].data_dir).parent),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "applied" in table, table  # the table's column (the JSON key's counterpart)
 
 
 def test_appends_commit_and_are_on_every_nodes_disk(group3):
@@ -101,6 +118,12 @@ def test_appends_commit_and_are_on_every_nodes_disk(group3):
             assert bytes(e.body) == b and e.pos == r.pos and e.term == r.term, node_id
     chains = {nid: next(e for e in es if e.index == last).header.chain_crc for nid, es in logs.items()}
     assert len(set(chains.values())) == 1, "the chained CRCs agree: every node holds the same prefix"
+
+    def applied_caught_up():  # group status reports each node's applied index; it reaches the commit
+        rows = grp.status(group3)
+        return all(r.applied_index is not None and r.applied_index == r.commit_index >= last for r in rows)
+
+    wait(applied_caught_up, what="every node's applied index at its commit index", group=group3)
 
 
 def test_kill_leader_under_load_loses_nothing_acknowledged(group3):

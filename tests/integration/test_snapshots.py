@@ -123,7 +123,13 @@ def test_kv_survives_kill_9_with_snapshots_and_install(tmp_path):
         def caught_up():
             rows = grp.status(g)
             commits = {r.commit_index for r in rows}
-            return len(commits) == 1 and None not in commits and rows[0].last_index == rows[0].commit_index
+            applied = all(r.applied_index == r.commit_index for r in rows)  # the state machines caught up too
+            return (
+                len(commits) == 1
+                and None not in commits
+                and rows[0].last_index == rows[0].commit_index
+                and applied
+            )
 
         _wait(caught_up, 30.0, "every node back and caught up")
         out = subprocess.run(
