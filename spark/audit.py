@@ -39,6 +39,8 @@ from spark.tasks import (
     task_json,
 )
 
+SCAN_TASK_BYTES = 512 << 20  # pack segments smaller than this into one scan task (at least 2 tasks per core)
+
 EXIT_OK = 0
 EXIT_VIOLATIONS = 1
 EXIT_INPUT = 2
@@ -60,12 +62,18 @@ def segment_tasks(layouts: list[NodeLayout], full: bool, commit: int | None) -> 
     return tasks
 
 
-def _scan(spark: SparkSession, tasks: list[SegmentTask]) -> DataFrame:
-    """Every segment scanned in its own task; the rows are cached (several checks read them)."""
+def _scan(spark: SparkSession, tasks: list[SegmentTask], data_bytes: int) -> DataFrame:
+    """Segments scanned by Spark tasks; the rows are cached (several checks read them).
+
+    One segment per task while segments are large; small segments (tests, benchmarks, short logs) are packed
+    several to a task, since a Spark task costs a fixed 0.1-0.2 s here whatever its size. There are always at
+    least two tasks per core, so a cluster still spreads the scan over all its cores."""
     if not tasks:
         return spark.createDataFrame([], SCAN_DDL)
+    cores = spark.sparkContext.defaultParallelism
+    partitions = min(len(tasks), max(2 * cores, -(-data_bytes // SCAN_TASK_BYTES)))
     return (
-        _one_task_per_partition(spark, [task_json(t) for t in tasks])
+        _task_partitions(spark, [task_json(t) for t in tasks], partitions)
         .mapInArrow(scan_partition, SCAN_DDL)
         .persist()
     )
@@ -87,10 +95,14 @@ def queue_tasks(layouts: list[NodeLayout]) -> list[str]:
 
 
 def _one_task_per_partition(spark: SparkSession, rows: list[str]) -> DataFrame:
-    """A one-column DataFrame of task descriptions with one partition per task, made in the JVM (a range and an
-    array literal), so no Python worker runs before the task's own function."""
+    return _task_partitions(spark, rows, len(rows))
+
+
+def _task_partitions(spark: SparkSession, rows: list[str], partitions: int) -> DataFrame:
+    """A one-column DataFrame of task descriptions in ``partitions`` partitions of consecutive rows, made in the
+    JVM (a range and an array literal), so no Python worker runs before the task's own function."""
     tasks = F.array(*[F.lit(r) for r in rows])
-    return spark.range(0, len(rows), 1, max(1, len(rows))).select(
+    return spark.range(0, len(rows), 1, max(1, partitions)).select(
         F.element_at(tasks, (F.col("id") + 1).cast("int")).alias("task")
     )
 
@@ -122,12 +134,13 @@ def run_audit(
     known = [m.commit_index for m in metas if m.commit_index is not None]
     full = ack_log is not None or not known
     tasks = segment_tasks(layouts, full, max(known) if known else None)
-    session.prepare(spark, sum(f.length for lay in layouts for f in lay.data))
+    data_bytes = sum(f.length for lay in layouts for f in lay.data)
+    session.prepare(spark, data_bytes)
     timings: dict[str, float] = {}
     cached: list[DataFrame] = []
     try:
         t = time.perf_counter()
-        scanned = _scan(spark, tasks)
+        scanned = _scan(spark, tasks, data_bytes)
         cached.append(scanned)
         summaries = [json.loads(r["info"]) for r in scanned.filter(F.col("kind") == KIND_SUMMARY).collect()]
         timings["scan_s"] = time.perf_counter() - t
@@ -138,7 +151,7 @@ def run_audit(
         agreement, commit, commit_source = checks.agreement(spark, entries, layouts, metas, logs, exact=full)
         if not full and agreement.violations:
             # The checkpoints differ somewhere: compare every entry to name the first divergence exactly.
-            rescanned = _scan(spark, segment_tasks(layouts, True, commit))
+            rescanned = _scan(spark, segment_tasks(layouts, True, commit), data_bytes)
             cached.append(rescanned)
             entries = rescanned.filter(F.col("kind") == KIND_ENTRY).drop("kind", "info")
             agreement, commit, commit_source = checks.agreement(spark, entries, layouts, metas, logs)
