@@ -56,3 +56,12 @@ class CommitLog:
                 f"(body {e.header.body_length} bytes, magic {e.magic})"
             )
         return index, bytes(e.body)
+
+    def max_offset(self, hi_index: int) -> int:
+        """The CommitLog offset just past the entry ``hi_index`` (the committed, dispatched end: RocketMQ's
+        getMaxOffset as DLedgerCommitLog confirms it): where the next committed message's entry starts."""
+        point = self._log.snapshot_point()
+        if hi_index <= point.last_index:
+            return point.end_pos
+        e = self._log.entry(hi_index)
+        return e.pos + e.header.size

@@ -480,6 +480,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             leader_id=info.leader_id or "",
             leader_address=info.leader_address or "",
             term=info.term,
+            max_commitlog_offset=self._commitlog.max_offset(self._sm.applied_index),
         )
 
 

@@ -203,13 +203,15 @@ class RouteRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("node_id", "leader_id", "leader_address", "term")
+    __slots__ = ("node_id", "leader_id", "leader_address", "term", "max_commitlog_offset")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    MAX_COMMITLOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     leader_id: str
     leader_address: str
     term: int
-    def __init__(self, node_id: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
+    max_commitlog_offset: int
+    def __init__(self, node_id: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., term: _Optional[int] = ..., max_commitlog_offset: _Optional[int] = ...) -> None: ...

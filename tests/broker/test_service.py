@@ -115,6 +115,22 @@ def test_send_pull_commit_and_follower_redirect(tmp_path):
                     )
                 again = [m async for m in _aiter(cons.messages("orders", idle_s=0.3))]
                 assert again == [], "a group resumes from its committed offsets"
+                # Every node's Route names its committed CommitLog end: just past its last applied entry.
+                for n in g.nodes.values():
+                    await g.until(
+                        lambda n=n: n.plugin.state_machine.applied_index == n.log_store.last_index,
+                        what=f"{n.id} applied its whole log",
+                    )
+                    r = await asyncio.to_thread(
+                        prod.call,
+                        "Route",
+                        broker_pb2.RouteRequest(),
+                        retry_unknown=True,
+                        address=n.config.address,
+                    )
+                    assert r.node_id == n.id
+                    assert r.max_commitlog_offset == n.log_store.tail().end_pos
+                    assert r.max_commitlog_offset > max(x.commitlog_offset for x in results)
             finally:
                 prod.close()
                 cons.close()
