@@ -19,22 +19,13 @@ import pytest
 
 from broker_adapter.client import BrokerConnection, Consumer, Producer
 from dledger import group as grp
+from tests.integration.conftest import wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 TOPIC = "kill-consumer"
 QUEUES = 2
 GROUP = "billing"
-
-
-def _poll(cond, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached within {timeout_s} s")
 
 
 def test_a_killed_consumer_group_resumes_at_its_committed_offsets_after_a_failover(tmp_path):
@@ -63,7 +54,7 @@ def test_a_killed_consumer_group_resumes_at_its_committed_offsets_after_a_failov
             stderr=subprocess.PIPE,
         )  # fmt: skip
         with Consumer(g.addresses, GROUP, retry_for_s=30) as probe:
-            _poll(
+            wait(
                 lambda: all((probe.committed(TOPIC, q) or 0) >= 50 for q in range(QUEUES)),
                 60,
                 "the consumer process committing offsets on every queue",

@@ -58,22 +58,13 @@ def test_fresh_group_elects_one_leader_and_reports_status(group3):
 
     rows = wait(settled, what="one leader and two followers in the same term")
     assert len({r.term for r in rows if r.role == "leader"}) == 1
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dledger",
-            "group",
-            "status",
-            "--dir",
-            str(Path(group3.nodes[0].data_dir).parent),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    doc = json.loads(out)
+
+    def status_cli(*flags: str) -> str:
+        group_dir = str(Path(group3.nodes[0].data_dir).parent)
+        cmd = [sys.executable, "-m", "dledger", "group", "status", "--dir", group_dir, *flags]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+    doc = json.loads(status_cli("--json"))
     assert [n["id"] for n in doc["nodes"]] == ["n0", "n1", "n2"]
     keys = {"id", "address", "pid", "role", "term", "last_index", "commit_index", "applied_index", "data_dir"}
     for n in doc["nodes"]:
@@ -81,20 +72,7 @@ def test_fresh_group_elects_one_leader_and_reports_status(group3):
         assert n["address"].startswith("127.0.0.1:") and isinstance(n["pid"], int)
         assert isinstance(n["applied_index"], int) and n["applied_index"] <= n["commit_index"]
         assert (Path(n["data_dir"]) / "data").is_dir()
-    table = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dledger",
-            "group",
-            "status",
-            "--dir",
-            str(Path(group3.nodes[0].data_dir).parent),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    table = status_cli()
     assert "applied" in table, table  # the table's column (the JSON key's counterpart)
 
 

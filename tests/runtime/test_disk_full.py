@@ -113,6 +113,11 @@ def test_with_every_disk_full_writes_are_refused_and_nothing_is_lost(tmp_path):
             await g.leader()
             async with AsyncDLedgerClient(g.addresses, timeout_s=2.0) as c:
                 acked = [await c.append(b"kept %d" % i) for i in range(10)]
+                # Acknowledged at a quorum: the third node may still be writing the last one.
+                await g.until(
+                    lambda: all(n.log_store.last_index == acked[-1].index for n in g.nodes.values()),
+                    what="every node to hold every acknowledged append",
+                )
                 lasts = {pid: n.log_store.last_index for pid, n in g.nodes.items()}
                 for pid in g.nodes:
                     _fill(tmp_path, pid)
