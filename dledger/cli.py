@@ -84,6 +84,7 @@ def node(
     """Run one node in the foreground until SIGTERM or Ctrl-C."""
     from dledger import nodeconfig
     from dledger.node import run_node
+    from statemachine.snapshot import SnapshotError
     from storage.errors import StorageCorruptError, StorageError
 
     logging.basicConfig(
@@ -124,6 +125,9 @@ def node(
         )
     except StorageError as e:
         _fail(escape(f"node {cfg.node_id} could not open its log in {cfg.data_dir}: {e}"))
+    except SnapshotError as e:
+        # No intact snapshot the log continues from: loading one would start the state machine on bad state.
+        _fail(escape(f"node {cfg.node_id} refuses to start, it has no usable snapshot: {e}"))
 
 
 # -- repair --------------------------------------------------------------------------------------------------------

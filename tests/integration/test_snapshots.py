@@ -156,3 +156,48 @@ def test_kv_survives_kill_9_with_snapshots_and_install(tmp_path):
         assert not missing, f"{spec.id} lost {len(missing)} acknowledged writes, e.g. {missing[:3]}"
         states[spec.id] = state
     assert len({tuple(sorted(s.items())) for s in states.values()}) == 1, "nodes hold different maps"
+
+
+def test_a_node_whose_snapshots_are_all_corrupt_refuses_to_start(tmp_path):
+    """Its log was compacted after the snapshot, so nothing else can rebuild its state: it exits with one line
+    naming the snapshot and the checksum mismatch, and never serves the bad state."""
+    g = grp.create(tmp_path / "g", 3, None, state_machine="kv", raft=RAFT)
+    for spec in g.nodes:
+        with open(spec.config, "a") as f:
+            f.write(EXTRA_TOML)
+    try:
+        for spec in g.nodes:
+            grp.start_node(spec)
+        leader = grp.wait_for_leader(g)
+        victim = next(s for s in g.nodes if s.id != leader.id)
+        acked: dict[bytes, bytes] = {}
+        asyncio.run(_workload(g.addresses, 0, 400, acked))
+        snapshots = Path(victim.data_dir) / "snapshot"
+
+        def compacted():
+            start = Path(victim.data_dir) / "data" / "start.json"
+            return (
+                list(snapshots.glob("*/data"))
+                and start.exists()
+                and '"first_index": 0' not in start.read_text()
+            )
+
+        _wait(compacted, 30.0, f"{victim.id} to snapshot and compact its log")
+        assert grp.stop_node(victim)
+        datas = sorted(snapshots.glob("*/data"))
+        for path in datas:
+            raw = bytearray(path.read_bytes())
+            raw[len(raw) // 2] ^= 0xFF
+            path.write_bytes(bytes(raw))
+        r = subprocess.run(
+            [sys.executable, "-m", "dledger", "node", "--config", victim.config],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+        assert "refuses to start" in r.stderr and "checksum mismatch" in r.stderr, r.stderr
+        assert any(str(p.parent) in r.stderr.replace("\n", "") for p in datas), r.stderr
+    finally:
+        grp.stop_group(g)
