@@ -139,6 +139,7 @@ def _host(host: tuple[str, int]) -> bytes:
     return bytes(int(p) for p in parts) + port.to_bytes(4, "big")
 
 
+@functools.lru_cache(maxsize=256)
 def _unhost(raw: bytes) -> tuple[str, int]:
     return ".".join(str(b) for b in raw[:4]), int.from_bytes(raw[4:8], "big")
 
