@@ -87,7 +87,7 @@ class BrokerConnection:
         """Call ``method`` on the leader (or ``address``), following redirects; ``retry_unknown`` says whether
         a write whose outcome is unknown may be sent again (true for idempotent requests)."""
         deadline = time.monotonic() + self.retry_for_s
-        backoff = 0.02
+        backoff = 0.01  # as DLedgerClient: 10 ms doubling to 200 ms, so a retry lands soon after an election
         attempt = 0
         while True:
             attempt += 1
@@ -112,7 +112,7 @@ class BrokerConnection:
             if time.monotonic() + backoff > deadline:
                 raise err
             time.sleep(backoff)
-            backoff = min(backoff * 2, 0.5)
+            backoff = min(backoff * 2, 0.2)
 
     def close(self) -> None:
         for ch in self._channels.values():
