@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -75,3 +77,17 @@ def wait(cond, timeout_s: float = 15.0, what: str = "condition", group: grp.Grou
             f"{r.id} {r.role} term {r.term} last {r.last_index} commit {r.commit_index}" for r in rows
         )
     raise AssertionError(f"{what} not reached within {timeout_s} s{state}")
+
+
+def refused_start(config: str) -> str:
+    """Run ``dledger node --config`` in the foreground on a node that must refuse to start: it exits 1 with a
+    message and no traceback; returns its stderr."""
+    r = subprocess.run(
+        [sys.executable, "-m", "dledger", "node", "--config", config],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.stderr
