@@ -380,8 +380,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                         "log no longer holds it"
                     )
                 try:
-                    _, raw = self._commitlog.get(u.commitlog_offset, u.size, hi)
-                    m = message.decode(raw)
+                    m = self._commitlog.read_message(u.commitlog_offset, u.size, hi)
                 except CommitLogError as e:
                     raise NotFoundError(f"{topic}/{qid} offset {u.queue_offset}: {e}") from None
                 except message.MessageFormatError as e:

@@ -186,10 +186,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return None
         u = units[0]
         try:
-            _, raw = self._commitlog.get(u.commitlog_offset, u.size, self._sm.applied_index)
+            return self._commitlog.read_message(u.commitlog_offset, u.size, self._sm.applied_index)
         except CommitLogError:
             return None
-        return message.decode(raw)
 
     async def _wait_dispatch(self, topic: str, queue_id: int, until: float) -> None:
         """Until a message is dispatched to the queue or ``until`` (loop time)."""
