@@ -58,9 +58,8 @@ MAX_INVISIBLE_MS: Final = 12 * 3600 * 1000  # RocketMQ's upper bound
 DEFAULT_INVISIBLE_MS: Final = 60_000  # a push consumer asks for none (auto renew): RocketMQ's proxy default
 MAX_POLLING_MS: Final = 60_000
 DEFAULT_DEADLINE_S: Final = 10.0
-BUSY_RECHECK_S: Final = (
-    0.2  # a receive that found every queue busy or drained looks again at least this often
-)
+# A receive that found every queue busy or drained looks again at least this often.
+BUSY_RECHECK_S: Final = 0.2
 HEADROOM: Final = 1024  # bytes of a CommitLog message besides the body (fixed fields, topic, properties)
 MAX_CLIENTS: Final = 10_000
 
@@ -402,7 +401,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 if lock.locked():
                     continue
                 async with lock:
-                    got = await self._pop(key, tags, batch, invisible_ms, loop.time())  # one look, no wait
+                    got = await self._pop(key, tags, batch, invisible_ms)
                 if got:
                     return (q, *got)
             if loop.time() >= until:
@@ -436,44 +435,28 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 w.cancel()
 
     async def _pop(
-        self,
-        key: tuple[str, str, int],
-        tags: frozenset[str] | None,
-        batch: int,
-        invisible_ms: int,
-        until: float,
+        self, key: tuple[str, str, int], tags: frozenset[str] | None, batch: int, invisible_ms: int
     ) -> tuple[Popped, dict[int, message.Message]] | None:
+        """Pop what a queue can deliver now (one Pop command through the log, which also passes over messages
+        the filter or the log no longer has), or None. Batches that were all filtered out are passed over at
+        once; offsets an earlier pop took but has not applied yet are left for the caller's next look."""
         group, topic, qid = key
-        loop = asyncio.get_running_loop()
         while True:
             now = now_ms()
             q = self._sm.pops.view(key, self._sm.offsets.get(key, 0))
             offsets = q.deliverable(now, self._sm.next_offset(topic, qid), batch)
-            if offsets:
-                msgs = {o: self._read(topic, qid, o) for o in offsets}
-                take = tuple(
-                    o for o in offsets if msgs[o] is not None and convert.selects(tags, msgs[o].tags)
-                )
-                skip = tuple(o for o in offsets if o not in take)  # filtered out, or gone from the log
-                (popped,) = await self._submit(
-                    [commands.Pop(group, topic, qid, now, invisible_ms, take, skip)]
-                )
-                if isinstance(popped, BaseException):
-                    raise popped if isinstance(popped, DLedgerError) else NotFoundError(str(popped))
-                if popped.deliveries:
-                    return popped, {d.offset: msgs[d.offset] for d in popped.deliveries}
-                if take:  # all taken by an earlier pop still in the log tail: look again once it applied
-                    await self._wait_dispatch(topic, qid, min(until, loop.time() + 0.01))
-                if loop.time() >= until:
-                    return None
-                continue
-            if loop.time() >= until:
+            if not offsets:
                 return None
-            wake = until
-            nd = q.next_deadline()
-            if nd is not None:
-                wake = min(wake, loop.time() + max(0, nd - now) / 1000 + 0.001)
-            await self._wait_dispatch(topic, qid, wake)
+            msgs = {o: self._read(topic, qid, o) for o in offsets}
+            take = tuple(o for o in offsets if msgs[o] is not None and convert.selects(tags, msgs[o].tags))
+            skip = tuple(o for o in offsets if o not in take)  # filtered out, or gone from the log
+            (popped,) = await self._submit([commands.Pop(group, topic, qid, now, invisible_ms, take, skip)])
+            if isinstance(popped, BaseException):
+                raise popped if isinstance(popped, DLedgerError) else NotFoundError(str(popped))
+            if popped.deliveries:
+                return popped, {d.offset: msgs[d.offset] for d in popped.deliveries}
+            if take:  # taken by an earlier pop still in the log tail
+                return None
 
     async def AckMessage(self, request, context):
         return await self._unary("AckMessage", request, context, self._ack, service_pb2.AckMessageResponse)
