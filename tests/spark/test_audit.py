@@ -232,3 +232,35 @@ def test_unusable_input_exits_2(spark, tmp_path, capsys):
     incomplete.write_text('{"index": 1}\n')
     with pytest.raises(AuditInputError, match="neither a raw append"):
         run_audit(spark, [str(tmp_path / "g")], str(incomplete))
+
+
+def test_spark_submit_runs_the_job_and_names_a_term_divergence(tmp_path):
+    """``spark-submit spark/audit_job.py`` (its own driver JVM, as on a cluster) fails a group where one node's
+    committed entries carry another term (same bodies and positions, other leaders), and names the first."""
+    import subprocess
+    import sys
+
+    submit = Path(sys.executable).parent / "spark-submit"
+    job = Path(__file__).resolve().parents[2] / "spark" / "audit_job.py"
+    g = tmp_path / "g"
+    laid = b.lay_out(b.raw_items(TERMS))
+    other = b.lay_out(b.raw_items([(1, 20), (3, 30), (4, 15)]))  # n1: term 3 where the others have term 2
+    for k in range(3):
+        b.write_node(g / f"n{k}", other if k == 1 else laid, commit=60)
+
+    def audit(*dirs: Path) -> tuple[int, dict]:
+        report = tmp_path / "report"
+        cmd = [str(submit), "--master", "local[1]", str(job), *map(str, dirs), "--report", str(report)]
+        # spark-submit finds its Spark home and workers with the python on PATH: the project's venv.
+        env = {**os.environ, "PATH": f"{submit.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode in (EXIT_OK, EXIT_VIOLATIONS), r.stdout + r.stderr[-4000:]
+        return r.returncode, json.loads((report / "audit.json").read_text())
+
+    rc, doc = audit(g / "n0", g / "n1", g / "n2")
+    assert rc == EXIT_VIOLATIONS
+    agreement = _check(doc, "agreement")
+    assert agreement["violations"].get("divergence", 0) > 0, agreement
+    first = agreement["samples"][0]
+    assert first["index"] == 21 and "n1" in first["detail"], first
