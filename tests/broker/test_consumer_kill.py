@@ -1,6 +1,6 @@
-"""A consumer process killed with SIGKILL mid-stream, then the leader killed: the group resumes exactly at its
-committed offsets on the new leader (never before them: a failover does not rewind the group, as RocketMQ's
-10-second follower offset sync can; never after them: nothing is skipped), and consumes everything after them.
+"""A consumer process killed with SIGKILL mid-stream, then the leader killed: the new leader holds at least every
+commit acknowledged before (a failover does not rewind the group, as RocketMQ's 10-second follower offset sync
+can), and the group resumes exactly at its committed offsets (nothing skipped) and consumes everything after them.
 
 Real processes throughout: a three-node broker group, ``dledger consume`` as the consumer, producers sending
 while it consumes.
@@ -62,7 +62,8 @@ def test_a_killed_consumer_group_resumes_at_its_committed_offsets_after_a_failov
             os.kill(consumer.pid, signal.SIGKILL)  # mid-stream: no clean shutdown, no last commit
             consumer.wait(10)
             assert consumer.returncode == -signal.SIGKILL, consumer.stderr.read() if consumer.stderr else ""
-            committed = {q: probe.committed(TOPIC, q) for q in range(QUEUES)}
+            # Acknowledged commits as seen now; one the consumer sent just before it died may still land.
+            seen = {q: probe.committed(TOPIC, q) for q in range(QUEUES)}
         leader = grp.wait_for_leader(g)
         grp.kill_node(g.node(leader.id))
         grp.wait_for_leader(g, exclude=leader.id)
@@ -71,8 +72,11 @@ def test_a_killed_consumer_group_resumes_at_its_committed_offsets_after_a_failov
         assert not producer.is_alive()
 
         with Consumer(g.addresses, GROUP, retry_for_s=60) as c:
+            committed = {q: c.committed(TOPIC, q) for q in range(QUEUES)}
             for q in range(QUEUES):
-                assert c.committed(TOPIC, q) == committed[q], "the new leader holds the group's last commit"
+                assert committed[q] >= seen[q], (
+                    f"queue {q}: the new leader rewound the group to {committed[q]}"
+                )
             resumed = list(c.messages(TOPIC, idle_s=3))
         for q in range(QUEUES):
             offsets = [m.queue_offset for m in resumed if m.queue_id == q]
