@@ -55,9 +55,22 @@ format: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
 
-.PHONY: bench-replication
+.PHONY: bench-replication bench-statemachine bench-broker bench-rocketmq bench-audit
 bench-replication: $(STAMP)
 	$(BIN)/python -m bench.replication
+
+bench-statemachine: $(STAMP)
+	$(BIN)/python -m bench.statemachine
+
+bench-broker: $(STAMP)
+	$(BIN)/python -m bench.broker
+
+# The official RocketMQ 5 client against ours, on one broker group.
+bench-rocketmq: $(STAMP)
+	$(BIN)/python -m bench.rocketmq_client
+
+bench-audit: $(STAMP) check-java
+	$(BIN)/python -m bench.audit
 
 # Side by side with etcd (apt-get installs Debian's etcd-server when it can) and PySyncObj: a few minutes.
 # make bench-compare COMPARE_ARGS=--quick
