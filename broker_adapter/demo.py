@@ -36,20 +36,6 @@ def _status_table(rows: list[grp.NodeStatus]) -> Table:
     return t
 
 
-def _wait_caught_up(g: grp.GroupSpec, node_id: str, timeout_s: float = 30.0) -> list[grp.NodeStatus]:
-    """Poll until ``node_id`` has committed what the leader had committed when it restarted."""
-    target = max((r.commit_index or -1) for r in grp.wait_for_all(g))
-    deadline = time.monotonic() + timeout_s
-    rows = grp.status(g)
-    while time.monotonic() < deadline:
-        row = next(r for r in rows if r.id == node_id)
-        if row.commit_index is not None and row.commit_index >= target:
-            break
-        time.sleep(0.05)
-        rows = grp.status(g)
-    return rows
-
-
 def official_client(g: grp.GroupSpec, console: Console, messages: int = 100) -> int:
     """A RocketMQ 5 ``Producer`` sends through RocketMQ's own gRPC protocol; our ``Consumer`` and the official
     ``SimpleConsumer`` both read what it sent (one message model); the acks go through the log."""
@@ -177,8 +163,8 @@ def run(group_dir: Path, console: Console, messages: int = 2000, batch: int = 20
         )
         step(f"4. restart {killed.id}")
         grp.start_node(g.node(killed.id))
-        rows = _wait_caught_up(g, killed.id)
-        console.print(_status_table(rows))
+        grp.wait_caught_up(g, killed.id, max((r.commit_index or -1) for r in grp.wait_for_all(g)))
+        console.print(_status_table(grp.status(g)))
         if lost or twice or not dense:
             console.print("[red]FAILED: an acknowledged message was lost or duplicated[/red]")
             return 1

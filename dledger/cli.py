@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -51,7 +50,7 @@ DirOption = Annotated[
 ]
 
 
-def _fail(message: str, code: int = 1) -> None:
+def _fail(message: str, code: int = 1) -> NoReturn:
     err_console.print(f"[red]error:[/red] {message}")
     raise typer.Exit(code)
 
@@ -182,33 +181,31 @@ def _segment_size(dir: Path, given: int | None) -> int:
     """The segment size the log was written with: a repair walking it with another one would see every entry
     past the first file as misplaced and cut the log there."""
     from storage import codec
-    from storage.recovery import START_FILE
+    from storage.errors import StorageError
+    from storage.recovery import LogStart
 
     recorded = None
     # No start record (a log never opened), or an unreadable one, which the repair itself reports.
-    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-        recorded = int(json.loads((dir / "data" / START_FILE).read_text()).get("segment_size") or 0) or None
+    with contextlib.suppress(StorageError):
+        start = LogStart.load(str(dir / "data"))
+        recorded = (start.segment_size or None) if start is not None else None
     if given is not None and recorded is not None and given != recorded:
         _fail(f"the log in {dir} was written with --segment-size {recorded}, not {given}")
     return given or recorded or codec.DEFAULT_SEGMENT_SIZE
 
 
 def _lock_node_dir(dir: Path) -> int:
-    """Take the node's own lock (``node.lock``, as ``dledger.node`` does): a running node holds it, and while
-    the repair holds it no node can open the log being cut."""
+    """The node's own lock (``dledger.node.lock_data_dir``): a running node holds it, and while the repair holds
+    it no node can open the log being cut (one started meanwhile names this process as the holder)."""
+    from dledger.errors import DirectoryInUseError
+    from dledger.node import lock_data_dir
+
     try:
-        fd = os.open(dir / "node.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        return lock_data_dir(dir)
+    except DirectoryInUseError as e:
+        _fail(f"{dir} is in use by a running node process (pid {e.holder}): stop the node first, then repair")
     except OSError as e:
         _fail(f"cannot take the lock of {dir}: {e}")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        _fail(f"{dir} is in use by a running node process (pid {holder}): stop the node first, then repair")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # a node started meanwhile names this process as the holder
-    return fd
 
 
 # -- group ---------------------------------------------------------------------------------------------------------
@@ -508,13 +505,7 @@ def run_demo(dir: Path, entries: int) -> int:
         step(f"4. restart {f.killed} and watch it catch up")
         t0 = time.monotonic()
         grp.start_node(g.node(f.killed))
-        deadline = t0 + 30
-        row = None
-        while time.monotonic() < deadline:
-            row = next(r for r in grp.status(g, 0.3) if r.id == f.killed)
-            if row.commit_index is not None and row.commit_index >= last.index:
-                break
-            time.sleep(0.05)
+        row = grp.wait_caught_up(g, f.killed, last.index)
         if row is None or row.commit_index is None or row.commit_index < last.index:
             console.print(f"[red]{f.killed} did not catch up within 30 s[/red]")
             return 1

@@ -36,6 +36,14 @@ class UnavailableError(DLedgerError):
     grpc_status = "UNAVAILABLE"
 
 
+class DirectoryInUseError(UnavailableError):
+    """Another process holds a node directory's lock (``holder``: its pid as it recorded it)."""
+
+    def __init__(self, message: str, holder: str):
+        super().__init__(message)
+        self.holder = holder
+
+
 class BackpressureError(DLedgerError):
     """Too many appends are pending; try again shortly."""
 

@@ -404,6 +404,19 @@ def wait_for_all(group: GroupSpec, timeout_s: float = 10.0) -> list[NodeStatus]:
     return rows
 
 
+def wait_caught_up(group: GroupSpec, node_id: str, index: int, timeout_s: float = 30.0) -> NodeStatus | None:
+    """Poll until ``node_id`` has committed ``index`` (a restarted node refilling its log); its last status row,
+    or None when it never answered."""
+    deadline = time.monotonic() + timeout_s
+    row = None
+    while time.monotonic() < deadline:
+        row = next(r for r in status(group, 0.3) if r.id == node_id)
+        if row.commit_index is not None and row.commit_index >= index:
+            break
+        time.sleep(0.05)
+    return row
+
+
 def up(
     directory: Path, nodes: int | None = None, base_port: int | None = DEFAULT_BASE_PORT, **kwargs
 ) -> tuple[GroupSpec, NodeStatus]:

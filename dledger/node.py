@@ -63,6 +63,7 @@ from dledger.core.messages import (
 from dledger.core.raft import RaftCore
 from dledger.errors import (
     BackpressureError,
+    DirectoryInUseError,
     DLedgerError,
     InvalidRequestError,
     NotFoundError,
@@ -311,7 +312,7 @@ class Node:
 
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock_data_dir(cfg.data_dir)
+        self._lock_fd = lock_data_dir(cfg.data_dir)
         if self._log is None:
             # The store is opened in its "async" mode whatever the node's policy: the node calls fdatasync
             # itself (``sync()``, in the I/O thread). The store's lock is held through an fdatasync inside a
@@ -1387,9 +1388,10 @@ def _combined_prepare(queued: list[_PendingAppend]) -> Prepare | None:
     return prepare
 
 
-def _lock_data_dir(data_dir: Path) -> int:
+def lock_data_dir(data_dir: Path) -> int:
     """Take the data directory's exclusive lock (``node.lock``, released when the process ends, even by kill -9):
-    two processes writing one log would corrupt it, so a second node on the same directory refuses to start."""
+    two processes writing one log would corrupt it, so a second node on the same directory refuses to start,
+    and ``dledger repair`` refuses a directory a node holds. The holder's pid is written into the file."""
     path = data_dir / "node.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -1397,8 +1399,9 @@ def _lock_data_dir(data_dir: Path) -> int:
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise UnavailableError(
-            f"the data directory {data_dir} is in use by another node process (pid {holder}); stop it first"
+        raise DirectoryInUseError(
+            f"the data directory {data_dir} is in use by another node process (pid {holder}); stop it first",
+            holder,
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

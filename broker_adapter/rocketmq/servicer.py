@@ -189,15 +189,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         except CommitLogError:
             return None
 
-    async def _wait_dispatch(self, topic: str, queue_id: int, until: float) -> None:
-        """Until a message is dispatched to the queue or ``until`` (loop time)."""
-        left = until - asyncio.get_running_loop().time()
-        if left <= 0:
-            return
-        ev = self._waiters.setdefault((topic, queue_id), asyncio.Event())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ev.wait(), left)
-
     # -- routes, clients, settings -------------------------------------------------------------------------
     async def QueryRoute(self, request, context):
         return await self._known_topic(
@@ -417,9 +408,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 nd = pq.next_deadline()
                 if nd is not None:
                     wake = min(wake, loop.time() + max(0, nd - now) / 1000 + 0.001)
-            await self._wait_dispatch_any(topic, order, wake)
+            await self._wait_dispatch(topic, order, wake)
 
-    async def _wait_dispatch_any(self, topic: str, queue_ids: Sequence[int], until: float) -> None:
+    async def _wait_dispatch(self, topic: str, queue_ids: Sequence[int], until: float) -> None:
         """Until a message is dispatched to one of the queues or ``until`` (loop time)."""
         left = until - asyncio.get_running_loop().time()
         if left <= 0:
@@ -558,7 +549,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         loop = asyncio.get_running_loop()
         until = min(loop.time() + poll_ms / 1000, self._deadline(context, margin_s=0.3))
         while self._sm.next_offset(topic, qid) <= offset and loop.time() < until:
-            await self._wait_dispatch(topic, qid, until)
+            await self._wait_dispatch(topic, (qid,), until)
         hi = min(self._sm.next_offset(topic, qid), offset + batch)
         found = []
         for o in range(offset, hi):
