@@ -75,7 +75,10 @@ def run_round(system, rnd: int, seconds: float, warmup: float, kill_timeout_s: f
         unit = "ms" if row.workload == "leader-kill" else "msg/s"
         lat = "" if math.isnan(row.p50_ms) else f"  p50 {row.p50_ms:7.2f} ms  p99 {row.p99_ms:7.2f} ms"
         err = f"  errors {row.errors} ({row.note})" if row.errors else ""
-        print(f"round {rnd} {row.contender:24} {row.workload:14} {row.value:10,.0f} {unit}{lat}{err}", flush=True)
+        print(
+            f"round {rnd} {row.contender:24} {row.workload:14} {row.value:10,.0f} {unit}{lat}{err}",
+            flush=True,
+        )
 
     for kind in system.kinds:
         label = contender(system.name, kind, system.kinds)
@@ -153,7 +156,9 @@ def summarize(rows: list[Row], order: list[str]) -> list[dict]:
                     "p50_ms": _median([r.p50_ms for r in rs]),
                     "p99_ms": _median([r.p99_ms for r in rs]),
                     "errors": sum(r.errors for r in rs),
-                    "ratio_to_nats": med / ref if c != REFERENCE and ref and not math.isnan(ref) else math.nan,
+                    "ratio_to_nats": med / ref
+                    if c != REFERENCE and ref and not math.isnan(ref)
+                    else math.nan,
                 }
             )
     return out
@@ -206,9 +211,15 @@ def _clean(x):
 
 def git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except OSError:
         return ""
     rev = out.stdout.strip()
@@ -240,15 +251,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round of 1 s per workload")
     ap.add_argument("--rounds", type=int, help="rounds (default 3; quick 1)")
     ap.add_argument("--seconds", type=float, help="measured seconds per workload (default 5; quick 1)")
-    ap.add_argument("--warmup", type=float, help="unmeasured seconds before each workload (default 1; quick 0.3)")
-    ap.add_argument("--systems", default=",".join(ALL_SYSTEMS), help=f"comma-separated subset of {','.join(ALL_SYSTEMS)}")
+    ap.add_argument(
+        "--warmup", type=float, help="unmeasured seconds before each workload (default 1; quick 0.3)"
+    )
+    ap.add_argument(
+        "--systems", default=",".join(ALL_SYSTEMS), help=f"comma-separated subset of {','.join(ALL_SYSTEMS)}"
+    )
     ap.add_argument(
         "--kinds",
         default=None,
-        help="our client kinds, comma-separated (default: every one the code has: " + ",".join(available_kinds()) + ")",
+        help="our client kinds, comma-separated (default: every one the code has: "
+        + ",".join(available_kinds())
+        + ")",
     )
-    ap.add_argument("--kill-timeout", type=float, default=60.0, help="give up on the next ack after a kill (s)")
-    ap.add_argument("--no-install", action="store_true", help="do not apt-get install nats-server when missing")
+    ap.add_argument(
+        "--kill-timeout", type=float, default=60.0, help="give up on the next ack after a kill (s)"
+    )
+    ap.add_argument(
+        "--no-install", action="store_true", help="do not apt-get install nats-server when missing"
+    )
     ap.add_argument("--out", type=Path, default=Path("var/bench"), help="where the JSON and markdown go")
     args = ap.parse_args(argv)
     for name, full, quick in (("rounds", 3, 1), ("seconds", 5.0, 1.0), ("warmup", 1.0, 0.3)):

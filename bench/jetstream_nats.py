@@ -64,6 +64,17 @@ def have_nats_py() -> bool:
     return importlib.util.find_spec("nats") is not None
 
 
+async def _quiet(*_args) -> None:
+    """nats-py prints every connection error by default; a killed server is expected here."""
+
+
+def _connect(servers: list[str], **kw):
+    import nats
+
+    kw.setdefault("connect_timeout", 5)
+    return nats.connect(servers=servers, error_cb=_quiet, disconnected_cb=_quiet, **kw)
+
+
 def _conf(name: str, client: int, route: int, routes: list[int], store: Path) -> str:
     peers = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in routes if p != route)
     return (
@@ -87,9 +98,7 @@ class NatsClient:
         self._js = None
 
     async def connect(self, workers: int) -> None:
-        import nats
-
-        self._nc = await nats.connect(servers=self._urls, dont_randomize=True, connect_timeout=5)
+        self._nc = await _connect(self._urls, dont_randomize=True)
         self._js = self._nc.jetstream(timeout=30)
         await self._js.publish(SUBJECT, BODY)
 
@@ -137,14 +146,13 @@ class NatsCluster:
         asyncio.run(self._create_stream())
 
     async def _create_stream(self) -> None:
-        import nats
         from nats.js.api import StorageType, StreamConfig
 
         deadline = time.monotonic() + 60
         last: BaseException | None = None
         while time.monotonic() < deadline:
             try:
-                nc = await nats.connect(servers=list(self._urls.values()), connect_timeout=1)
+                nc = await _connect(list(self._urls.values()), connect_timeout=1)
                 try:
                     js = nc.jetstream(timeout=5)
                     cfg = StreamConfig(
@@ -171,9 +179,7 @@ class NatsCluster:
         raise TimeoutError("nats: the stream's replicas did not become current")
 
     async def _leader(self) -> str:
-        import nats
-
-        nc = await nats.connect(servers=[u for n, u in self._urls.items() if n in self._pids])
+        nc = await _connect([u for n, u in self._urls.items() if n in self._pids])
         try:
             info = await nc.jetstream(timeout=5).stream_info(STREAM)
             assert info.cluster is not None and info.cluster.leader
@@ -202,11 +208,10 @@ class NatsCluster:
         return asyncio.run(self._consume(seconds))
 
     async def _consume(self, seconds: float) -> Measured:
-        import nats
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         leader = await self._leader()
-        nc = await nats.connect(servers=[self._urls[leader]])
+        nc = await _connect([self._urls[leader]])
         out = Measured()
         try:
             js = nc.jetstream(timeout=10)
@@ -233,11 +238,9 @@ class NatsCluster:
         return asyncio.run(self._leader_kill(timeout_s))
 
     async def _leader_kill(self, timeout_s: float) -> tuple[str, float]:
-        import nats
-
         leader = await self._leader()
-        nc = await nats.connect(
-            servers=self._urls_from(leader),
+        nc = await _connect(
+            self._urls_from(leader),
             dont_randomize=True,
             reconnect_time_wait=0.05,
             max_reconnect_attempts=-1,

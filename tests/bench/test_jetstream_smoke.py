@@ -1,0 +1,92 @@
+"""``bench.jetstream`` runs end to end, so it cannot rot between full runs.
+
+A tiny in-process run of ``python -m bench.jetstream --quick``: our broker group with both flush policies
+always (every workload, including a real SIGKILL of the leader), and NATS JetStream as well when Debian's
+``nats-server`` and ``nats-py`` are both installed here - the test prints which. It never apt-get installs
+(CI runs without the ``bench`` extra). No process may survive the run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.jetstream import WORKLOADS, Row, main, summarize, table
+from bench.jetstream_nats import find_nats_server
+from tests.bench.test_compare_smoke import _children_of
+
+
+def _nats_available() -> tuple[bool, str]:
+    binary, note = find_nats_server(install=False)
+    if binary is None:
+        return False, note
+    if importlib.util.find_spec("nats") is None:
+        return False, "nats-py is not installed (pip install '.[bench]'); NATS is skipped"
+    return True, note
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_jetstream_bench_runs_end_to_end(tmp_path: Path, capsys) -> None:
+    with_nats, why = _nats_available()
+    systems = ["ours-sync", "ours-async", *(["nats"] if with_nats else [])]
+    before = _children_of(os.getpid())
+    argv = ["--quick", "--seconds", "0.5", "--warmup", "0.2", "--systems", ",".join(systems)]
+    argv += ["--kinds", "producer", "--no-install", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert _children_of(os.getpid()) <= before, "the harness left a process running"
+
+    [js] = tmp_path.glob("jetstream-*.json")
+    doc = json.loads(js.read_text())
+    assert doc["meta"]["contenders"] == systems and doc["meta"]["commit"]
+    rows = {(s["contender"], s["workload"]): s for s in doc["summary"]}
+    for system in systems:
+        for w in WORKLOADS:
+            s = rows[(system, w)]
+            assert s["median"] and s["median"] > 0, f"{system} {w}: {s}"
+        assert rows[(system, "sequential")]["p50_ms"] > 0
+        for w in ("sequential", "concurrent-64", "batched"):
+            assert rows[(system, w)]["errors"] == 0, rows[(system, w)]
+    md = js.with_suffix(".md").read_text()
+    assert "| sequential (msg/s) |" in md and "Durability:" in md and doc["meta"]["commit"] in md
+    if with_nats:
+        assert "ours-sync / nats" in md
+        assert rows[("ours-async", "batched")]["ratio_to_nats"] > 0
+    with capsys.disabled():
+        print(f"\nbench.jetstream smoke: ran {', '.join(systems)}" + ("" if with_nats else f" only ({why})"))
+    assert "written:" in out
+
+
+def _row(c: str, w: str, value: float, rnd: int = 0) -> Row:
+    return Row(c, w, rnd, value, 1.0, 2.0, 10, 0)
+
+
+def test_summary_gives_medians_ranges_and_ratios_to_nats() -> None:
+    rows = [
+        _row("ours-sync", "sequential", 100, 0),
+        _row("ours-sync", "sequential", 300, 1),
+        _row("ours-sync", "sequential", 200, 2),
+        _row("nats", "sequential", 400, 0),
+        _row("nats", "sequential", 400, 1),
+        _row("ours-sync", "leader-kill", 500),
+        _row("nats", "leader-kill", 4000),
+        Row("ours-sync", "leader-kill", 1, math.nan, math.nan, math.nan, 0, 1, "TimeoutError()"),
+    ]
+    s = {(x["contender"], x["workload"]): x for x in summarize(rows, ["ours-sync", "nats"])}
+    seq = s[("ours-sync", "sequential")]
+    assert (seq["median"], seq["min"], seq["max"], seq["rounds"]) == (200, 100, 300, 3)
+    assert seq["ratio_to_nats"] == 0.5 and math.isnan(s[("nats", "sequential")]["ratio_to_nats"])
+    kill = s[("ours-sync", "leader-kill")]
+    assert (kill["median"], kill["errors"], kill["ratio_to_nats"]) == (500, 1, 0.125)
+    text = table(list(s.values()), ["ours-sync", "nats"])
+    assert "| sequential (msg/s) | 200 (100-300), p50 1.00 / p99 2.00 ms | 400 (400-400)" in text
+    assert (
+        "| leader-kill (ms, lower is better) | 500 (500-500), 1 errors | 4,000 (4,000-4,000) | 0.12x |"
+        in text
+    )
