@@ -8,15 +8,18 @@ always (every workload, including a real SIGKILL of the leader), and NATS JetStr
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from bench.jetstream import WORKLOADS, Row, main, summarize, table
+from bench.jetstream_load import Plan, run
 from bench.jetstream_nats import find_nats_server
 from tests.bench.test_compare_smoke import _children_of
 
@@ -37,29 +40,32 @@ def test_jetstream_bench_runs_end_to_end(tmp_path: Path, capsys) -> None:
     systems = ["ours-sync", "ours-async", *(["nats"] if with_nats else [])]
     before = _children_of(os.getpid())
     argv = ["--quick", "--seconds", "0.5", "--warmup", "0.2", "--systems", ",".join(systems)]
-    argv += ["--kinds", "producer", "--no-install", "--out", str(tmp_path)]
+    argv += ["--no-install", "--out", str(tmp_path)]  # every client kind the code has
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert _children_of(os.getpid()) <= before, "the harness left a process running"
 
     [js] = tmp_path.glob("jetstream-*.json")
     doc = json.loads(js.read_text())
-    assert doc["meta"]["contenders"] == systems and doc["meta"]["commit"]
+    contenders = doc["meta"]["contenders"]
+    assert [c for c in contenders if "/" not in c] == systems and doc["meta"]["commit"]
     rows = {(s["contender"], s["workload"]): s for s in doc["summary"]}
     for system in systems:
         for w in WORKLOADS:
             s = rows[(system, w)]
             assert s["median"] and s["median"] > 0, f"{system} {w}: {s}"
         assert rows[(system, "sequential")]["p50_ms"] > 0
+    for c in contenders:  # every client kind of every system
         for w in ("sequential", "concurrent-64", "batched"):
-            assert rows[(system, w)]["errors"] == 0, rows[(system, w)]
+            assert rows[(c, w)]["median"] > 0 and rows[(c, w)]["errors"] == 0, rows[(c, w)]
     md = js.with_suffix(".md").read_text()
     assert "| sequential (msg/s) |" in md and "Durability:" in md and doc["meta"]["commit"] in md
     if with_nats:
         assert "ours-sync / nats" in md
         assert rows[("ours-async", "batched")]["ratio_to_nats"] > 0
     with capsys.disabled():
-        print(f"\nbench.jetstream smoke: ran {', '.join(systems)}" + ("" if with_nats else f" only ({why})"))
+        ran = ", ".join(contenders)
+        print(f"\nbench.jetstream smoke: ran {ran}" + ("" if with_nats else f" only ({why})"))
     assert "written:" in out
 
 
@@ -90,3 +96,54 @@ def test_summary_gives_medians_ranges_and_ratios_to_nats() -> None:
         "| leader-kill (ms, lower is better) | 500 (500-500), 1 errors | 4,000 (4,000-4,000) | 0.12x |"
         in text
     )
+
+
+class _Sleepy:
+    """A client that acknowledges after 2 ms, and fails every fifth call."""
+
+    description = "test double"
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.calls = 0
+        self.closed = False
+
+    def _step(self) -> None:
+        self.calls += 1
+        if self.calls % 5 == 0:
+            raise RuntimeError("refused")
+
+    def connect(self, workers: int) -> None:
+        self.workers = workers
+
+    def send(self, worker: int, n: int) -> int:
+        time.sleep(0.002)
+        self._step()
+        return n
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _AsyncSleepy(_Sleepy):
+    async def connect(self, workers: int) -> None:
+        self.workers = workers
+
+    async def send(self, worker: int, n: int) -> int:
+        await asyncio.sleep(0.002)
+        self._step()
+        return n
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("client", [_Sleepy("threads"), _AsyncSleepy("async")], ids=["threads", "async"])
+def test_load_loop_counts_acknowledged_calls_in_the_window_and_errors(client) -> None:
+    m = run(client, Plan("x", 4, 8), seconds=0.3, warmup_s=0.1)
+    assert client.workers == 4 and client.closed
+    assert m.messages > 0 and m.messages == 8 * len(m.latencies_s)
+    assert m.errors > 0 and "refused" in m.first_error
+    assert min(m.latencies_s) >= 0.002 and m.seconds == 0.3
+    assert m.rate == m.messages / 0.3
+    assert m.latency_ms(0.5) <= m.latency_ms(0.99)
