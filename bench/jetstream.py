@@ -74,7 +74,7 @@ def run_round(system, rnd: int, seconds: float, warmup: float, kill_timeout_s: f
         rows.append(row)
         unit = "ms" if row.workload == "leader-kill" else "msg/s"
         lat = "" if math.isnan(row.p50_ms) else f"  p50 {row.p50_ms:7.2f} ms  p99 {row.p99_ms:7.2f} ms"
-        err = f"  errors {row.errors} ({row.note})" if row.errors else ""
+        err = f"  errors {row.errors} ({row.note})" if row.errors else f"  ({row.note})" if row.note else ""
         print(
             f"round {rnd} {row.contender:24} {row.workload:14} {row.value:10,.0f} {unit}{lat}{err}",
             flush=True,
@@ -102,8 +102,8 @@ def run_round(system, rnd: int, seconds: float, warmup: float, kill_timeout_s: f
     m = system.consume(seconds)
     emit(Row(system.name, "consume", rnd, m.rate, m.latency_ms(0.5), m.latency_ms(0.99), m.messages, 0))
     try:
-        killed, ms = system.leader_kill(kill_timeout_s)
-        emit(Row(system.name, "leader-kill", rnd, ms, math.nan, math.nan, 1, 0, f"killed {killed}"))
+        note, ms = system.leader_kill(kill_timeout_s)
+        emit(Row(system.name, "leader-kill", rnd, ms, math.nan, math.nan, 1, 0, note))
     except Exception as e:  # recorded as a failed round, not a crash of the whole run
         emit(Row(system.name, "leader-kill", rnd, math.nan, math.nan, math.nan, 0, 1, repr(e)))
     return rows

@@ -253,12 +253,18 @@ class NatsCluster:
             t_kill = time.perf_counter()
             self._registry.kill(self._pids.pop(leader))
             last: BaseException | None = None
+            failed = 0
             while time.perf_counter() - t_kill < timeout_s:
                 try:
                     await js.publish(SUBJECT, BODY, timeout=0.5)
-                    return leader, (time.perf_counter() - t_kill) * 1000
+                    ms = (time.perf_counter() - t_kill) * 1000
+                    return (
+                        f"killed {leader}; {failed} failed publishes before (last {type(last).__name__})",
+                        ms,
+                    )
                 except Exception as e:  # timeout, no responders, reconnecting: try again
                     last = e
+                    failed += 1
                     await asyncio.sleep(0.005)
             raise TimeoutError(f"nats: no acknowledged publish within {timeout_s} s of the kill ({last!r})")
         finally:

@@ -185,7 +185,7 @@ class OursBroker:
         return out
 
     def leader_kill(self, timeout_s: float) -> tuple[str, float]:
-        """SIGKILL the leader; milliseconds from the kill to the next acknowledged send."""
+        """SIGKILL the leader; (what happened, milliseconds from the kill to the next acknowledged send)."""
         from broker_adapter.client import Producer
 
         g = self.group
@@ -196,5 +196,5 @@ class OursBroker:
             t_kill = time.perf_counter()
             if grp.kill_node(g.node(leader.id)) is None:
                 raise RuntimeError(f"{self.name}: leader {leader.id} was not running")
-            p.send(TOPIC, BODY)
-            return leader.id, (time.perf_counter() - t_kill) * 1000
+            p.send(TOPIC, BODY)  # the Producer retries and follows redirects itself
+            return f"killed {leader.id}", (time.perf_counter() - t_kill) * 1000
