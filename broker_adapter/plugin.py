@@ -2,9 +2,9 @@
 
 ``make(config)`` builds the dispatcher over ``<data_dir>/consumequeue``; ``attach(node, server)`` (called by the
 node once its storage is open) repairs the ConsumeQueues against the log (units past the log's end are dropped;
-missing ones are re-dispatched by the apply loop's replay), wires the allocator to the node's log and registers
-the gRPC servicers: our own Broker service and RocketMQ 5's MessagingService (``broker_adapter.rocketmq``), both
-on the node's one gRPC port.
+missing ones are re-dispatched by the apply loop's replay), wires the allocator to the node's log, builds the
+protocol-neutral ``Broker`` over them and registers its gRPC faces: our own Broker service and RocketMQ 5's
+MessagingService (``broker_adapter.rocketmq``), both on the node's one gRPC port.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ from typing import Any
 
 from broker_adapter import service
 from broker_adapter.allocator import QueueOffsetAllocator
+from broker_adapter.broker import Broker
 from broker_adapter.dispatcher import BrokerStateMachine
+from dledger.core.messages import Role
+from dledger.plugins import NodeHandle
 from dledger.v1 import broker_pb2_grpc
 from storage.codec import MAGIC_NORMAL
 
@@ -27,7 +30,7 @@ _SCAN_BYTES = 4 << 20
 class BrokerPlugin:
     def __init__(self, config: Any):
         self.config = config
-        self.servicer: service.BrokerServicer | None = None
+        self.broker: Broker | None = None
         self.rocketmq: Any = None  # broker_adapter.rocketmq.servicer.MessagingServicer once attached
         self.allocator: QueueOffsetAllocator | None = None
         self.state_machine = BrokerStateMachine(
@@ -35,31 +38,30 @@ class BrokerPlugin:
         )
 
     def _dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
-        if self.servicer is not None:
-            self.servicer.dispatched(topic, queue_id, next_offset)
-        if self.rocketmq is not None:
-            self.rocketmq.dispatched(topic, queue_id)
+        if self.broker is not None:
+            self.broker.dispatched(topic, queue_id, next_offset)
 
-    def attach(self, node: Any, server: Any) -> Sequence[str]:
-        log = node.log_store
-        self.state_machine.truncate_beyond(log.tail().end_pos)
+    def attach(self, node: NodeHandle, server: Any) -> Sequence[str]:
+        node = _handle(node)
+        store = node.log_store
+        self.state_machine.truncate_beyond(store.tail().end_pos)
         if self.state_machine.applied_index < 0:
-            self.state_machine.applied_index = node.metadata().applied_index if node.core is not None else -1
+            self.state_machine.applied_index = node.metadata().applied_index
 
         def read_entries(lo: int, hi: int) -> Iterator[tuple[int, memoryview]]:
-            return ((e.index, e.body) for e in _scan(log, lo, min(hi, log.last_index)))
+            return ((e.index, e.body) for e in _scan(store, lo, min(hi, store.last_index)))
 
         if self.state_machine.short_queues:
             # The snapshot covers units this node's ConsumeQueues lack: rebuild them from the log where it can.
             self.state_machine.repair(
-                (e.index, e.pos, e.body) for e in _scan(log, log.first_index, log.last_index)
+                (e.index, e.pos, e.body) for e in _scan(store, store.first_index, store.last_index)
             )
         self.allocator = QueueOffsetAllocator(
             self.state_machine, read_entries, lambda: self.state_machine.applied_index
         )
-        self.servicer = service.BrokerServicer(node, self.state_machine, self.allocator)
-        node.add_role_listener(self.servicer.role_changed)
-        broker_pb2_grpc.add_BrokerServicer_to_server(self.servicer, server)
+        self.broker = Broker(node, self.state_machine, self.allocator)
+        node.add_role_listener(self.broker.role_changed)
+        broker_pb2_grpc.add_BrokerServicer_to_server(service.BrokerServicer(self.broker), server)
         try:  # RocketMQ 5's protocol: its generated stubs come with the official client package
             from broker_adapter.rocketmq import handlers
             from broker_adapter.rocketmq.servicer import MessagingServicer
@@ -70,7 +72,7 @@ class BrokerPlugin:
                 err,
             )
             return service.service_names()
-        self.rocketmq = MessagingServicer(node, self.servicer, self.state_machine)
+        self.rocketmq = MessagingServicer(self.broker)
         handlers.add_to_server(self.rocketmq, server)
         return (*service.service_names(), handlers.SERVICE_NAME)
 
@@ -86,6 +88,45 @@ def _scan(log: Any, lo: int, hi: int) -> Iterator[Any]:
             if e.magic == MAGIC_NORMAL:
                 yield e
         lo = batch[-1].index + 1
+
+
+class _LegacyNode:
+    """``NodeHandle`` over a ``dledger.node.Node`` that lacks ``is_leader``/``term``/``leader_id`` (they read its
+    Raft core). Transitional: once ``Node`` offers them, ``_handle`` returns the node itself and this goes."""
+
+    def __init__(self, node: Any):
+        self._node = node
+        self.id = node.id
+        self.group = node.group
+        self.config = node.config
+        self.address_of = node.address_of
+        self.metadata = node.metadata
+        self.add_role_listener = node.add_role_listener
+        self.append = node.append
+        self.submit = node.submit
+
+    @property
+    def log_store(self) -> Any:
+        return self._node.log_store
+
+    @property
+    def term(self) -> int:
+        return self._node.core.term
+
+    @property
+    def leader_id(self) -> str | None:
+        core = self._node.core
+        return core.leader_id if core is not None else None
+
+    def is_leader(self) -> bool:
+        core = self._node.core
+        return core is not None and core.role is Role.LEADER
+
+
+def _handle(node: Any) -> NodeHandle:
+    if all(hasattr(node, name) for name in ("is_leader", "term", "leader_id")):
+        return node
+    return _LegacyNode(node)
 
 
 def make(config: Any) -> BrokerPlugin:

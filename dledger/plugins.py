@@ -2,7 +2,7 @@
 
 A node's config names a plugin as ``"module:factory"`` (or a built-in alias: ``kv``, ``counter``). The factory
 takes the ``NodeConfig`` and returns an object with a ``state_machine`` and an ``attach(node, server)`` method
-that registers the plugin's servicers on the node's gRPC server and returns their full service names (for health
+(``node`` is a ``NodeHandle``: the few members of the node a plugin may use) that registers the plugin's servicers on the node's gRPC server and returns their full service names (for health
 checking and reflection). The broker is such a plugin (``broker_adapter.plugin:make``), which is how it stacks on
 the node without the node importing it (the layers' arrows point one way: broker_adapter -> dledger).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dledger.errors import ConfigError
 from statemachine.api import StateMachine
@@ -19,7 +19,11 @@ from statemachine.api import StateMachine
 if TYPE_CHECKING:
     import grpc
 
+    from dledger.core.messages import Prepare, Role
     from dledger.nodeconfig import NodeConfig
+    from dledger.transport.base import AppendedRun, NodeInfo
+    from statemachine.apply_loop import Applied
+    from storage.api import LogStore
 
 BUILTIN = {
     "kv": "statemachine.plugins:kv",
@@ -28,10 +32,63 @@ BUILTIN = {
 }
 
 
+class NodeHandle(Protocol):
+    """What a plugin may use of the node it runs on: identity, leadership, the log, and proposing entries."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def group(self) -> str: ...
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def log_store(self) -> LogStore:
+        """The node's log (read-only for a plugin: entries reach it only through ``append``/``submit``)."""
+        ...
+
+    @property
+    def term(self) -> int:
+        """The node's current term."""
+        ...
+
+    @property
+    def leader_id(self) -> str | None:
+        """The leader this node knows of (itself when it leads), or None during an election."""
+        ...
+
+    def is_leader(self) -> bool: ...
+
+    def address_of(self, node_id: str) -> str | None:
+        """A member's client address (from the configuration), or None for an unknown id."""
+        ...
+
+    def metadata(self) -> NodeInfo:
+        """A snapshot of the node's state (role, term, leader, indices): cheap, but not for every request."""
+        ...
+
+    def add_role_listener(self, listener: Callable[[Role, int], None]) -> None:
+        """Call ``listener(role, term)`` on every change of role or term, on the node's event loop."""
+        ...
+
+    async def append(self, bodies: list[bytes], prepare: Prepare | None = None) -> AppendedRun:
+        """Append bodies as consecutive entries (leader only); resolves once they are committed.
+        ``prepare(index, pos, body)`` may rewrite a body once its place in the log is known."""
+        ...
+
+    async def submit(
+        self, bodies: list[bytes], prepare: Prepare | None = None
+    ) -> list[Applied | BaseException]:
+        """``append``, then wait until the state machine applied each body: its ``Applied`` result or error."""
+        ...
+
+
 class NodePlugin(Protocol):
     state_machine: StateMachine
 
-    def attach(self, node: Any, server: grpc.aio.Server) -> Sequence[str]:
+    def attach(self, node: NodeHandle, server: grpc.aio.Server) -> Sequence[str]:
         """Register servicers on ``server``; return their full service names."""
         ...
 

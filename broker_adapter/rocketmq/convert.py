@@ -22,8 +22,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import Code, DigestType, Encoding, MessageType, definition_pb2
 
 from broker_adapter import message
+from broker_adapter.broker_types import OutgoingMessage
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, unsupported
-from dledger.v1 import broker_pb2
 
 # Properties the broker fills from system properties; user properties may not use these names.
 SYSTEM_PROPERTIES: Final = frozenset(
@@ -77,9 +77,7 @@ def producer_sequence(message_id: str) -> int | None:
     return int(message_id[-8:], 16) if _MESSAGE_ID_V1.match(message_id) else None
 
 
-def outgoing(
-    m: definition_pb2.Message, queue_id: int, client_id: str, max_body: int
-) -> broker_pb2.OutgoingMessage:
+def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body: int) -> OutgoingMessage:
     """The broker's message for a RocketMQ message (already checked to be of a supported type)."""
     sp = m.system_properties
     body = m.body
@@ -122,7 +120,7 @@ def outgoing(
         if not sp.message_group.strip() or _reserved(sp.message_group):
             raise bad_request(f"message group {sp.message_group!r} is blank", Code.ILLEGAL_MESSAGE_GROUP)
         props[message.PROPERTY_MESSAGE_GROUP] = sp.message_group
-    out = broker_pb2.OutgoingMessage(
+    out = OutgoingMessage(
         queue_id=queue_id,
         body=body,
         tags=tags,

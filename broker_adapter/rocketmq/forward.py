@@ -24,7 +24,7 @@ import grpc
 from rocketmq.grpc_protocol import Code, MessagingServiceStub
 
 from broker_adapter.rocketmq.status import RocketMQError
-from dledger.core.messages import Role
+from dledger.plugins import NodeHandle
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +45,24 @@ def forwarded(context: grpc.aio.ServicerContext) -> bool:
 
 
 class Forwarder:
-    """One channel per leader address (created on first use); the leader is read from the node's core."""
+    """One channel per leader address (created on first use); the leader is the one the node knows of."""
 
-    def __init__(self, node: Any):
+    def __init__(self, node: NodeHandle):
         self._node = node
         self._stubs: dict[str, tuple[grpc.aio.Channel, MessagingServiceStub]] = {}
 
     def is_leader(self) -> bool:
-        core = self._node.core
-        return core is not None and core.role is Role.LEADER
+        return self._node.is_leader()
 
     async def leader(self, deadline: float) -> str | None:
         """The leader's id ("" for this node), waiting for an election until ``deadline`` (loop time)."""
         loop = asyncio.get_running_loop()
+        node = self._node
         while True:
-            core = self._node.core
-            if core is not None and core.role is Role.LEADER:
+            if node.is_leader():
                 return ""
-            lead = core.leader_id if core is not None else None
-            if lead and lead != self._node.id:
+            lead = node.leader_id
+            if lead and lead != node.id:
                 return lead
             if loop.time() >= deadline:
                 return None

@@ -1,5 +1,7 @@
 """``apache.rocketmq.v2.MessagingService`` on every node of a broker group: the official RocketMQ 5 clients
-produce and consume unchanged.
+produce and consume unchanged. A face over ``broker_adapter.broker``: it checks what is particular to the
+protocol (batch sizes, durations, receipt handles, message types), converts, calls the broker and answers its
+errors with protocol codes (``status.from_dledger``).
 
 Every call answers with a protocol ``Status`` (never a bare gRPC error, except for bytes that are not the
 request message at all: INVALID_ARGUMENT). Calls that read or change broker state are served by the leader; a
@@ -9,12 +11,11 @@ follower forwards them (``forward``). What each call does:
   endpoints; an unknown topic is TOPIC_NOT_FOUND. Every push consumer is assigned every queue.
 - Heartbeat / NotifyClientTermination: the node's table of live clients (not replicated: it is only advice).
 - Telemetry: answers each client ``Settings`` with the server's settings (``route.settings_for``).
-- SendMessage: the messages become CommitLog messages (``convert``), sent through the broker's own send path
+- SendMessage: the messages become the broker's outgoing messages (``convert``), sent through ``Broker.send``
   (idempotent, acknowledged at quorum commit); the queue is the message group's hash, else round robin.
-- ReceiveMessage: a pop. The leader picks the deliverable offsets of the queue (expired in-flight ones, then new
-  ones), proposes a ``Pop`` command stamped with its clock and streams what the applied command granted, each
-  message with a receipt handle. With nothing deliverable it long-polls until a message is dispatched, an
-  invisible time runs out, or the client's polling time ends (then MESSAGE_NOT_FOUND).
+- ReceiveMessage: a pop (``broker_pop``), streamed with a receipt handle per message. With nothing deliverable
+  it long-polls until a message is dispatched, an invisible time runs out, or the client's polling time ends
+  (then MESSAGE_NOT_FOUND).
 - AckMessage / ChangeInvisibleDuration: ``Ack`` / ``ChangeInvisible`` commands through the log.
 - PullMessage / UpdateOffset / GetOffset / QueryOffset: ConsumeQueue reads and the replicated committed offsets
   our own ``Consumer`` uses (``CommitOffset`` commands).
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 import zlib
 from collections import OrderedDict
@@ -37,19 +37,15 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
 
-from broker_adapter import commands, message
-from broker_adapter.commitlog import CommitLog, CommitLogError
-from broker_adapter.dispatcher import BrokerStateMachine
+from broker_adapter.broker import Broker
+from broker_adapter.broker_pop import now_ms
+from broker_adapter.broker_types import UnknownTopicError, check_group
 from broker_adapter.rocketmq import convert, route
 from broker_adapter.rocketmq.forward import Forwarder, client_id, forwarded
-from broker_adapter.rocketmq.invisibility import Handled, Outcome, Popped
+from broker_adapter.rocketmq.invisibility import Handled, Outcome
 from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, from_dledger, of, status, unsupported
-from broker_adapter.service import BrokerServicer
-from dledger.errors import DLedgerError, InvalidRequestError, NotFoundError
-from dledger.v1 import broker_pb2
-
-log = logging.getLogger(__name__)
+from dledger.errors import DLedgerError, NotFoundError
 
 MAX_SEND_BATCH: Final = 1024
 MAX_RECEIVE_BATCH: Final = 1024
@@ -58,17 +54,10 @@ MAX_INVISIBLE_MS: Final = 12 * 3600 * 1000  # RocketMQ's upper bound
 DEFAULT_INVISIBLE_MS: Final = 60_000  # a push consumer asks for none (auto renew): RocketMQ's proxy default
 MAX_POLLING_MS: Final = 60_000
 DEFAULT_DEADLINE_S: Final = 10.0
-# A receive that found every queue busy or drained looks again at least this often.
-BUSY_RECHECK_S: Final = 0.2
 HEADROOM: Final = 1024  # bytes of a CommitLog message besides the body (fixed fields, topic, properties)
 MAX_CLIENTS: Final = 10_000
 
 SERVICE_NAME: Final = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name
-
-
-def now_ms() -> int:
-    """The leader's clock for invisible time (stamped into commands; nodes never read their own)."""
-    return int(time.time() * 1000)
 
 
 def duration_ms(d: Duration) -> int:
@@ -83,23 +72,12 @@ class ClientInfo:
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
-    def __init__(self, node: Any, broker: BrokerServicer, state_machine: BrokerStateMachine):
-        self._node = node
+    def __init__(self, broker: Broker):
         self._broker = broker
-        self._sm = state_machine
-        self._commitlog = CommitLog(node.log_store, state_machine)
-        self._forward = Forwarder(node)
-        self._waiters: dict[tuple[str, int], asyncio.Event] = {}
-        self._pop_locks: dict[tuple[str, str, int], asyncio.Lock] = {}
+        self._node = broker.node
+        self._forward = Forwarder(broker.node)
         self._round_robin: dict[str, int] = {}
         self.clients: OrderedDict[str, ClientInfo] = OrderedDict()
-
-    # -- hooks ---------------------------------------------------------------------------------------------
-    def dispatched(self, topic: str, queue_id: int) -> None:
-        """New messages in a queue: wake long-polling receives and pulls."""
-        ev = self._waiters.pop((topic, queue_id), None)
-        if ev is not None:
-            ev.set()
 
     async def close(self) -> None:
         await self._forward.close()
@@ -131,63 +109,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         except DLedgerError as e:
             yield response(status=of(from_dledger(e)))
 
-    async def _submit(self, cmds: Sequence[commands.Command]) -> list[Any]:
-        """Propose commands as one batch; each one's applied result (or the error the state machine returned)."""
-        outcomes = await self._node.submit([commands.encode(c) for c in cmds])
-        return [o if isinstance(o, BaseException) else o.result for o in outcomes]
-
-    def _queues(self, topic: str) -> int:
-        try:
-            commands.check_topic(topic)
-        except commands.CommandError as e:
-            raise bad_request(str(e), Code.ILLEGAL_TOPIC) from None
-        n = self._sm.topics.get(topic)
-        if n is None:
-            raise RocketMQError(
-                Code.TOPIC_NOT_FOUND,
-                f"topic {topic!r} does not exist: create it first (dledger topic create), or turn on "
-                "[broker] auto_create_topic_queues",
-            )
-        return n
-
-    async def _queues_on_leader(self, topic: str) -> int:
-        """``_queues`` on the leader, creating an unknown topic first when auto-create is on (as RocketMQ's
-        autoCreateTopicEnable does at the route query a producer starts with)."""
-        try:
-            return self._queues(topic)
-        except RocketMQError as e:
-            if e.code != Code.TOPIC_NOT_FOUND or not self._broker.auto_create_topic_queues:
-                raise
-        await self._broker.ensure_topic(topic)
-        return self._queues(topic)
-
     def _queue(self, mq: definition_pb2.MessageQueue) -> tuple[str, int]:
-        topic = mq.topic.name
-        n = self._queues(topic)
-        if not 0 <= mq.id < n:
-            raise bad_request(f"unknown queue {topic}/{mq.id}: the topic has queues 0..{n - 1}")
-        return topic, mq.id
-
-    @staticmethod
-    def _group(group: definition_pb2.Resource) -> str:
-        try:
-            return commands.check_group(group.name)
-        except commands.CommandError as e:
-            raise bad_request(str(e), Code.ILLEGAL_CONSUMER_GROUP) from None
+        self._broker.check_queue(mq.topic.name, mq.id)
+        return mq.topic.name, mq.id
 
     def _addresses(self) -> list[str]:
         return list(self._node.config.peers.values())
-
-    def _read(self, topic: str, queue_id: int, offset: int) -> message.Message | None:
-        """The committed message at a queue offset, or None when this node's log no longer holds it."""
-        units = self._sm.queue(topic, queue_id).read(offset, 1)
-        if not units or units[0].size == 0:
-            return None
-        u = units[0]
-        try:
-            return self._commitlog.read_message(u.commitlog_offset, u.size, self._sm.applied_index)
-        except CommitLogError:
-            return None
 
     # -- routes, clients, settings -------------------------------------------------------------------------
     async def QueryRoute(self, request, context):
@@ -203,7 +130,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def QueryAssignment(self, request, context):
         def answer(n: int) -> service_pb2.QueryAssignmentResponse:
-            self._group(request.group)
+            check_group(request.group.name)
             queues = route.message_queues(request.topic, n, self._node.group, self._addresses())
             return service_pb2.QueryAssignmentResponse(status=status(), assignments=route.assignments(queues))
 
@@ -212,21 +139,23 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
 
     async def _known_topic(self, method: str, request, context, answer: Callable[[int], Any], response: type):
-        """Answer from this node's topics; a topic it does not know (yet) is asked of the leader."""
+        """Answer from this node's topics; a topic it does not know (yet) is asked of the leader, which creates
+        it first when auto-create is on (as RocketMQ's autoCreateTopicEnable does at a producer's first route
+        query)."""
+        topic = request.topic.name
+        b = self._broker
         try:
             try:
-                return answer(self._queues(request.topic.name))
-            except RocketMQError as e:
-                if e.code != Code.TOPIC_NOT_FOUND:
-                    raise
+                return answer(b.queues(topic))
+            except UnknownTopicError:
                 if self._forward.is_leader():
-                    return answer(await self._queues_on_leader(request.topic.name))
+                    return answer(await b.ensure_topic(topic))
                 if forwarded(context):
                     raise
 
             async def leader_view(_req, _ctx):
-                await self._broker.leader_state()
-                return answer(await self._queues_on_leader(request.topic.name))
+                await b.leader_state()
+                return answer(await b.ensure_topic(topic))
 
             try:
                 return await self._forward.unary(
@@ -234,7 +163,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 )
             except RocketMQError as e:
                 if e.code == Code.HA_NOT_AVAILABLE:
-                    return answer(self._queues(request.topic.name))  # no leader: this node's view (not found)
+                    return answer(b.queues(topic))  # no leader: this node's view (not found)
                 raise
         except RocketMQError as e:
             return response(status=of(e))
@@ -252,11 +181,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def Heartbeat(self, request, context):
         try:
-            group = self._group(request.group) if request.HasField("group") else ""
+            group = check_group(request.group.name) if request.HasField("group") else ""
             self._seen(context, request.client_type, group)
             return service_pb2.HeartbeatResponse(status=status())
         except RocketMQError as e:
             return service_pb2.HeartbeatResponse(status=of(e))
+        except DLedgerError as e:
+            return service_pb2.HeartbeatResponse(status=of(from_dledger(e)))
 
     async def NotifyClientTermination(self, request, context):
         self.clients.pop(client_id(context), None)
@@ -299,20 +230,21 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             raise bad_request(
                 "every message of one SendMessageRequest must have the same topic", Code.ILLEGAL_TOPIC
             )
-        self._queues(topic)  # a bad name is refused before anything else
+        b = self._broker
+        b.queues(topic)  # a bad name or an unknown topic is refused before anything else
         for m in msgs:
             convert.check_type(m)
-        await self._broker.leader_state()
-        queues = self._queues(topic)
+        await b.leader_state()
+        queues = b.queues(topic)
         max_body = self._node.config.max_body_bytes - HEADROOM
         cid = client_id(context)
         out = [convert.outgoing(m, self._queue_for(topic, m, queues), cid, max_body) for m in msgs]
         try:
-            sent = await self._broker.send(broker_pb2.SendRequest(topic=topic, messages=out))
+            sent = await b.send(topic, out)
         except NotFoundError as e:
             raise RocketMQError(Code.TOPIC_NOT_FOUND, str(e)) from None
         resp = service_pb2.SendMessageResponse(status=status())
-        for m, r in zip(msgs, sent.results, strict=True):
+        for m, r in zip(msgs, sent, strict=True):
             resp.entries.add(
                 status=status(), message_id=m.system_properties.message_id, offset=r.queue_offset
             )
@@ -326,7 +258,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             yield r
 
     async def _receive(self, request, context) -> AsyncIterator[service_pb2.ReceiveMessageResponse]:
-        group = self._group(request.group)
+        group = check_group(request.group.name)
         topic, qid = self._queue(request.message_queue)
         batch = request.batch_size
         if not 1 <= batch <= MAX_RECEIVE_BATCH:
@@ -340,16 +272,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     Code.ILLEGAL_INVISIBLE_TIME,
                 )
         poll_ms = duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else 0
-        if not 0 <= poll_ms <= MAX_POLLING_MS:
-            raise bad_request(
-                f"long_polling_timeout must be 0..{MAX_POLLING_MS} ms, got {poll_ms} ms",
-                Code.ILLEGAL_POLLING_TIME,
-            )
+        poll_ms = _polling_ms(poll_ms)
         tags = convert.check_filter(request.filter_expression)
-        await self._broker.leader_state()
-        loop = asyncio.get_running_loop()
-        until = min(loop.time() + poll_ms / 1000, self._deadline(context, margin_s=0.3))
-        got = await self._pop_any(group, topic, qid, tags, batch, invisible_ms, until)
+        got = await self._broker.pops.receive(
+            group,
+            topic,
+            qid,
+            lambda t: convert.selects(tags, t),
+            batch,
+            invisible_ms,
+            poll_ms,
+            self._deadline(context, margin_s=0.3),
+        )
         if not got:
             yield service_pb2.ReceiveMessageResponse(
                 status=status(Code.MESSAGE_NOT_FOUND, "no message to receive")
@@ -368,87 +302,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 )
             )
 
-    async def _pop_any(
-        self,
-        group: str,
-        topic: str,
-        first: int,
-        tags: frozenset[str] | None,
-        batch: int,
-        invisible_ms: int,
-        until: float,
-    ) -> tuple[int, Popped, dict[int, message.Message]] | None:
-        """Pop from the queue the client chose, or from the topic's other queues when it has nothing to deliver,
-        as RocketMQ's broker pops a topic for a receive (queue id -1): a client that picked a drained queue does
-        not long-poll while other queues hold messages. Queues another receive of the group is popping are
-        skipped; with nothing anywhere, wait for a dispatch to any queue or an invisible time running out."""
-        loop = asyncio.get_running_loop()
-        n = self._queues(topic)
-        order = [(first + i) % n for i in range(n)]
-        while True:
-            for q in order:
-                key = (group, topic, q)
-                lock = self._pop_locks.setdefault(key, asyncio.Lock())
-                if lock.locked():
-                    continue
-                async with lock:
-                    got = await self._pop(key, tags, batch, invisible_ms)
-                if got:
-                    return (q, *got)
-            if loop.time() >= until:
-                return None
-            now = now_ms()
-            wake = min(until, loop.time() + BUSY_RECHECK_S)
-            for q in order:
-                key = (group, topic, q)
-                pq = self._sm.pops.view(key, self._sm.offsets.get(key, 0))
-                if pq.deliverable(now, self._sm.next_offset(topic, q), 1):
-                    # more to look at (messages filtered out by tag, or a pop not applied yet): soon again
-                    wake = min(wake, loop.time() + 0.01)
-                nd = pq.next_deadline()
-                if nd is not None:
-                    wake = min(wake, loop.time() + max(0, nd - now) / 1000 + 0.001)
-            await self._wait_dispatch(topic, order, wake)
-
-    async def _wait_dispatch(self, topic: str, queue_ids: Sequence[int], until: float) -> None:
-        """Until a message is dispatched to one of the queues or ``until`` (loop time)."""
-        left = until - asyncio.get_running_loop().time()
-        if left <= 0:
-            return
-        waits = [
-            asyncio.ensure_future(self._waiters.setdefault((topic, q), asyncio.Event()).wait())
-            for q in queue_ids
-        ]
-        try:
-            await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-
-    async def _pop(
-        self, key: tuple[str, str, int], tags: frozenset[str] | None, batch: int, invisible_ms: int
-    ) -> tuple[Popped, dict[int, message.Message]] | None:
-        """Pop what a queue can deliver now (one Pop command through the log, which also passes over messages
-        the filter or the log no longer has), or None. Batches that were all filtered out are passed over at
-        once; offsets an earlier pop took but has not applied yet are left for the caller's next look."""
-        group, topic, qid = key
-        while True:
-            now = now_ms()
-            q = self._sm.pops.view(key, self._sm.offsets.get(key, 0))
-            offsets = q.deliverable(now, self._sm.next_offset(topic, qid), batch)
-            if not offsets:
-                return None
-            msgs = {o: self._read(topic, qid, o) for o in offsets}
-            take = tuple(o for o in offsets if msgs[o] is not None and convert.selects(tags, msgs[o].tags))
-            skip = tuple(o for o in offsets if o not in take)  # filtered out, or gone from the log
-            (popped,) = await self._submit([commands.Pop(group, topic, qid, now, invisible_ms, take, skip)])
-            if isinstance(popped, BaseException):
-                raise popped if isinstance(popped, DLedgerError) else NotFoundError(str(popped))
-            if popped.deliveries:
-                return popped, {d.offset: msgs[d.offset] for d in popped.deliveries}
-            if take:  # taken by an earlier pop still in the log tail
-                return None
-
     async def AckMessage(self, request, context):
         return await self._unary("AckMessage", request, context, self._ack, service_pb2.AckMessageResponse)
 
@@ -465,13 +318,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return h
 
     async def _ack(self, request, context) -> service_pb2.AckMessageResponse:
-        group = self._group(request.group)
+        group = check_group(request.group.name)
         topic = request.topic.name
-        self._queues(topic)
+        self._broker.queues(topic)
         if not 1 <= len(request.entries) <= MAX_RECEIVE_BATCH:
             raise bad_request(f"an AckMessageRequest carries 1..{MAX_RECEIVE_BATCH} entries")
         statuses: list[definition_pb2.Status | None] = []
-        acks: list[tuple[int, commands.Ack]] = []
+        acks: list[tuple[int, tuple[int, int, int]]] = []
         for i, e in enumerate(request.entries):
             try:
                 h = self._handle(e.receipt_handle, group, topic)
@@ -479,10 +332,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 statuses.append(of(err))
                 continue
             statuses.append(None)
-            acks.append((i, commands.Ack(group, topic, h.queue_id, h.offset, h.epoch)))
+            acks.append((i, (h.queue_id, h.offset, h.epoch)))
         if acks:
-            await self._broker.leader_state()
-            for (i, _), r in zip(acks, await self._submit([a for _, a in acks]), strict=True):
+            done = await self._broker.pops.ack(group, topic, [a for _, a in acks])
+            for (i, _), r in zip(acks, done, strict=True):
                 statuses[i] = _handled_status(r, "acknowledge")
         resp = service_pb2.AckMessageResponse(status=_overall(statuses))
         for e, st in zip(request.entries, statuses, strict=True):
@@ -499,9 +352,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
 
     async def _change(self, request, context) -> service_pb2.ChangeInvisibleDurationResponse:
-        group = self._group(request.group)
+        group = check_group(request.group.name)
         topic = request.topic.name
-        self._queues(topic)
+        self._broker.queues(topic)
         h = self._handle(request.receipt_handle, group, topic)
         invisible_ms = duration_ms(request.invisible_duration)
         if not 0 <= invisible_ms <= MAX_INVISIBLE_MS:
@@ -509,9 +362,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 f"invisible_duration must be 0..{MAX_INVISIBLE_MS} ms, got {invisible_ms} ms",
                 Code.ILLEGAL_INVISIBLE_TIME,
             )
-        await self._broker.leader_state()
-        (r,) = await self._submit(
-            [commands.ChangeInvisible(group, topic, h.queue_id, h.offset, h.epoch, now_ms(), invisible_ms)]
+        r = await self._broker.pops.change_invisible(
+            group, topic, h.queue_id, h.offset, h.epoch, invisible_ms
         )
         st = _handled_status(r, "change the invisible duration of")
         if st.code != Code.OK:
@@ -527,35 +379,22 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             yield r
 
     async def _pull(self, request, context) -> AsyncIterator[service_pb2.PullMessageResponse]:
-        self._group(request.group)
+        check_group(request.group.name)
         topic, qid = self._queue(request.message_queue)
         batch = request.batch_size
         if not 1 <= batch <= MAX_RECEIVE_BATCH:
             raise bad_request(f"batch_size must be in 1..{MAX_RECEIVE_BATCH}, got {batch}")
-        poll_ms = duration_ms(request.long_polling_timeout)
-        if not 0 <= poll_ms <= MAX_POLLING_MS:
-            raise bad_request(
-                f"long_polling_timeout must be 0..{MAX_POLLING_MS} ms, got {poll_ms} ms",
-                Code.ILLEGAL_POLLING_TIME,
-            )
+        poll_ms = _polling_ms(duration_ms(request.long_polling_timeout))
         tags = convert.check_filter(request.filter_expression)
-        await self._broker.leader_state()
-        offset = request.offset
-        end = self._sm.next_offset(topic, qid)
-        if not 0 <= offset <= end:
-            raise bad_request(
-                f"offset {offset} is outside {topic}/{qid}'s range 0..{end}", Code.ILLEGAL_OFFSET
-            )
-        loop = asyncio.get_running_loop()
-        until = min(loop.time() + poll_ms / 1000, self._deadline(context, margin_s=0.3))
-        while self._sm.next_offset(topic, qid) <= offset and loop.time() < until:
-            await self._wait_dispatch(topic, (qid,), until)
-        hi = min(self._sm.next_offset(topic, qid), offset + batch)
-        found = []
-        for o in range(offset, hi):
-            m = self._read(topic, qid, o)
-            if m is not None and convert.selects(tags, m.tags):
-                found.append(m)
+        found, next_offset = await self._broker.pull_selected(
+            topic,
+            qid,
+            request.offset,
+            batch,
+            lambda t: convert.selects(tags, t),
+            poll_ms,
+            self._deadline(context, margin_s=0.3),
+        )
         if found:
             yield service_pb2.PullMessageResponse(status=status())
         else:
@@ -564,7 +403,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
         for m in found:
             yield service_pb2.PullMessageResponse(message=convert.incoming(m))
-        yield service_pb2.PullMessageResponse(next_offset=hi)
+        yield service_pb2.PullMessageResponse(next_offset=next_offset)
 
     async def UpdateOffset(self, request, context):
         return await self._unary(
@@ -572,17 +411,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
 
     async def _update_offset(self, request, context) -> service_pb2.UpdateOffsetResponse:
-        group = self._group(request.group)
-        await self._broker.leader_state()
-        topic, qid = self._queue(request.message_queue)
-        end = self._sm.next_offset(topic, qid)
-        if not 0 <= request.offset <= end:
-            raise bad_request(
-                f"offset {request.offset} is outside {topic}/{qid}'s range 0..{end}", Code.ILLEGAL_OFFSET
-            )
-        (r,) = await self._submit([commands.CommitOffset(group, topic, qid, request.offset)])
-        if isinstance(r, BaseException):
-            raise r if isinstance(r, DLedgerError) else InvalidRequestError(str(r))
+        mq = request.message_queue
+        await self._broker.commit_offset(request.group.name, mq.topic.name, mq.id, request.offset)
         return service_pb2.UpdateOffsetResponse(status=status())
 
     async def GetOffset(self, request, context):
@@ -591,12 +421,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
 
     async def _get_offset(self, request, context) -> service_pb2.GetOffsetResponse:
-        group = self._group(request.group)
-        await self._broker.leader_state()
-        topic, qid = self._queue(request.message_queue)
-        o = self._sm.committed_offset(group, topic, qid)
+        group, mq = request.group.name, request.message_queue
+        o = await self._broker.committed_offset(group, mq.topic.name, mq.id)
         if o is None:
-            raise RocketMQError(Code.OFFSET_NOT_FOUND, f"group {group!r} has no offset for {topic}/{qid}")
+            raise RocketMQError(
+                Code.OFFSET_NOT_FOUND, f"group {group!r} has no offset for {mq.topic.name}/{mq.id}"
+            )
         return service_pb2.GetOffsetResponse(status=status(), offset=o)
 
     async def QueryOffset(self, request, context):
@@ -607,32 +437,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def _query_offset(self, request, context) -> service_pb2.QueryOffsetResponse:
         await self._broker.leader_state()
         topic, qid = self._queue(request.message_queue)
-        end = self._sm.next_offset(topic, qid)
         policy = request.query_offset_policy
         if policy == definition_pb2.BEGINNING:
             offset = 0
         elif policy == definition_pb2.END:
-            offset = end
+            offset = self._broker.sm.next_offset(topic, qid)
         elif policy == definition_pb2.TIMESTAMP:
             if not request.HasField("timestamp"):
                 raise bad_request("query_offset_policy TIMESTAMP needs a timestamp")
-            offset = self._first_stored_at(topic, qid, end, request.timestamp.ToMilliseconds())
+            offset = self._broker.first_stored_at(topic, qid, request.timestamp.ToMilliseconds())
         else:
             raise bad_request(f"unknown query_offset_policy {policy}")
         return service_pb2.QueryOffsetResponse(status=status(), offset=offset)
-
-    def _first_stored_at(self, topic: str, qid: int, end: int, ts_ms: int) -> int:
-        """The first queue offset whose message was stored at or after ``ts_ms`` (store times grow with the
-        offset); messages this node no longer holds count as older."""
-        lo, hi = 0, end
-        while lo < hi:
-            mid = (lo + hi) // 2
-            m = self._read(topic, qid, mid)
-            if m is None or m.store_timestamp < ts_ms:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
 
     # -- not supported -------------------------------------------------------------------------------------
     async def EndTransaction(self, request, context):
@@ -654,6 +470,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return service_pb2.SyncLiteSubscriptionResponse(
             status=of(unsupported("lite topics (SyncLiteSubscription)"))
         )
+
+
+def _polling_ms(poll_ms: int) -> int:
+    if not 0 <= poll_ms <= MAX_POLLING_MS:
+        raise bad_request(
+            f"long_polling_timeout must be 0..{MAX_POLLING_MS} ms, got {poll_ms} ms",
+            Code.ILLEGAL_POLLING_TIME,
+        )
+    return poll_ms
 
 
 def _handled_status(r: Any, verb: str) -> definition_pb2.Status:

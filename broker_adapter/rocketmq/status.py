@@ -10,6 +10,14 @@ from __future__ import annotations
 
 from rocketmq.grpc_protocol import Code, definition_pb2
 
+from broker_adapter.broker_types import (
+    InvalidGroupError,
+    InvalidTopicError,
+    OffsetRangeError,
+    UnknownGroupError,
+    UnknownQueueError,
+    UnknownTopicError,
+)
 from dledger.errors import (
     BackpressureError,
     DLedgerError,
@@ -46,7 +54,11 @@ def bad_request(message: str, code: int = Code.BAD_REQUEST) -> RocketMQError:
 def from_dledger(err: DLedgerError) -> RocketMQError:
     """The protocol status for one of our errors. No leader / leadership lost: HA_NOT_AVAILABLE (retried by
     producers); an outcome unknown at a deadline: PROXY_TIMEOUT; too many pending appends: TOO_MANY_REQUESTS
-    (RocketMQ's flow control: a producer backs off instead of retrying at once)."""
+    (RocketMQ's flow control: a producer backs off instead of retrying at once). The broker's narrower errors
+    get the codes RocketMQ gives those cases (an unknown queue is a bad request, not a missing topic)."""
+    code = _BROKER_CODES.get(type(err))
+    if code is not None:
+        return RocketMQError(code, str(err))
     if isinstance(err, BackpressureError):
         code = Code.TOO_MANY_REQUESTS
     elif isinstance(err, OutcomeUnknownError):
@@ -60,6 +72,16 @@ def from_dledger(err: DLedgerError) -> RocketMQError:
     else:
         code = Code.INTERNAL_ERROR
     return RocketMQError(code, str(err))
+
+
+_BROKER_CODES = {
+    InvalidTopicError: Code.ILLEGAL_TOPIC,
+    InvalidGroupError: Code.ILLEGAL_CONSUMER_GROUP,
+    UnknownTopicError: Code.TOPIC_NOT_FOUND,
+    UnknownQueueError: Code.BAD_REQUEST,
+    UnknownGroupError: Code.OFFSET_NOT_FOUND,
+    OffsetRangeError: Code.ILLEGAL_OFFSET,
+}
 
 
 def status(code: int = Code.OK, message: str = "OK") -> definition_pb2.Status:

@@ -1,0 +1,362 @@
+"""The broker's operations as plain Python, under every protocol face (``service`` for ``dledger.v1.Broker``,
+``rocketmq.servicer`` for RocketMQ 5's ``MessagingService``): each face converts its requests, calls this, and
+converts the answer or the ``dledger.errors`` error it raises. Nothing here knows gRPC.
+
+Writes (send, create topic, commit offset, and the pops, acks and invisible-time changes of ``broker_pop``) go
+through the log on the leader: each is one entry, proposed with the allocator's ``prepare`` so a message gets its
+queue offset and CommitLog offset as the leader places it. A follower refuses writes with ``NotLeaderError``
+naming the leader. Reads are served from this node's dispatched state; a follower serves them only when the
+caller allows it. Input is checked before anything is written. The node is reached only through
+``dledger.plugins.NodeHandle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from broker_adapter import commands, message
+from broker_adapter.allocator import QueueOffsetAllocator
+from broker_adapter.broker_pop import Pops
+from broker_adapter.broker_send import Sender
+from broker_adapter.broker_types import (
+    OffsetRangeError,
+    Pulled,
+    RouteInfo,
+    UnknownGroupError,
+    UnknownQueueError,
+    UnknownTopicError,
+    check_group,
+    check_topic,
+)
+from broker_adapter.commitlog import CommitLog, CommitLogError
+from broker_adapter.dispatcher import BrokerStateMachine
+from dledger.core.messages import Role
+from dledger.errors import (
+    DLedgerError,
+    InvalidRequestError,
+    NotFoundError,
+    NotLeaderError,
+    UnavailableError,
+)
+from dledger.plugins import NodeHandle
+
+MAX_PULL_MESSAGES: Final = 1024
+MAX_WAIT_MS: Final = 30_000
+
+
+class Broker:
+    def __init__(self, node: NodeHandle, state_machine: BrokerStateMachine, allocator: QueueOffsetAllocator):
+        self.node = node
+        self.sm = state_machine
+        self._alloc = allocator
+        self.commitlog = CommitLog(node.log_store, state_machine)
+        self._waiters: dict[tuple[str, int], asyncio.Event] = {}
+        # Read barrier: a new leader answers from its dispatched state only once it has applied everything up to
+        # its own first entry of the term (so nothing committed by earlier leaders is missing from its answers).
+        self._barrier: tuple[int, int] = (-1, -1)  # (term, index of the leader's first entry in that term)
+        self._barrier_passed_term = -1
+        self._sender = Sender(self, allocator)
+        self.send = self._sender.send  # bound once: the hot path pays no extra call
+        self.pops = Pops(self)  # RocketMQ 5 consumption: pop, ack, change invisible duration
+
+    # -- hooks ---------------------------------------------------------------------------------------------
+    def dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
+        """The dispatcher wrote units for this queue: wake long-polling pulls and receives."""
+        ev = self._waiters.pop((topic, queue_id), None)
+        if ev is not None:
+            ev.set()
+        self._sender.applied()
+
+    def role_changed(self, role: Role, term: int) -> None:
+        if role is Role.LEADER:
+            self._barrier = (term, self.node.log_store.last_index)
+
+    # -- leadership ----------------------------------------------------------------------------------------
+    async def leader_state(self, timeout_s: float = 5.0) -> int:
+        """The leader's term once its dispatched state includes everything earlier leaders committed."""
+        term = self.require_leader()
+        if self._barrier_passed_term == term:
+            return term
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            barrier_term, index = self._barrier
+            if barrier_term == term and self.node.metadata().applied_index >= index:
+                self._barrier_passed_term = term
+                return term
+            if loop.time() >= deadline:
+                raise UnavailableError(
+                    f"node {self.node.id} became the leader but has not applied its log up to index {index} yet; "
+                    "retry shortly"
+                )
+            await asyncio.sleep(0.005)
+            term = self.require_leader()  # leadership may have moved meanwhile
+
+    def require_leader(self) -> int:
+        """The leader's term, or the error a follower answers with."""
+        node = self.node
+        if node.is_leader():
+            return node.term
+        leader = node.leader_id
+        if leader and leader != node.id:
+            raise NotLeaderError(
+                leader,
+                f"node {node.id} is not the leader; the leader is {leader} at {node.address_of(leader) or '?'}",
+            )
+        raise UnavailableError(f"node {node.id} is not the leader and no leader is known; retry shortly")
+
+    # -- topics and queues ---------------------------------------------------------------------------------
+    def queues(self, topic: str) -> int:
+        """The topic's queue count on this node (``InvalidTopicError`` / ``UnknownTopicError`` otherwise)."""
+        check_topic(topic)
+        n = self.sm.topics.get(topic)
+        if n is None:
+            raise UnknownTopicError(
+                topic,
+                f"unknown topic {topic!r}: create it first (dledger topic create), or turn on "
+                "[broker] auto_create_topic_queues",
+            )
+        return n
+
+    def check_queue(self, topic: str, queue_id: int) -> None:
+        n = self.queues(topic)
+        if not 0 <= queue_id < n:
+            raise UnknownQueueError(f"unknown queue {topic}/{queue_id}: the topic has queues 0..{n - 1}")
+
+    @property
+    def auto_create_topic_queues(self) -> int:
+        return self.node.config.auto_create_topic_queues
+
+    async def ensure_topic(self, topic: str) -> int:
+        """The topic's queue count. With ``auto_create_topic_queues`` on, the leader first creates an unknown
+        topic through the log (a CreateTopic entry, so every node agrees); off, an unknown topic is NOT_FOUND."""
+        try:
+            return self.queues(topic)
+        except UnknownTopicError:
+            queues = self.auto_create_topic_queues
+            if not queues:
+                raise
+        self.require_leader()
+        (result,) = await self.submit([commands.CreateTopic(topic, queues)])
+        if isinstance(result, BaseException) and not isinstance(result, commands.CommandError):
+            raise result
+        # A CommandError here means a concurrent create chose another queue count first: that one stands.
+        return self.queues(topic)
+
+    async def create_topic(self, topic: str, queues: int) -> commands.CreateTopic:
+        try:
+            body = commands.encode(commands.CreateTopic(topic, queues))
+        except commands.CommandError as e:
+            raise InvalidRequestError(str(e)) from None
+        self.require_leader()
+        (result,) = await self.submit([body])
+        if isinstance(result, commands.CommandError):
+            raise InvalidRequestError(str(result))
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def list_topics(self, allow_follower: bool = False) -> list[tuple[str, int, list[int]]]:
+        """(topic, queues, each queue's end) for every topic, by name."""
+        if not allow_follower:
+            await self.leader_state()
+        sm = self.sm
+        return [(t, n, [sm.next_offset(t, q) for q in range(n)]) for t, n in sorted(sm.topics.items())]
+
+    # -- proposing -----------------------------------------------------------------------------------------
+    def _prepare(self, index: int, pos: int, body: bytes) -> bytes:
+        return self._alloc.prepare(self.node.term, index, pos, body)
+
+    async def submit(self, cmds: Sequence[commands.Command | bytes]) -> list[Any]:
+        """Propose commands (or encoded bodies) as one batch; each one's applied result, or the error the state
+        machine returned for it. Proposed with the allocator's prepare, so it keeps up with the log."""
+        bodies = [c if isinstance(c, bytes) else commands.encode(c) for c in cmds]
+        outcomes = await self.node.submit(bodies, prepare=self._prepare)
+        return [o if isinstance(o, BaseException) else o.result for o in outcomes]
+
+    # -- pull ----------------------------------------------------------------------------------------------
+    async def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        max_wait_ms: int = 0,
+        allow_follower: bool = False,
+    ) -> Pulled:
+        """Up to ``max_messages`` consecutive messages from ``offset``, long-polling up to ``max_wait_ms`` at the
+        queue's end. A lagging follower (when allowed) answers an offset beyond its end with nothing."""
+        qid = queue_id
+        self.check_queue(topic, qid)
+        if offset < 0:
+            raise InvalidRequestError(f"offset must be >= 0, got {offset}")
+        if not 1 <= max_messages <= MAX_PULL_MESSAGES:
+            raise InvalidRequestError(f"max_messages must be in 1..{MAX_PULL_MESSAGES}, got {max_messages}")
+        if not 0 <= max_wait_ms <= MAX_WAIT_MS:
+            raise InvalidRequestError(f"max_wait_ms must be in 0..{MAX_WAIT_MS}, got {max_wait_ms}")
+        leader = not allow_follower or self.node.is_leader()
+        if leader:
+            await self.leader_state()
+        sm = self.sm
+        end = sm.next_offset(topic, qid)
+        if offset > end and not leader:
+            return Pulled([], offset, end)  # a lagging follower
+        if offset > end:
+            raise InvalidRequestError(
+                f"offset {offset} is beyond the end of {topic}/{qid} ({end}) on node {self.node.id}"
+            )
+        if offset == end and max_wait_ms:
+            loop = asyncio.get_running_loop()
+            await self.wait_dispatch(topic, (qid,), loop.time() + max_wait_ms / 1000, offset)
+            end = sm.next_offset(topic, qid)
+        n = min(max_messages, end - offset)
+        if n <= 0:
+            return Pulled([], offset, end)
+        cq = sm.queue(topic, qid)
+        hi = sm.applied_index
+        read = self.commitlog.read_message
+        msgs: list[message.Message] = []
+        while len(msgs) < n:
+            units = cq.read(offset + len(msgs), n - len(msgs))
+            if not units:
+                if msgs:
+                    break
+                raise NotFoundError(
+                    f"{topic}/{qid} offset {offset} precedes node {self.node.id}'s snapshot and its log no longer "
+                    "holds it"
+                )
+            for u in units:
+                if u.size == 0:
+                    raise NotFoundError(
+                        f"{topic}/{qid} offset {u.queue_offset} precedes node {self.node.id}'s snapshot and its "
+                        "log no longer holds it"
+                    )
+                try:
+                    msgs.append(read(u.commitlog_offset, u.size, hi))
+                except CommitLogError as e:
+                    raise NotFoundError(f"{topic}/{qid} offset {u.queue_offset}: {e}") from None
+                except message.MessageFormatError as e:
+                    raise DLedgerError(f"{topic}/{qid} offset {u.queue_offset}: {e}") from None
+        return Pulled(msgs, offset + len(msgs), end)
+
+    async def pull_selected(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        batch: int,
+        select: Callable[[str | None], bool],
+        poll_ms: int,
+        deadline: float,
+    ) -> tuple[list[message.Message], int]:
+        """The messages among ``batch`` offsets from ``offset`` whose tags ``select`` accepts (messages this node
+        no longer holds are passed over), waiting up to ``poll_ms`` (and not past ``deadline``, loop time) for
+        one to be dispatched at the queue's end; and the offset after the ones looked at. On the leader."""
+        await self.leader_state()
+        end = self.sm.next_offset(topic, queue_id)
+        if not 0 <= offset <= end:
+            raise OffsetRangeError(f"offset {offset} is outside {topic}/{queue_id}'s range 0..{end}")
+        until = min(asyncio.get_running_loop().time() + poll_ms / 1000, deadline)
+        await self.wait_dispatch(topic, (queue_id,), until, offset)
+        hi = min(self.sm.next_offset(topic, queue_id), offset + batch)
+        found = []
+        for o in range(offset, hi):
+            m = self.read(topic, queue_id, o)
+            if m is not None and select(m.tags):
+                found.append(m)
+        return found, hi
+
+    async def wait_dispatch(
+        self, topic: str, queue_ids: Sequence[int], until: float, offset: int | None = None
+    ) -> None:
+        """Until a message is dispatched to one of the queues or ``until`` (loop time). With ``offset`` (one
+        queue): until the queue reaches past it."""
+        loop = asyncio.get_running_loop()
+        if offset is not None:
+            (qid,) = queue_ids
+            while self.sm.next_offset(topic, qid) <= offset and loop.time() < until:
+                ev = self._waiters.setdefault((topic, qid), asyncio.Event())
+                try:
+                    await asyncio.wait_for(ev.wait(), until - loop.time())
+                except TimeoutError:
+                    break
+            return
+        left = until - loop.time()
+        if left <= 0:
+            return
+        waits = [
+            asyncio.ensure_future(self._waiters.setdefault((topic, q), asyncio.Event()).wait())
+            for q in queue_ids
+        ]
+        try:
+            await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    def read(self, topic: str, queue_id: int, offset: int) -> message.Message | None:
+        """The committed message at a queue offset, or None when this node's log no longer holds it."""
+        units = self.sm.queue(topic, queue_id).read(offset, 1)
+        if not units or units[0].size == 0:
+            return None
+        u = units[0]
+        try:
+            return self.commitlog.read_message(u.commitlog_offset, u.size, self.sm.applied_index)
+        except CommitLogError:
+            return None
+
+    def first_stored_at(self, topic: str, queue_id: int, ts_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``ts_ms`` (store times grow with the
+        offset); messages this node no longer holds count as older."""
+        lo, hi = 0, self.sm.next_offset(topic, queue_id)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            m = self.read(topic, queue_id, mid)
+            if m is None or m.store_timestamp < ts_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # -- consumer offsets ----------------------------------------------------------------------------------
+    async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Replicate a consumer group's committed offset of a queue (0..the queue's end)."""
+        check_group(group)
+        await self.leader_state()
+        self.check_queue(topic, queue_id)
+        end = self.sm.next_offset(topic, queue_id)
+        if not 0 <= offset <= end:
+            raise OffsetRangeError(f"offset {offset} is outside {topic}/{queue_id}'s range 0..{end}")
+        body = commands.encode(commands.CommitOffset(group, topic, queue_id, offset))
+        self.require_leader()
+        (result,) = await self.submit([body])
+        if isinstance(result, commands.CommandError):
+            raise NotFoundError(str(result))
+        if isinstance(result, BaseException):
+            raise result
+
+    async def committed_offset(
+        self, group: str, topic: str, queue_id: int, allow_follower: bool = False
+    ) -> int | None:
+        """The group's committed offset of a queue (None: none for this queue); ``UnknownGroupError`` when the
+        group never committed any offset."""
+        check_group(group)
+        if not allow_follower:
+            await self.leader_state()
+        self.check_queue(topic, queue_id)
+        if not any(g == group for g, _, _ in self.sm.offsets):
+            raise UnknownGroupError(f"unknown consumer group {group!r}: it never committed an offset")
+        return self.sm.committed_offset(group, topic, queue_id)
+
+    # -- route ---------------------------------------------------------------------------------------------
+    def route(self) -> RouteInfo:
+        info = self.node.metadata()
+        return RouteInfo(
+            info.node_id,
+            info.leader_id,
+            info.leader_address,
+            info.term,
+            self.commitlog.max_offset(self.sm.applied_index),
+        )

@@ -1,0 +1,177 @@
+"""The broker's send path: validation, property stamping, idempotent-producer dedup, proposing to the log and
+resolving each message to its offsets. Acknowledged at quorum commit: where a message goes is fixed when the
+leader places it (the allocator's ``prepare``), so the answer need not wait for the dispatcher.
+
+A (producer_id, sequence) already in the log, or in flight on this leader, is not stored again: the retry is
+answered with the first attempt's place (``SendResult.duplicate``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from broker_adapter import message
+from broker_adapter.broker_types import Outgoing, SendResult, UnknownQueueError, check_topic
+from broker_adapter.dispatcher import Dispatched
+from dledger.errors import DLedgerError, InvalidRequestError, OutcomeUnknownError
+
+if TYPE_CHECKING:
+    from broker_adapter.allocator import QueueOffsetAllocator
+    from broker_adapter.broker import Broker
+
+MAX_SEND_BATCH: Final = 1024
+
+
+class Sender:
+    def __init__(self, broker: Broker, allocator: QueueOffsetAllocator):
+        self._broker = broker
+        self._alloc = allocator
+        self._inflight: dict[tuple[str, int], asyncio.Future] = {}
+        self._applied_event: asyncio.Event | None = None
+
+    def applied(self) -> None:
+        """The dispatcher applied entries: wake sends waiting for a retried message's first attempt."""
+        ev = self._applied_event
+        if ev is not None:
+            self._applied_event = None
+            ev.set()
+
+    async def _wait_applied(self, index: int, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        while self._broker.sm.applied_index < index:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise OutcomeUnknownError(f"entry {index} was not applied in time; retry")
+            if self._applied_event is None:
+                self._applied_event = asyncio.Event()
+            # Re-check at least every 50 ms: an apply that dispatched no message sends no wake-up.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._applied_event.wait(), min(left, 0.05))
+
+    # -- send ----------------------------------------------------------------------------------------------
+    async def send(self, topic: str, msgs: Sequence[Outgoing]) -> list[SendResult]:
+        """Store messages in one topic on the leader, each once per (producer_id, sequence); acknowledged at
+        quorum commit. A retried send is answered with the first attempt's place (``duplicate``)."""
+        b = self._broker
+        check_topic(topic)
+        await b.leader_state()  # a follower redirects before judging a topic by its possibly stale state
+        queues = await b.ensure_topic(topic)
+        if not msgs or len(msgs) > MAX_SEND_BATCH:
+            raise InvalidRequestError(f"a send carries 1..{MAX_SEND_BATCH} messages, got {len(msgs)}")
+        encoded = self._encode(topic, queues, msgs)
+        term = b.require_leader()
+        self._alloc.ensure_term(term, b.node.log_store.last_index)
+        loop = asyncio.get_running_loop()
+        results: list[Any] = [None] * len(msgs)
+        fresh: list[int] = []
+        waits: list[tuple[int, Any]] = []
+        mine: list[tuple[tuple[str, int], asyncio.Future]] = []
+        for i, m in enumerate(msgs):
+            if m.producer_id:
+                key = (m.producer_id, m.sequence)
+                found = self._alloc.find_send(*key)
+                if found is False and key in self._inflight:
+                    found = self._inflight[key]
+                if found is not False:
+                    waits.append((i, found))
+                    continue
+                fut = loop.create_future()
+                self._inflight[key] = fut
+                mine.append((key, fut))
+            fresh.append(i)
+        try:
+            if fresh:
+                # Acknowledged at commit: where each message goes is fixed when the leader places it (the
+                # dispatcher checks every node dispatches it exactly there), so the ack need not wait for apply.
+                placed: list[Dispatched] = []
+                node, alloc = b.node, self._alloc
+
+                def prepare(index: int, pos: int, body: bytes) -> bytes:
+                    out, d = alloc.prepare_entry(node.term, index, pos, body)
+                    placed.append(d)
+                    return out
+
+                await node.append([encoded[i][1] for i in fresh], prepare)
+                for i, d in zip(fresh, placed, strict=True):
+                    results[i] = d
+        except BaseException as e:
+            for key, fut in mine:
+                self._inflight.pop(key, None)
+                if not fut.done():
+                    fut.set_exception(e if isinstance(e, DLedgerError) else DLedgerError(str(e)))
+                    fut.exception()  # retrieved: a retry may never wait on it
+            raise
+        for (key, fut), i in zip(mine, [i for i in fresh if msgs[i].producer_id], strict=True):
+            self._inflight.pop(key, None)
+            fut.set_result(results[i])
+        deadline = loop.time() + 10.0
+        for i, found in waits:
+            results[i] = await self._resolve_duplicate(msgs[i], found, deadline)
+        out: list[SendResult] = []
+        retried = {i for i, _ in waits}
+        for i, d in enumerate(results):
+            dup = i in retried
+            if isinstance(d, Dispatched):
+                msg_id = encoded[i][0] if not dup else (msgs[i].msg_id or "")
+                out.append(SendResult(msg_id, d.topic, d.queue_id, d.queue_offset, d.commitlog_offset, dup))
+            else:
+                out.append(SendResult(msgs[i].msg_id, topic, msgs[i].queue_id, -1, -1, True))
+        return out
+
+    def _encode(self, topic: str, queues: int, msgs: Sequence[Outgoing]) -> list[tuple[str, bytes]]:
+        """(msg_id, CommitLog message bytes) per message, with the broker's properties stamped in."""
+        now = int(time.time() * 1000)
+        limit = self._broker.node.config.max_body_bytes
+        encoded: list[tuple[str, bytes]] = []
+        for i, m in enumerate(msgs):
+            if not 0 <= m.queue_id < queues:
+                raise UnknownQueueError(
+                    f"message {i}: unknown queue {topic}/{m.queue_id} (queues 0..{queues - 1})"
+                )
+            props = dict(m.properties)
+            msg_id = m.msg_id or uuid.uuid4().hex.upper()
+            props[message.PROPERTY_UNIQ_KEY] = msg_id
+            if m.tags:
+                props[message.PROPERTY_TAGS] = m.tags
+            if m.keys:
+                props[message.PROPERTY_KEYS] = message.KEY_SEPARATOR.join(m.keys)
+            if m.producer_id:
+                props[message.PROPERTY_PRODUCER_ID] = m.producer_id
+                props[message.PROPERTY_SEQUENCE] = str(m.sequence)
+            try:
+                raw = message.encode(
+                    message.Message(
+                        topic=topic,
+                        body=m.body,
+                        queue_id=m.queue_id,
+                        born_timestamp=m.born_timestamp or now,
+                        store_timestamp=now,
+                        properties=props,
+                    )
+                )
+            except message.MessageFormatError as e:
+                raise InvalidRequestError(f"message {i}: {e}") from None
+            if len(raw) > limit:
+                raise InvalidRequestError(
+                    f"message {i} is {len(raw)} bytes encoded; the limit is {limit} (max_body_bytes)"
+                )
+            encoded.append((msg_id, raw))
+        return encoded
+
+    async def _resolve_duplicate(self, m: Outgoing, found: Any, deadline: float) -> Dispatched | None:
+        """The first attempt's result for a retried (producer, seq): None when it is too old to remember."""
+        if isinstance(found, asyncio.Future):
+            return await asyncio.shield(found)
+        if isinstance(found, int) and not isinstance(found, bool):
+            await self._wait_applied(found, deadline)
+            found = self._broker.sm.sent(m.producer_id, m.sequence)
+        if isinstance(found, Dispatched):
+            return found
+        if found is True:
+            return None
+        raise OutcomeUnknownError(f"send {m.producer_id}/{m.sequence} left the log; retry it")

@@ -1,0 +1,129 @@
+"""What the protocol-neutral broker (``broker_adapter.broker``) takes and gives: messages to send, send results,
+pulled batches, and the errors it raises.
+
+The errors are ``dledger.errors`` classes (so the Broker gRPC face maps them to statuses as it maps any of
+ours), narrowed where a face must tell cases apart: RocketMQ 5 answers a bad topic name, an unknown topic, an
+unknown queue and an offset out of range with different protocol codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from broker_adapter import commands, message
+from dledger.errors import InvalidRequestError, NotFoundError
+
+
+class InvalidTopicError(InvalidRequestError):
+    """A topic name that breaks RocketMQ's naming rule."""
+
+
+class InvalidGroupError(InvalidRequestError):
+    """A consumer group name that breaks RocketMQ's naming rule."""
+
+
+class UnknownTopicError(NotFoundError):
+    """A topic that does not exist (and is not created automatically)."""
+
+    def __init__(self, topic: str, message: str):
+        super().__init__(message)
+        self.topic = topic
+
+
+class UnknownQueueError(NotFoundError):
+    """A queue id outside the topic's queues."""
+
+
+class UnknownGroupError(NotFoundError):
+    """A consumer group that never committed an offset."""
+
+
+class OffsetRangeError(InvalidRequestError):
+    """A queue offset outside the queue's range."""
+
+
+def check_topic(topic: str) -> str:
+    try:
+        return commands.check_topic(topic)
+    except commands.CommandError as e:
+        raise InvalidTopicError(str(e)) from None
+
+
+def check_group(group: str) -> str:
+    try:
+        return commands.check_group(group)
+    except commands.CommandError as e:
+        raise InvalidGroupError(str(e)) from None
+
+
+class Outgoing(Protocol):
+    """A message to send, as a face hands it over: ``dledger.v1.OutgoingMessage`` satisfies it as it is (no
+    copy on the Broker face's hot path); other faces build an ``OutgoingMessage``."""
+
+    @property
+    def queue_id(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def tags(self) -> str: ...
+    @property
+    def keys(self) -> Iterable[str]: ...
+    @property
+    def msg_id(self) -> str: ...
+    @property
+    def properties(self) -> Mapping[str, str]: ...
+    @property
+    def born_timestamp(self) -> int: ...
+    @property
+    def producer_id(self) -> str: ...
+    @property
+    def sequence(self) -> int: ...
+
+
+@dataclass(slots=True)
+class OutgoingMessage:
+    """An ``Outgoing`` built by a face that does not speak ``dledger.v1`` (RocketMQ 5)."""
+
+    queue_id: int
+    body: bytes
+    tags: str = ""
+    keys: list[str] = field(default_factory=list)
+    msg_id: str = ""
+    properties: dict[str, str] = field(default_factory=dict)
+    born_timestamp: int = 0
+    producer_id: str = ""  # with ``sequence``: an idempotent send, stored once however often it is retried
+    sequence: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Where one sent message is. ``duplicate``: a retry of a (producer, sequence) already in the log; its offsets
+    are -1 when the first attempt is older than the remembered window."""
+
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Pulled:
+    """A pull's messages (consecutive queue offsets from the one asked), the offset to pull next and the queue's
+    end on this node."""
+
+    messages: list[message.Message]
+    next_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInfo:
+    node_id: str
+    leader_id: str | None
+    leader_address: str | None
+    term: int
+    max_commitlog_offset: int
