@@ -74,7 +74,9 @@ def test_a_read_before_the_first_commit_of_the_term_waits_for_it() -> None:
     core = make()
     elect(core)
     core.read_index(9)
-    assert not any(isinstance(m, Heartbeat) and m.context for m in drain(core)), "the commit index may be stale"
+    assert not any(isinstance(m, Heartbeat) and m.context for m in drain(core)), (
+        "the commit index may be stale"
+    )
     core.step(AppendEntriesResponse(core.term, "n2", "n1", True, match_index=0))  # the no-op commits
     beats = [m for m in drain(core) if isinstance(m, Heartbeat) and m.context]
     assert {m.dst for m in beats} == {"n2", "n3"}
