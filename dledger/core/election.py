@@ -20,7 +20,8 @@ __all__ = ["Election"]
 
 
 class Election:
-    """Campaigning and voting; mixed into ``RaftCore``, whose ``__init__`` sets the state declared here."""
+    """Campaigning and voting; mixed into ``RaftCore``, whose ``__init__`` sets the state declared here;
+    calls ``_send``, ``_event``, ``_become_*`` and ``_send_append`` on the same object."""
 
     _id: str
     _voters: tuple[str, ...]

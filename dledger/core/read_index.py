@@ -30,7 +30,8 @@ class ReadRequest:
 
 
 class ReadIndex:
-    """ReadIndex bookkeeping; mixed into ``RaftCore``, whose ``__init__`` sets the state declared here."""
+    """ReadIndex bookkeeping; mixed into ``RaftCore``, whose ``__init__`` sets the state declared here;
+    calls ``_bcast_heartbeat`` (``replication.py``) on the same object."""
 
     _id: str
     _quorum: int

@@ -40,7 +40,8 @@ __all__ = ["Replication"]
 
 
 class Replication:
-    """Replication and commit; mixed into ``RaftCore``, whose ``__init__`` sets the state declared here."""
+    """Replication and commit; mixed into ``RaftCore``, whose ``__init__`` sets the state declared here;
+    calls ``_send``, ``_event`` and the read hooks of ``read_index.py`` on the same object."""
 
     _id: str
     _voters: tuple[str, ...]
