@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dledger.errors import ConfigError
-
-DEFAULT_SEGMENT_SIZE = 1 << 30  # 1 GiB data files, as DLedger
+from storage.codec import DEFAULT_SEGMENT_SIZE
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,10 @@ that the transition is legal and logs one line in the same shape ("n2 became lea
 compares terms once for every role (a newer term makes us a follower, an older one is answered or ignored), then
 delegates to the role's step function.
 
+The handlers are split by concept into mixins of ``RaftCore``, so a call costs what a method call on one
+class costs: ``election.py`` (campaigns and votes), ``replication.py`` (appends, heartbeats, snapshots, commit),
+``read_index.py`` (linearizable reads). This module keeps the state, the inputs, the Ready cycle and the roles.
+
 Rules from the Raft paper and thesis, and where they live:
 
 - Election timeout drawn uniformly from ``config.election_ticks`` at every reset (§5.2): ``_reset_election_timer``.
@@ -17,16 +21,19 @@ Rules from the Raft paper and thesis, and where they live:
   into ``Ready.messages``, which the runtime sends only after persisting.
 - A vote needs a log at least as up to date (§5.4.1): ``RaftLog.is_up_to_date``.
 - Pre-vote (thesis §9.6): a node whose timer fires first asks "would you vote for me at term + 1?" without
-  changing anyone's term, so a node that was partitioned away cannot force a new election when it returns.
+  changing anyone's term, so a node that was partitioned away cannot force a new election when it returns
+  (``election.py``).
 - Check-quorum (thesis §6.2): a leader that has not heard from a quorum within an election timeout steps down;
   followers that heard from a leader within the minimum timeout ignore (pre-)votes (the leader lease), unless
   the campaign comes from a leadership transfer.
-- Commit only entries of the leader's own term by counting replicas (§5.4.2): ``_maybe_commit``; a new leader
+- Commit only entries of the leader's own term by counting replicas (§5.4.2): ``replication.py``; a new leader
   appends a no-op (magic 2) so earlier entries commit without waiting for a client write.
-- Fast log backtracking: a rejection carries the follower's conflicting term and its first index.
+- Fast log backtracking: a rejection carries the follower's conflicting term and its first index
+  (``replication.py``).
 - Leadership transfer (thesis §3.10): the target is caught up, then told ``TimeoutNow``; proposals are refused
   meanwhile; the transfer is abandoned after an election timeout.
-- Linearizable reads (thesis §6.4, ReadIndex): the commit index is confirmed by a heartbeat round to a quorum.
+- Linearizable reads (thesis §6.4, ReadIndex): the commit index is confirmed by a heartbeat round to a quorum
+  (``read_index.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dledger.core.config import RaftConfig
+from dledger.core.election import Election
 from dledger.core.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -54,13 +62,14 @@ from dledger.core.messages import (
     SoftState,
     TimeoutNow,
 )
-from dledger.core.progress import Progress, ProgressState
-from dledger.core.quorum import VoteResult, committed_index, quorum_size, vote_result
+from dledger.core.progress import Progress
+from dledger.core.quorum import quorum_size
 from dledger.core.raft_log import LogConflictError, RaftLog
+from dledger.core.read_index import ReadIndex, ReadRequest
+from dledger.core.replication import Replication
 from dledger.errors import InvalidRequestError, NotLeaderError
 from storage import codec
 from storage.api import HardState, LogStore
-from storage.errors import IndexOutOfRange
 
 __all__ = ["InvalidTransitionError", "LogConflictError", "RaftCore", "Status"]
 
@@ -93,18 +102,13 @@ class Status:
     match: dict[str, int]
 
 
-class _ReadRequest:
-    __slots__ = ("acks", "context", "index", "seq")
+class RaftCore(Election, Replication, ReadIndex):
+    """One node's Raft state. Not thread-safe: the runtime calls it from one task (or the simulator's loop).
 
-    def __init__(self, seq: int, context: int, index: int, self_id: str):
-        self.seq = seq
-        self.context = context
-        self.index = index
-        self.acks = {self_id}
-
-
-class RaftCore:
-    """One node's Raft state. Not thread-safe: the runtime calls it from one task (or the simulator's loop)."""
+    The handlers of each concept live in a mixin next to this module (``election.py``, ``replication.py``,
+    ``read_index.py``); this class holds the state, the public inputs, the Ready cycle, the role transitions and
+    the role step and tick functions that dispatch to those handlers.
+    """
 
     def __init__(
         self,
@@ -149,7 +153,7 @@ class RaftCore:
         self._lead_transferee: str | None = None
         self._msgs: list[Message] = []
         self._read_states: list[tuple[int, int]] = []
-        self._read_requests: list[_ReadRequest] = []
+        self._read_requests: list[ReadRequest] = []
         self._pending_reads: list[int] = []  # before the leader's first commit in its term
         self._read_seq = 0
         self._outstanding: Ready | None = None
@@ -524,65 +528,6 @@ class RaftCore:
             self._event(f"{self._id} hands leadership back to preferred leader {pref}")
             self.transfer_leadership(pref)
 
-    # -- elections ---------------------------------------------------------------------------------------------------
-
-    def _campaign(self, transfer: bool) -> None:
-        """Start a pre-vote round (the default), or a real election when pre-vote is off or on TimeoutNow."""
-        if self._role is Role.LEADER:
-            return
-        if self._config.pre_vote and not transfer:
-            self._become_pre_candidate()
-            self._votes[self._id] = True
-            if self._poll() is not VoteResult.PENDING:
-                return
-            log = self._raft_log
-            term = self._term + 1  # the term we would campaign at; nobody adopts it yet
-            for p in self._peers:
-                self._send(RequestVote(term, self._id, p, log.last_index, log.last_term, pre_vote=True))
-        else:
-            self._campaign_election(transfer)
-
-    def _campaign_election(self, transfer: bool) -> None:
-        self._become_candidate()
-        self._votes[self._id] = True
-        if self._poll() is not VoteResult.PENDING:
-            return
-        log = self._raft_log
-        for p in self._peers:
-            self._send(RequestVote(self._term, self._id, p, log.last_index, log.last_term, transfer=transfer))
-
-    def _poll(self) -> VoteResult:
-        """Count votes and act on the outcome: a won pre-vote starts the real election, a won election makes us
-        leader, a lost one a follower."""
-        result = vote_result(self._votes, self._voters)
-        if result is VoteResult.WON:
-            if self._role is Role.PRE_CANDIDATE:
-                self._campaign_election(False)
-            else:
-                self._become_leader()
-                for p in self._peers:
-                    self._send_append(p, True)
-        elif result is VoteResult.LOST:
-            self._become_follower(self._term, None)
-        return result
-
-    def _on_request_vote(self, m: RequestVote) -> None:
-        can_vote = (
-            self._vote == m.src
-            or (self._vote is None and self._leader is None)
-            or (m.pre_vote and m.term > self._term)
-        )
-        kind = "pre-vote" if m.pre_vote else "vote"
-        if can_vote and self._raft_log.is_up_to_date(m.last_log_index, m.last_log_term):
-            self._event(f"{self._id} granted {kind} to {m.src} at term {m.term}")
-            self._send(RequestVoteResponse(m.term, self._id, m.src, True, pre_vote=m.pre_vote))
-            if not m.pre_vote:
-                self._election_elapsed = 0
-                self._vote = m.src
-        else:
-            self._event(f"{self._id} rejected {kind} from {m.src} at term {m.term}")
-            self._send(RequestVoteResponse(self._term, self._id, m.src, False, pre_vote=m.pre_vote))
-
     # -- role step functions ---------------------------------------------------------------------------------------
 
     def _step_follower(self, m: Message) -> None:
@@ -621,245 +566,10 @@ class RaftCore:
         elif t is HeartbeatResponse:
             self._on_heartbeat_response(m)
 
-    # -- follower handlers ------------------------------------------------------------------------------------------
-
-    def _on_append_entries(self, m: AppendEntries) -> None:
-        log = self._raft_log
-        committed = log.committed
-        if m.prev_log_index < committed:
-            # Everything up to our commit index agrees with any leader's log (leader completeness).
-            self._send(AppendEntriesResponse(self._term, self._id, m.src, True, match_index=committed))
-            return
-        if m.prev_chain_crc is not None and log.match_term(m.prev_log_index, m.prev_log_term):
-            mine = log.chain_at(m.prev_log_index)
-            if mine is not None and mine != m.prev_chain_crc:
-                raise LogConflictError(
-                    f"{self._id}: chain_crc at index {m.prev_log_index} is {mine:#010x}, leader {m.src} has "
-                    f"{m.prev_chain_crc:#010x} with the same term {m.prev_log_term}: the logs diverged "
-                    "(storage corruption)"
-                )
-        try:
-            last_new = log.maybe_append(m.prev_log_index, m.prev_log_term, m.frames)
-        except codec.FrameError as e:
-            self._event(f"{self._id} rejected malformed frames from {m.src}: {e}")
-            self._send(
-                AppendEntriesResponse(
-                    self._term,
-                    self._id,
-                    m.src,
-                    False,
-                    conflict_index=m.prev_log_index + 1,
-                    last_log_index=log.last_index,
-                )
-            )
-            return
-        if last_new is not None:
-            log.commit_to(min(m.leader_commit, last_new))
-            self._send(AppendEntriesResponse(self._term, self._id, m.src, True, match_index=last_new))
-            return
-        # Rejected: give the leader a hint to skip a whole term per round trip.
-        last = log.last_index
-        if m.prev_log_index > last:
-            hint_term, hint_index = -1, last + 1
-        else:
-            hint_term = log.term(m.prev_log_index)
-            floor = max(log.committed + 1, log.first_index)
-            hint_index = log.first_index_of_term(hint_term, floor, m.prev_log_index)
-        self._send(
-            AppendEntriesResponse(
-                self._term,
-                self._id,
-                m.src,
-                False,
-                conflict_index=hint_index,
-                conflict_term=hint_term,
-                last_log_index=last,
-            )
-        )
-
-    def _on_heartbeat(self, m: Heartbeat) -> None:
-        log = self._raft_log
-        log.commit_to(min(m.commit, log.last_index))
-        self._send(HeartbeatResponse(self._term, self._id, m.src, m.context, log.last_index))
-
-    def _on_install_snapshot(self, m: InstallSnapshot) -> None:
-        log = self._raft_log
-        s = m.snapshot
-        if s.index <= log.committed:
-            self._send(AppendEntriesResponse(self._term, self._id, m.src, True, match_index=log.committed))
-            return
-        if log.match_term(s.index, s.term):
-            # We already hold the snapshot's last entry: just learn that it is committed.
-            log.commit_to(s.index)
-        else:
-            self._event(f"{self._id} installed snapshot at index {s.index} term {s.term} from {m.src}")
-            log.restore(s)
-            self._applied = max(self._applied, s.index)
-        self._send(AppendEntriesResponse(self._term, self._id, m.src, True, match_index=s.index))
-
-    # -- leader handlers --------------------------------------------------------------------------------------------
-
-    def _on_append_response(self, m: AppendEntriesResponse) -> None:
-        pr = self._prs.get(m.src)
-        if pr is None:
-            return
-        pr.recent_active = True
-        if not m.success:
-            if m.conflict_index < 0:
-                return  # an answer to a stale-term message carries no hint (our term was current)
-            if pr.maybe_decrease_to(self._hint_next(pr, m)):
-                self._send_append(m.src, True)
-            return
-        log = self._raft_log
-        if pr.maybe_update(m.match_index) or (
-            pr.match_index == m.match_index and pr.state is ProgressState.PROBE
-        ):
-            if pr.state is ProgressState.PROBE:
-                pr.become_replicate()
-            elif pr.state is ProgressState.SNAPSHOT:
-                if pr.match_index >= pr.pending_snapshot:
-                    pr.become_probe()
-                    pr.become_replicate()
-            else:
-                pr.inflights.free_le(pr.match_index)
-            if self._maybe_commit():
-                for p in self._peers:  # tell everyone the new commit index
-                    self._send_append(p, True)
-            while self._send_append(m.src, False):
-                pass
-            if m.src == self._lead_transferee and pr.match_index == log.last_index:
-                self._event(f"{self._id} sends TimeoutNow to {m.src}: its log is caught up")
-                self._send(TimeoutNow(self._term, self._id, m.src))
-
-    def _hint_next(self, pr: Progress, m: AppendEntriesResponse) -> int:
-        if m.conflict_term < 0:
-            return m.conflict_index
-        log = self._raft_log
-        j = log.last_index_with_term_at_most(m.conflict_term, pr.next_index - 1)
-        try:
-            if j >= log.first_index and log.term(j) == m.conflict_term:
-                return j + 1
-        except IndexOutOfRange:
-            pass  # compacted meanwhile: fall back to the follower's own hint
-        return m.conflict_index
-
-    def _on_heartbeat_response(self, m: HeartbeatResponse) -> None:
-        pr = self._prs.get(m.src)
-        if pr is None:
-            return
-        pr.recent_active = True
-        pr.probe_sent = False
-        if pr.state is ProgressState.REPLICATE and pr.inflights.full:
-            # Appends in the window may have been lost: let one more through; if the follower lacks its prefix,
-            # the rejection moves it back to probing.
-            pr.inflights.free_first()
-        if pr.match_index < self._raft_log.last_index:
-            self._send_append(m.src, True)
-        if m.context and self._read_requests:
-            self._ack_read(m.src, m.context)
-
-    def _on_snapshot_status(self, m: SnapshotStatus) -> None:
-        pr = self._prs.get(m.src)
-        if pr is None or pr.state is not ProgressState.SNAPSHOT:
-            return
-        if not m.success:
-            pr.pending_snapshot = -1
-        pr.become_probe()
-        pr.probe_sent = True  # wait for the follower's answer (or the next heartbeat) before probing
-        self._event(f"{self._id} snapshot to {m.src} {'succeeded' if m.success else 'failed'}: probing")
-
     # -- sending ------------------------------------------------------------------------------------------------------
 
     def _send(self, m: Message) -> None:
         self._msgs.append(m)
-
-    def _send_append(self, to: str, send_if_empty: bool) -> bool:
-        """Send ``to`` the entries it needs next, within flow control; a snapshot when they are compacted."""
-        pr = self._prs[to]
-        if pr.is_paused:
-            return False
-        log = self._raft_log
-        nxt = pr.next_index
-        prev = nxt - 1
-        try:
-            prev_term = log.term(prev)
-            if nxt <= log.last_index:
-                frames, last = log.frames_from(nxt, self._max_append_bytes)
-            elif not send_if_empty:
-                return False
-            else:
-                frames, last = b"", prev
-        except IndexOutOfRange:  # Compacted: the follower needs a snapshot
-            return self._send_snapshot(to, pr)
-        msg = AppendEntries(
-            self._term, self._id, to, prev, prev_term, log.committed, frames, log.chain_at(prev)
-        )
-        if frames:
-            pr.sent_entries(last)
-        self._msgs.append(msg)
-        return True
-
-    def _send_snapshot(self, to: str, pr: Progress) -> bool:
-        if not pr.recent_active:
-            return False
-        meta = self._raft_log.snapshot_meta()
-        if meta is None:
-            raise LogConflictError(
-                f"{self._id}: follower {to} needs index {pr.next_index}, which is compacted, and the log cannot "
-                "describe its compaction point"
-            )
-        self._event(f"{self._id} sends snapshot at index {meta.index} to {to} (it needs {pr.next_index})")
-        pr.become_snapshot(meta.index)
-        self._msgs.append(InstallSnapshot(self._term, self._id, to, meta))
-        return True
-
-    def _bcast_heartbeat(self, context: int) -> None:
-        commit = self._raft_log.committed
-        for p, pr in self._prs.items():
-            self._msgs.append(Heartbeat(self._term, self._id, p, min(pr.match_index, commit), context))
-
-    # -- commit and reads ------------------------------------------------------------------------------------------
-
-    def _maybe_commit(self) -> bool:
-        log = self._raft_log
-        if self._peers:
-            match = {p: pr.match_index for p, pr in self._prs.items()}
-            match[self._id] = log.last_index
-            c = committed_index(match, self._voters)
-        else:
-            c = log.last_index
-        if c > log.committed and log.term(c) == self._term:
-            first_in_term = not self._committed_in_term()
-            log.commit_to(c)
-            if first_in_term and self._pending_reads:
-                pending, self._pending_reads = self._pending_reads, []
-                for ctx in pending:
-                    self._start_read(ctx)
-            return True
-        return False
-
-    def _committed_in_term(self) -> bool:
-        log = self._raft_log
-        return log.committed >= 0 and log.match_term(log.committed, self._term)
-
-    def _start_read(self, context: int) -> None:
-        self._read_seq += 1
-        self._read_requests.append(_ReadRequest(self._read_seq, context, self._raft_log.committed, self._id))
-        self._bcast_heartbeat(self._read_seq)
-
-    def _ack_read(self, peer: str, seq: int) -> None:
-        reqs = self._read_requests
-        ready_upto = -1
-        for i, r in enumerate(reqs):
-            if r.seq > seq:
-                break
-            r.acks.add(peer)
-            if len(r.acks) >= self._quorum:
-                ready_upto = i
-        if ready_upto >= 0:
-            for r in reqs[: ready_upto + 1]:
-                self._read_states.append((r.context, r.index))
-            del reqs[: ready_upto + 1]
 
     # -- logging ------------------------------------------------------------------------------------------------------
 

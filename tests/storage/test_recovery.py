@@ -13,7 +13,7 @@ from storage.filestore import FileLogStore, repair
 from storage.index import UNIT_SIZE
 from storage.segments import segment_name
 from tests.storage.conftest import INDEX_UNITS, SEGMENT
-from tests.storage.faults import CrashIO, abandon
+from tests.storage.faults import CrashIO, SimulatedCrash, abandon
 from tests.storage.helpers import append, body_for, build
 
 N = 40
@@ -192,7 +192,7 @@ def test_crash_in_the_middle_of_an_append(tmp_path):
         frames = build(s.tail(), [body_for(i, 3) for i in range(10, 20)], 1, SEGMENT)
         try:
             s.append(frames)
-        except BaseException:
+        except SimulatedCrash:
             abandon(s)
         else:
             s.close()
@@ -244,7 +244,7 @@ def test_crash_between_the_blank_and_the_next_file(tmp_path):
     s.close()
     room = SEGMENT - end
     s = FileLogStore.open(str(tmp_path), segment_size=SEGMENT, index_units=INDEX_UNITS, io=CrashIO(room))
-    with pytest.raises(BaseException, match="crash"):
+    with pytest.raises(SimulatedCrash, match="crash"):
         append(s, [b"c" * 400], term=1)  # the blank is written, the crash hits the next file's first write
     abandon(s)
     assert os.path.getsize(data_file(tmp_path, 0)) == SEGMENT, "the blank reached the file"

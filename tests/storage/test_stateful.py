@@ -22,7 +22,7 @@ from hypothesis.stateful import (
 from storage import codec
 from storage.filestore import FileLogStore
 from storage.memory import MemoryLogStore
-from tests.storage.faults import CrashIO, abandon
+from tests.storage.faults import CrashIO, SimulatedCrash, abandon
 from tests.storage.helpers import build
 
 SEGMENT = 512
@@ -105,7 +105,7 @@ class LogAgainstModel(RuleBasedStateMachine):
         before = self.model.last_index
         try:
             crashing.append(frames)
-        except BaseException:
+        except SimulatedCrash:
             abandon(crashing)
         else:
             crashing.close()
