@@ -160,10 +160,7 @@ def _wait_for_ack(history: History, after: float, timeout_s: float, progress: tu
     """Poll until some ``progress`` operation was acknowledged after ``after`` (the group serves again)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if any(
-            e.type == OK and e.f in progress and e.time > after
-            for e in reversed(history.events[-200:])
-        ):
+        if any(e.type == OK and e.f in progress and e.time > after for e in reversed(history.events[-200:])):
             return True
         time.sleep(0.05)
     return False
