@@ -39,7 +39,9 @@ def test_constants_agree_with_the_writers():
     tags=st.none() | _TEXT.filter(bool),
     props=st.dictionaries(_TEXT.filter(bool), _TEXT, max_size=3),
 )
-def test_routing_fields_agree_with_the_encoder(topic, body, queue_id, queue_offset, physical_offset, tags, props):
+def test_routing_fields_agree_with_the_encoder(
+    topic, body, queue_id, queue_offset, physical_offset, tags, props
+):
     if tags is not None:
         props = {**props, message.PROPERTY_TAGS: tags}
     raw = message.encode(
@@ -71,7 +73,9 @@ def test_msg_id_is_the_unique_key_or_the_producer_sequence():
     keyed = message.encode(message.Message("t", b"x", properties={message.PROPERTY_UNIQ_KEY: "u1"}))
     assert formats.message_fields(keyed).msg_id == "u1"
     seq = message.encode(
-        message.Message("t", b"x", properties={message.PROPERTY_PRODUCER_ID: "p", message.PROPERTY_SEQUENCE: "7"})
+        message.Message(
+            "t", b"x", properties={message.PROPERTY_PRODUCER_ID: "p", message.PROPERTY_SEQUENCE: "7"}
+        )
     )
     assert formats.message_fields(seq).msg_id == "p:7"
 
