@@ -1,7 +1,7 @@
 """Broker commands of the ``dledger`` CLI: ``topic create``, ``topic list``, ``produce``, ``consume``.
 
 ``dledger.cli`` calls ``register(app)`` at start. Every command talks to a group given by ``--dir`` (a local
-group directory) or ``--servers host:port,...``. ``produce --ack-log FILE`` writes one JSON line per
+group directory) or ``--addresses host:port,...``. ``produce --ack-log FILE`` writes one JSON line per
 acknowledged message ({"msg_id","topic","queue_id","queue_offset","commitlog_offset"}): the input of the Spark
 audit, which checks that every acknowledged message is in every node's log exactly once.
 """
@@ -10,49 +10,22 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from broker_adapter.client import BrokerConnection, Consumer, Producer, SendResult
+from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, console, fail
 from dledger.errors import DLedgerError
-
-console = Console(width=None if sys.stdout.isatty() else 150)
-err_console = Console(stderr=True, soft_wrap=True)
 
 topic_app = typer.Typer(
     no_args_is_help=True, help="Create and list broker topics (replicated through the log)."
 )
 
-DirOpt = Annotated[Path | None, typer.Option("--dir", help="a local group directory")]
-ServersOpt = Annotated[str | None, typer.Option("--servers", help="node addresses, comma separated")]
 PROGRESS_FROM = 1000  # show a progress bar for runs at least this long
-
-
-def _fail(message: str, code: int = 1) -> None:
-    err_console.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(code)
-
-
-def servers_of(dir: Path | None, servers: str | None) -> list[str]:
-    if servers:
-        return [a.strip() for a in servers.split(",") if a.strip()]
-    if dir is not None:
-        from dledger import group as grp
-
-        g = grp.load(dir, missing_ok=True)
-        if g is None:
-            _fail(
-                f"no group in {dir} (start one with: dledger group up --dir {dir} --state-machine broker)", 2
-            )
-        return g.addresses
-    _fail("give --dir (a local group) or --servers host:port,...", 2)
-    return []
 
 
 def ack_record(r: SendResult) -> dict:
@@ -82,25 +55,25 @@ def topic_create(
     topic: Annotated[str, typer.Option("--topic", help="topic name")],
     queues: Annotated[int, typer.Option("--queues", help="number of queues")] = 4,
     dir: DirOpt = None,
-    servers: ServersOpt = None,
+    addresses: AddressesOpt = None,
 ) -> None:
     """Create a topic (a log entry, so every node agrees); creating it again with the same queues is a no-op."""
-    with BrokerConnection(servers_of(dir, servers)) as c:
+    with BrokerConnection(addresses_of(dir, addresses, state_machine="broker")) as c:
         try:
             info = c.create_topic(topic, queues)
         except DLedgerError as e:
-            _fail(f"{type(e).__name__}: {e}")
+            fail(f"{type(e).__name__}: {e}")
     console.print(f"topic {info.topic} with {info.queues} queues")
 
 
 @topic_app.command("list")
-def topic_list(dir: DirOpt = None, servers: ServersOpt = None) -> None:
+def topic_list(dir: DirOpt = None, addresses: AddressesOpt = None) -> None:
     """List topics with their queues' end offsets."""
-    with BrokerConnection(servers_of(dir, servers)) as c:
+    with BrokerConnection(addresses_of(dir, addresses, state_machine="broker")) as c:
         try:
             topics = c.list_topics()
         except DLedgerError as e:
-            _fail(f"{type(e).__name__}: {e}")
+            fail(f"{type(e).__name__}: {e}")
     for t in topics:
         console.print(
             f"{t.topic}\tqueues={t.queues}\tmessages={sum(t.max_offsets)}\tends={list(t.max_offsets)}"
@@ -118,19 +91,19 @@ def produce(
         Path | None, typer.Option("--ack-log", help="JSON line per acknowledged message")
     ] = None,
     dir: DirOpt = None,
-    servers: ServersOpt = None,
+    addresses: AddressesOpt = None,
 ) -> None:
     """Send messages; each acknowledged one is committed and dispatched (and recorded in --ack-log)."""
     if (body is None) == (count <= 0):
-        _fail("give either --body TEXT or --count N", 2)
+        fail("give either --body TEXT or --count N", 2)
     if not 1 <= batch <= 1024:
-        _fail("--batch must be in 1..1024", 2)
+        fail("--batch must be in 1..1024", 2)
     total = 1 if body is not None else count
     ack = open(ack_log, "a") if ack_log else None  # noqa: SIM115 - closed in finally
     sent = 0
     t0 = time.monotonic()
     try:
-        with Producer(servers_of(dir, servers)) as p, _progress() as bar:
+        with Producer(addresses_of(dir, addresses, state_machine="broker")) as p, _progress() as bar:
             task = bar.add_task(f"produce {topic}", total=total, visible=total >= PROGRESS_FROM)
             while sent < total:
                 n = min(batch, total - sent)
@@ -141,7 +114,7 @@ def produce(
                 try:
                     results = p.send_batch(topic, [(b, tags, None) for b in items])
                 except DLedgerError as e:
-                    _fail(f"{type(e).__name__} after {sent} acknowledged messages: {e}")
+                    fail(f"{type(e).__name__} after {sent} acknowledged messages: {e}")
                 if ack is not None:
                     ack.write("".join(json.dumps(ack_record(r)) + "\n" for r in results))
                 sent += len(results)
@@ -177,14 +150,14 @@ def consume(
     out: Annotated[Path | None, typer.Option("--out", help="JSON line per consumed message")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no line per message")] = False,
     dir: DirOpt = None,
-    servers: ServersOpt = None,
+    addresses: AddressesOpt = None,
 ) -> None:
     """Consume every queue of a topic as a group, committing offsets as it goes."""
     sink = open(out, "a") if out else None  # noqa: SIM115 - closed in finally
     n = 0
     t0 = time.monotonic()
     try:
-        with Consumer(servers_of(dir, servers), group) as c, _progress() as bar:
+        with Consumer(addresses_of(dir, addresses, state_machine="broker"), group) as c, _progress() as bar:
             task = bar.add_task(f"consume {topic}", total=count or None, visible=count >= PROGRESS_FROM)
             try:
                 for m in c.messages(topic, from_beginning=from_beginning, idle_s=idle_s, limit=count or None):
@@ -203,7 +176,7 @@ def consume(
                         text = m.body[:60].decode(errors="replace")
                         console.print(f"{m.queue_id}:{m.queue_offset} {m.msg_id} {m.tags or ''} {text}")
             except DLedgerError as e:
-                _fail(f"{type(e).__name__} after {n} messages: {e}")
+                fail(f"{type(e).__name__} after {n} messages: {e}")
     finally:
         if sink is not None:
             sink.close()

@@ -3,14 +3,23 @@ acknowledged message is still there, consumed exactly once by a consumer group.
 
 ``run(group_dir, console)`` starts a three-node broker group in ``group_dir`` (separate processes on 127.0.0.1),
 and always stops it at the end. Returns an exit code (0: nothing acknowledged was lost).
+
+``dledger demo`` (registered here, as an entry point of ``dledger.cli``, because it spans the layers) tells the
+whole story: the log demo of ``dledger.cli``, this broker demo, then the Spark audit of the broker group's files,
+run as ``dledger audit`` in its own process so that nothing here imports the audit.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Annotated
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
@@ -179,3 +188,37 @@ def run(group_dir: Path, console: Console, messages: int = 2000, batch: int = 20
         step("6. stop the group")
         stopped = grp.stop_group(g)
         console.print(f"stopped {', '.join(stopped)}")
+
+
+def demo(
+    dir: Annotated[
+        Path | None, typer.Option("--dir", help="group directory (default: a temporary one)")
+    ] = None,
+    entries: Annotated[int, typer.Option(help="entries to append before the kill")] = 1000,
+    keep: Annotated[bool, typer.Option(help="keep the group's files afterwards")] = False,
+) -> None:
+    """Start a group, append, kill the leader, watch the failover, restart the node and see it catch up."""
+    from dledger.cli import run_demo
+    from dledger.cliutil import console
+
+    tmp = None
+    if dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="dledger-demo-")
+        dir = Path(tmp.name)
+    try:
+        rc = run_demo(dir / "log", entries)
+        if rc == 0:
+            rc = run(dir / "broker", console)
+        if rc == 0:
+            console.rule("[bold]audit: Spark replays every node's files and checks that they agree")
+            rc = subprocess.run([sys.executable, "-m", "dledger", "audit", str(dir / "broker")]).returncode
+    finally:
+        if tmp is not None and not keep:
+            tmp.cleanup()
+        elif tmp is not None:
+            console.print(f"files kept in {dir}")
+    raise typer.Exit(rc)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)

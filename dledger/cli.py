@@ -10,7 +10,7 @@ for a group of commands, ``@app.command()`` for one.
     dledger snapshot --dir DIR                 every node snapshots its state machine and compacts its log
     dledger repair --dir NODE_DIR              truncate a stopped node's log at its first corrupt entry
     dledger append / get                       raw log use
-    dledger demo                               the whole story in one command
+    dledger demo                               the whole story in one command (registered by the broker)
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
 from dledger import group as grp
+from dledger.cliutil import AddressesOpt, addresses_of, console, err_console
+from dledger.cliutil import fail as _fail  # the name this module's many call sites use
 from dledger.errors import DLedgerError
 
 app = typer.Typer(
@@ -41,18 +41,9 @@ app = typer.Typer(
 group_app = typer.Typer(no_args_is_help=True, help="Run a local group of node processes on 127.0.0.1.")
 app.add_typer(group_app, name="group")
 
-# A pipe or a log file gets a wide table rather than rich's 80-column default.
-console = Console(width=None if sys.stdout.isatty() else 150)
-err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole (scripts grep them)
-
 DirOption = Annotated[
     Path, typer.Option("--dir", help="the group directory (holds group.json and one dir per node)")
 ]
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    err_console.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(code)
 
 
 # -- node ----------------------------------------------------------------------------------------------------------
@@ -375,25 +366,16 @@ async def _snapshot_all(g: grp.GroupSpec) -> list[tuple[grp.NodeSpec, object]]:
 # -- append, get ---------------------------------------------------------------------------------------------------
 
 
-def _addresses(dir: Path | None, addresses: str | None) -> list[str]:
-    if addresses:
-        return [a.strip() for a in addresses.split(",") if a.strip()]
-    if dir is not None:
-        return grp.load(dir).addresses
-    _fail("give --dir (a local group) or --addresses host:port,...", 2)
-    return []
-
-
 @app.command()
 def append(
     bodies: Annotated[list[str], typer.Argument(help="bodies to append (UTF-8 text), one entry each")],
     dir: Annotated[Path | None, typer.Option("--dir", help="a local group directory")] = None,
-    addresses: Annotated[str | None, typer.Option(help="node addresses, comma separated")] = None,
+    addresses: AddressesOpt = None,
 ) -> None:
     """Append entries; prints index and pos of each once committed."""
     from dledger.client import DLedgerClient
 
-    with DLedgerClient(_addresses(dir, addresses)) as c:
+    with DLedgerClient(addresses_of(dir, addresses)) as c:
         try:
             results = c.append_batch([b.encode() for b in bodies])
         except DLedgerError as e:
@@ -406,12 +388,12 @@ def append(
 def get(
     index: Annotated[int, typer.Argument(help="log index")],
     dir: Annotated[Path | None, typer.Option("--dir", help="a local group directory")] = None,
-    addresses: Annotated[str | None, typer.Option(help="node addresses, comma separated")] = None,
+    addresses: AddressesOpt = None,
 ) -> None:
     """Print a committed entry."""
     from dledger.client import DLedgerClient
 
-    with DLedgerClient(_addresses(dir, addresses)) as c:
+    with DLedgerClient(addresses_of(dir, addresses)) as c:
         try:
             e = c.get(index)
         except DLedgerError as err:
@@ -421,44 +403,6 @@ def get(
 
 
 # -- demo ----------------------------------------------------------------------------------------------------------
-
-
-@app.command()
-def demo(
-    dir: Annotated[
-        Path | None, typer.Option("--dir", help="group directory (default: a temporary one)")
-    ] = None,
-    entries: Annotated[int, typer.Option(help="entries to append before the kill")] = 1000,
-    keep: Annotated[bool, typer.Option(help="keep the group's files afterwards")] = False,
-) -> None:
-    """Start a group, append, kill the leader, watch the failover, restart the node and see it catch up."""
-    tmp = None
-    if dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="dledger-demo-")
-        dir = Path(tmp.name)
-    try:
-        rc = run_demo(dir / "log", entries)
-        if rc == 0:
-            rc = _broker_and_audit_demo(dir / "broker")
-    finally:
-        if tmp is not None and not keep:
-            tmp.cleanup()
-        elif tmp is not None:
-            console.print(f"files kept in {dir}")
-    raise typer.Exit(rc)
-
-
-def _broker_and_audit_demo(dir: Path) -> int:
-    """The layers above the log: produce/consume through a failover, then the Spark audit of the group's files.
-    Imported here because the CLI is the one composition root (see EXTENSIONS)."""
-    from broker_adapter import demo as broker_demo
-    from spark import audit
-
-    rc = broker_demo.run(dir, console)
-    if rc != 0:
-        return rc
-    console.rule("[bold]audit: Spark replays every node's files and checks that they agree")
-    return audit.main([str(dir)])
 
 
 def run_demo(dir: Path, entries: int) -> int:
@@ -521,26 +465,25 @@ def run_demo(dir: Path, entries: int) -> int:
         console.print(f"stopped {', '.join(stopped)}; no node process is left running")
 
 
-# Commands of the layers above the log (the broker, the audit) live with them and register here: the CLI is the
-# one place that composes every layer, so it may import them; nothing else in dledger does.
-EXTENSIONS = ("broker_adapter.cli", "spark.cli", "statemachine.kvcli", "dledger.chaos.cli")
+# Commands of other layers (the KV store, the broker, the audit, chaos, the demo) register themselves as entry
+# points of the group ``dledger.cli`` (pyproject.toml): each names a ``register(app)`` function, so this module
+# imports none of them and the layers' arrows keep pointing one way.
+CLI_ENTRY_POINTS = "dledger.cli"
 
 
-def _register_extensions() -> None:
-    import importlib
+def register_extensions(target: typer.Typer) -> list[str]:
+    """Call every installed ``dledger.cli`` entry point's ``register(target)``; returns their names."""
+    from importlib.metadata import entry_points
 
-    for name in EXTENSIONS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:  # the extension exists but something it needs is missing: say so
-                raise
-            continue  # that layer has no commands yet
-        module.register(app)
+    names = []
+    for ep in sorted(entry_points(group=CLI_ENTRY_POINTS), key=lambda e: e.name):
+        ep.load()(target)
+        names.append(ep.name)
+    return names
 
 
 def main() -> None:
-    _register_extensions()
+    register_extensions(app)
     app()
 
 

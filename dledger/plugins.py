@@ -1,6 +1,6 @@
 """Node plugins: the state machine a node runs and the gRPC services it adds, chosen by configuration.
 
-A node's config names a plugin as ``"module:factory"`` (or a built-in alias: ``kv``, ``counter``). The factory
+A node's config names a plugin as ``"module:factory"`` (or an installed alias: ``kv``, ``counter``, ``broker``). The factory
 takes the ``NodeConfig`` and returns an object with a ``state_machine`` and an ``attach(node, server)`` method
 (``node`` is a ``NodeHandle``: the few members of the node a plugin may use) that registers the plugin's servicers on the node's gRPC server and returns their full service names (for health
 checking and reflection). The broker is such a plugin (``broker_adapter.plugin:make``), which is how it stacks on
@@ -25,11 +25,16 @@ if TYPE_CHECKING:
     from statemachine.apply_loop import Applied
     from storage.api import LogStore
 
-BUILTIN = {
-    "kv": "statemachine.plugins:kv",
-    "counter": "statemachine.plugins:counter",
-    "broker": "broker_adapter.plugin:make",
-}
+# The aliases (kv, counter, broker) are entry points of this group (pyproject.toml), so the runtime names no
+# module of the layers above it.
+PLUGIN_ENTRY_POINTS = "dledger.plugins"
+
+
+def builtin() -> dict[str, str]:
+    """The installed plugin aliases: name -> ``"module:factory"``."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=PLUGIN_ENTRY_POINTS)}
 
 
 class NodeHandle(Protocol):
@@ -95,11 +100,12 @@ class NodePlugin(Protocol):
 
 def resolve(spec: str) -> Callable[[NodeConfig], NodePlugin]:
     """The factory a spec names; a bad spec is a ``ConfigError`` that says what was tried."""
-    target = BUILTIN.get(spec, spec)
+    aliases = builtin()
+    target = aliases.get(spec, spec)
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(
-            f"state_machine {spec!r} is neither a built-in ({', '.join(sorted(BUILTIN))}) nor module:factory"
+            f"state_machine {spec!r} is neither a built-in ({', '.join(sorted(aliases))}) nor module:factory"
         )
     try:
         module = importlib.import_module(module_name)

@@ -162,7 +162,7 @@ def run_audit(
         units = _one_task_per_partition(spark, q).mapInArrow(queue_partition, QUEUE_DDL) if q else None
         message_count = sum(s.get("messages", 0) for s in summaries)
         broker = checks.broker(
-            entries, units, layouts, metas, commit, scan_findings[checks.CHECK_BROKER], message_count
+            entries, units, layouts, commit, scan_findings[checks.CHECK_BROKER], message_count
         )
         timings["broker_s"] = time.perf_counter() - t
 

@@ -1,4 +1,4 @@
-"""A node's LMDB metadata (``meta/``), opened read-only: the commit index checkpoint and applied indexes.
+"""A node's LMDB metadata (``meta/``), opened read-only: the commit index checkpoint.
 
 The audit opens the environment with ``readonly=True, lock=False``: it never creates or writes a file there (not
 even LMDB's lock file), so it can audit archived or read-only copies. Reading a live node's meta without the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 import lmdb
@@ -21,18 +21,15 @@ import lmdb
 from spark.layout import AuditInputError
 
 # storage.meta_lmdb keeps user keys under b"kv/"; the node checkpoints its commit index as "commit_index"
-# (dledger.node.COMMIT_INDEX_KEY), ASCII decimal. Applied indexes per state machine, when a node records them,
-# are "applied_index/<state machine name>".
+# (dledger.node.COMMIT_INDEX_KEY), ASCII decimal.
 USER_PREFIX: Final = b"kv/"
 COMMIT_KEYS: Final = (USER_PREFIX + b"commit_index", b"commit_index")
-APPLIED_PREFIXES: Final = (USER_PREFIX + b"applied_index/", b"applied_index/")
 
 
 @dataclass(frozen=True, slots=True)
 class NodeMeta:
     commit_index: int | None
     commit_key: str | None
-    applied: dict[str, int] = field(default_factory=dict)
     keys: tuple[str, ...] = ()
 
 
@@ -55,7 +52,7 @@ def decode_int(raw: bytes) -> int:
 
 
 def read_meta(meta_dir: str | None) -> NodeMeta:
-    """The node's commit checkpoint and applied indexes; ``NodeMeta(None, None)`` when it has no meta."""
+    """The node's commit checkpoint; ``NodeMeta(None, None)`` when it has no meta."""
     if meta_dir is None or not os.path.exists(os.path.join(meta_dir, "data.mdb")):
         return NodeMeta(None, None)
     try:
@@ -80,15 +77,5 @@ def read_meta(meta_dir: str | None) -> NodeMeta:
                 ) from err
             key_name = key.decode()
             break
-    applied: dict[str, int] = {}
-    for key, raw in items.items():
-        for prefix in APPLIED_PREFIXES:
-            if key.startswith(prefix):
-                try:
-                    applied[key[len(prefix) :].decode()] = decode_int(raw)
-                except (ValueError, UnicodeDecodeError) as err:
-                    raise AuditInputError(
-                        f"{meta_dir}: key {key.decode()!r} does not hold an index: {err}"
-                    ) from err
     names = tuple(sorted(k.decode("utf-8", "replace") for k in items))
-    return NodeMeta(commit, key_name, applied, names)
+    return NodeMeta(commit, key_name, names)

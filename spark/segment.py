@@ -59,7 +59,7 @@ INDEX_UNIT_DTYPE: Final = np.dtype(
 )
 assert INDEX_UNIT_DTYPE.itemsize == INDEX_UNIT
 
-_CHAIN: Final = struct.Struct(">qqI")
+CHAIN: Final = struct.Struct(">qqI")
 HEADER_DTYPE: Final = np.dtype(
     [
         ("magic", ">i4"),
@@ -264,7 +264,7 @@ def _walk(task, mm, mv, length, found, terms, summary, on_chunk, chunk_rows) -> 
     48-byte headers; everything else is checked on the header columns with numpy afterwards."""
     unpack_header = codec.HEADER.unpack_from
     unpack_prefix = _PREFIX.unpack_from
-    pack_chain = _CHAIN.pack
+    pack_chain = CHAIN.pack
     crc32 = _crc32
     magics = codec.ENTRY_MAGICS
     header_size = codec.HEADER_SIZE

@@ -30,9 +30,11 @@ def run_chaos(
     steps: Annotated[int, typer.Option(help="faults to inject (0: as many as fit in --duration)")] = 0,
     seed: Annotated[int | None, typer.Option(help="schedule seed (default: random, printed)")] = None,
     workload: Annotated[
-        str, typer.Option(help="broker (producers + consumer group) or kv (registers)")
+        str, typer.Option(help="an installed workload: broker (producers + consumer group) or kv (registers)")
     ] = "broker",
-    audit: Annotated[bool, typer.Option(help="run the Spark audit of the final files (checker 5)")] = True,
+    audit: Annotated[
+        bool, typer.Option(help="broker: run the Spark audit of the final files (checker 4)")
+    ] = True,
 ) -> None:
     """Run a seeded fault schedule against a local group under load, then check the history and the files."""
     from rich.console import Console
@@ -40,6 +42,7 @@ def run_chaos(
 
     from dledger.chaos.nemesis import FAULT_KINDS
     from dledger.chaos.runner import RunConfig, run
+    from dledger.chaos.workload import workload_names
 
     console = Console()
     # A run stopped with SIGTERM (or by a job runner's timeout) still stops its nodes and proxies on the way out.
@@ -49,8 +52,8 @@ def run_chaos(
     if unknown or not kinds:
         console.print(f"[red]error:[/red] unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
         raise typer.Exit(2)
-    if workload not in ("broker", "kv"):
-        console.print("[red]error:[/red] --workload must be broker or kv")
+    if workload not in workload_names():
+        console.print(f"[red]error:[/red] --workload must be one of: {', '.join(workload_names())}")
         raise typer.Exit(2)
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
@@ -71,7 +74,7 @@ def run_chaos(
             steps=steps,
             duration_s=duration,
             workload=workload,
-            audit=audit and workload == "broker",
+            audit=audit,
         )
         summary = run(cfg, log=console.print)
         ok = summary.ok

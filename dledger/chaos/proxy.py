@@ -113,11 +113,6 @@ class Link:
                 n += 1
         return n
 
-    def close_all(self) -> None:
-        for c in list(self._conns):
-            c.close()
-        self._conns.clear()
-
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         host, _, port = self.spec.target.rpartition(":")
         try:
@@ -327,16 +322,6 @@ class Network:
                 lk.bwd.clear()
             for lk in self.links.values():
                 lk.close_tainted()
-
-        self._run(apply)
-
-    def reset_node(self, node: str) -> None:
-        """Close every proxied connection from or to ``node`` (it was restarted: its old streams are dead)."""
-
-        def apply() -> None:
-            for (a, b), lk in self.links.items():
-                if node in (a, b):
-                    lk.close_all()
 
         self._run(apply)
 

@@ -1,19 +1,32 @@
-"""Client of the linearizable registers the KV workload reads and writes: the built-in KV store's gRPC service
-(``state_machine = "kv"``, ``dledger.v1.KV``: puts through the log, gets through the leader's read index).
+"""The KV workload of a chaos run: clients of linearizable registers, and the linearizability checker's verdict.
 
-Unlike ``statemachine.kvclient`` (which retries within a deadline), one call here is one attempt set with a
+The registers are the built-in KV store's gRPC service (``state_machine = "kv"``, ``dledger.v1.KV``: puts
+through the log, gets through the leader's read index).
+
+Unlike ``dledger.kv.client`` (which retries within a deadline), one call here is one attempt set with a
 few not-leader redirects, and every failure is classified for the history: NotLeaderError / UnavailableError
 (not done) or OutcomeUnknownError (may have been done), which is what the linearizability checker needs.
 """
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 
-from dledger.errors import DLedgerError, NotLeaderError, OutcomeUnknownError, UnavailableError
+from dledger.chaos import checkers
+from dledger.chaos.history import FAIL, INFO, INVOKE, OK, Event, History, operations
+from dledger.chaos.workload import Workers, Workload
+from dledger.errors import (
+    DLedgerError,
+    InvalidRequestError,
+    NotLeaderError,
+    OutcomeUnknownError,
+    UnavailableError,
+)
 from dledger.transport import convert
 from dledger.v1 import kv_pb2, kv_pb2_grpc
 
@@ -83,3 +96,114 @@ class RegisterClient:
         for ch in self._channels.values():
             ch.close()
         self._channels.clear()
+
+
+class Registers(Workers):
+    """Clients of the register service: random writes of unique values and reads, over a few keys at a time.
+
+    A key takes at most ``ops_per_key`` operations, then the clients move on to fresh keys, so that each
+    key's history stays small enough for the linearizability checker (WGL is exponential in the worst case).
+    A write that was refused is ``fail``; one whose outcome is unknown is ``info`` and is never retried (a
+    register write is not idempotent)."""
+
+    def __init__(
+        self,
+        history: History,
+        servers: Sequence[str],
+        *,
+        clients: int = 3,
+        keys: int = 3,
+        ops_per_key: int = 60,
+        read_fraction: float = 0.5,
+        timeout_s: float = 1.0,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.history = history
+        self.servers = list(servers)
+        self.clients = clients
+        self.keys = keys
+        self.ops_per_key = ops_per_key
+        self.read_fraction = read_fraction
+        self.timeout_s = timeout_s
+        self.seed = seed
+        self._ops = itertools.count()
+
+    def start(self) -> None:
+        for i in range(self.clients):
+            self._spawn(f"register-{i}", lambda i=i: self._run(f"r{i}", random.Random(self.seed * 1000 + i)))
+
+    def _run(self, name: str, rng: random.Random) -> None:
+        h = self.history
+        client = RegisterClient(self.servers, self.timeout_s)
+        try:
+            written = 0
+            while not self.stopping:
+                n = next(self._ops)
+                key = f"k{n // (self.ops_per_key * self.keys)}-{rng.randrange(self.keys)}"
+                if rng.random() < self.read_fraction:
+                    h.add(name, INVOKE, "read", key=key)
+                    try:
+                        value = client.get(key)
+                    except (NotLeaderError, UnavailableError, InvalidRequestError) as e:
+                        h.add(name, FAIL, "read", key=key, error=str(e)[:160])
+                    except DLedgerError as e:
+                        h.add(name, INFO, "read", key=key, error=f"{type(e).__name__}: {str(e)[:160]}")
+                    else:
+                        h.add(name, OK, "read", key=key, value=value)
+                        continue
+                    self._stop.wait(0.02)
+                else:
+                    value = f"{name}-{written}"
+                    written += 1
+                    h.add(name, INVOKE, "write", key=key, value=value)
+                    try:
+                        client.put(key, value)
+                    except OutcomeUnknownError as e:
+                        h.add(name, INFO, "write", key=key, value=value, error=str(e)[:160])
+                    except (NotLeaderError, UnavailableError, InvalidRequestError) as e:
+                        h.add(name, FAIL, "write", key=key, value=value, error=str(e)[:160])
+                    except DLedgerError as e:
+                        h.add(
+                            name,
+                            INFO,
+                            "write",
+                            key=key,
+                            value=value,
+                            error=f"{type(e).__name__}: {str(e)[:160]}",
+                        )
+                    else:
+                        h.add(name, OK, "write", key=key, value=value)
+                        continue
+                    self._stop.wait(0.02)  # after a failure: do not spin against a node that is down
+        finally:
+            client.close()
+
+
+class KVWorkload(Workload):
+    """``--workload kv``: register clients on a KV group; judged by the linearizability checker."""
+
+    state_machine = "kv"
+    progress = ("write",)
+
+    def __init__(self, cfg: Any, history: History):
+        super().__init__()
+        self.cfg = cfg
+        self.history = history
+
+    def start(self, servers: Sequence[str]) -> None:
+        cfg = self.cfg
+        self.workers = [Registers(self.history, servers, clients=cfg.registers, keys=cfg.keys, seed=cfg.seed)]
+        super().start(servers)
+
+    def judge(
+        self, events: Sequence[Event], group: Any, commit_index: int
+    ) -> tuple[list[checkers.Verdict], dict[str, int]]:
+        reg = [o for o in operations(events) if o.f in ("write", "read")]
+        ops = {
+            "attempted": len(reg),
+            "acked": sum(1 for o in reg if o.type == OK),
+            "failed": sum(1 for o in reg if o.type == FAIL),
+            "unknown": sum(1 for o in reg if o.type == INFO),
+        }
+        return [checkers.check_linearizable(events)], ops

@@ -2,15 +2,16 @@
 
 ``run(RunConfig(...))`` does, in order:
 
-1. create a proxied broker group (``dledger.group.create(..., proxied=True)``), start the proxy and the nodes
-   (through the fault-injection launcher), create the topic;
-2. start the producers and the consumer group (and the register clients of a KV group), and a status
-   observer that records every (leader, term) it sees;
+1. create a proxied group running the workload's state machine (``dledger.group.create(..., proxied=True)``),
+   start the proxy and the nodes (through the fault-injection launcher);
+2. start the workload (found by name among the ``dledger.chaos_workloads`` entry points: the broker's
+   producers and consumer group, the KV store's register clients) and a status observer that records every
+   (leader, term) it sees;
 3. run the fault schedule drawn from the seed: inject, hold, heal, wait until the group answers again;
-4. heal everything, stop the producers, wait until every node holds and has committed the same entries, let
-   the consumer group run to the end of every queue, stop the group (SIGTERM);
-5. judge: the checkers on the history and the files, optionally the Spark audit; write ``summary.json``,
-   ``history.jsonl``, ``acks.jsonl`` and ``schedule.json`` to the output directory.
+4. heal everything, stop the load, wait until every node holds and has committed the same entries, let the
+   workload finish (the broker's consumer group runs to the end of every queue), stop the group (SIGTERM);
+5. judge: the workload's checkers on the history and the files; write ``summary.json``, ``history.jsonl`` and
+   ``schedule.json`` (and what the workload writes, e.g. the broker's ``acks.jsonl``) to the output directory.
 
 A failing run names its seed and schedule in the summary (``Summary.reproduce``).
 """
@@ -19,21 +20,18 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker_adapter.client import BrokerConnection
 from dledger import group as grp
 from dledger.chaos import checkers
-from dledger.chaos.history import INFO, OK, History, operations
+from dledger.chaos.history import OK, History
 from dledger.chaos.nemesis import LAUNCHER, NEEDS_PROXY, Nemesis, Step, schedule, wait_converged, wait_healthy
 from dledger.chaos.proxy import LinkSpec, Network
-from dledger.chaos.workload import GROUP, TOPIC, Consumers, Producers, Registers
+from dledger.chaos.workload import Workload, load_workload
 from dledger.errors import DLedgerError
 
 RAFT = {"election_timeout_min_ms": 300, "election_timeout_max_ms": 600, "heartbeat_interval_ms": 60}
@@ -53,10 +51,10 @@ class RunConfig:
     consumers: int = 2
     queues: int = 4
     body_size: int = 128
-    workload: str = "broker"  # "broker" (producers + consumers) or "kv" (register clients)
+    workload: str = "broker"  # a dledger.chaos_workloads entry point: "broker" (producers + consumers), "kv"
     registers: int = 3  # KV: client threads
     keys: int = 3  # KV: registers
-    audit: bool = False  # run the Spark audit of the final files (checker 5; starts a JVM)
+    audit: bool = False  # broker: run the Spark audit of the final files (starts a JVM)
     proxied: bool = True
 
     def to_json(self) -> dict[str, Any]:
@@ -158,14 +156,11 @@ def _steps(cfg: RunConfig) -> list[Step]:
     return schedule(cfg.seed, list(cfg.faults), count, cfg.hold_s)
 
 
-def _wait_for_ack(history: History, after: float, timeout_s: float) -> bool:
-    """Poll until some client operation was acknowledged after ``after`` (the group serves again)."""
+def _wait_for_ack(history: History, after: float, timeout_s: float, progress: tuple[str, ...]) -> bool:
+    """Poll until some ``progress`` operation was acknowledged after ``after`` (the group serves again)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if any(
-            e.type == OK and e.f in ("send", "write") and e.time > after
-            for e in reversed(history.events[-200:])
-        ):
+        if any(e.type == OK and e.f in progress and e.time > after for e in reversed(history.events[-200:])):
             return True
         time.sleep(0.05)
     return False
@@ -183,14 +178,16 @@ def run(cfg: RunConfig, log=print) -> Summary:
     needs_proxy = any(s.kind in NEEDS_PROXY for s in steps)
     if needs_proxy and not cfg.proxied:
         raise ValueError("partition and one-way faults need a proxied group")
+    make_workload = load_workload(cfg.workload)
     history = History(out / "history.jsonl")
+    workload: Workload = make_workload(cfg, history)
     group = grp.create(
         cfg.directory,
         cfg.nodes,
         base_port=None,
         proxied=cfg.proxied,
         raft=dict(RAFT),
-        state_machine="broker" if cfg.workload == "broker" else "kv",
+        state_machine=workload.state_machine,
     )
     network = (
         Network([LinkSpec(a, b, p, group.node(b).address) for a, b, p in group.links], seed=cfg.seed)
@@ -200,7 +197,6 @@ def run(cfg: RunConfig, log=print) -> Summary:
     notes: list[str] = []
     nemesis: Nemesis | None = None
     observer = LeaderObserver(group, history)
-    workers: list[Any] = []
     commit_index = -1
     t_work = t_end = 0.0
     injected: list[Step] = []
@@ -212,24 +208,13 @@ def run(cfg: RunConfig, log=print) -> Summary:
         if not wait_healthy(group, 60):
             raise DLedgerError(f"the group in {cfg.directory} did not elect a leader within 60 s")
         servers = group.addresses
-        if cfg.workload == "broker":
-            with BrokerConnection(servers, timeout_s=2.0, retry_for_s=30.0) as admin:
-                if TOPIC not in {t.topic for t in admin.list_topics()}:
-                    admin.create_topic(TOPIC, cfg.queues)
-            producers = Producers(history, servers, count=cfg.producers, body_size=cfg.body_size)
-            consumers = Consumers(history, servers, cfg.queues, count=cfg.consumers)
-            workers = [producers, consumers]
-        else:
-            registers = Registers(history, servers, clients=cfg.registers, keys=cfg.keys, seed=cfg.seed)
-            workers = [registers]
         observer.start()
         t_work = history.now()
-        for w in workers:
-            w.start()
+        workload.start(servers)
         nemesis = Nemesis(
             group, history, network, cfg.seed, election_timeout_s=RAFT["election_timeout_max_ms"] / 1000
         )
-        _wait_for_ack(history, t_work, 30.0)
+        _wait_for_ack(history, t_work, 30.0, workload.progress)
         deadline = t_start + cfg.duration_s if cfg.duration_s else None
         for i, step in enumerate(steps):
             if deadline is not None and time.monotonic() > deadline and i >= len(cfg.faults):
@@ -243,31 +228,22 @@ def run(cfg: RunConfig, log=print) -> Summary:
             healed_at = history.now()
             if not wait_healthy(group, 60):
                 notes.append(f"after {step.kind}: no leader within 60 s of the heal")
-            if not _wait_for_ack(history, healed_at, 60.0):
+            if not _wait_for_ack(history, healed_at, 60.0, workload.progress):
                 notes.append(f"after {step.kind}: no acknowledged operation within 60 s of the heal")
         restarted = nemesis.heal_all()
         if restarted:
             notes.append(f"nodes restarted at the end: {restarted}")
         t_end = history.now()
-        workers[0].stop()
+        workload.quiesce()
         rows = wait_converged(group, 90)
         commit_index = rows[0].commit_index or -1
-        if cfg.workload == "broker":
-            with BrokerConnection(servers, timeout_s=2.0, retry_for_s=30.0) as admin:
-                info = {t.topic: t for t in admin.list_topics()}[TOPIC]
-            ends = {q: off for q, off in enumerate(info.max_offsets)}
-            if not consumers.drain_to(ends, 90):
-                notes.append(f"the consumer group did not reach the end offsets {ends} within 90 s")
+        workload.finish(servers, notes)
         observer.stop()
-        for w in workers:
+        for w in workload.workers:
             if w.crashes:
                 notes.append(f"workload crashed: {w.crashes}")
     finally:
-        for w in workers:
-            try:
-                w.stop(5.0)
-            except RuntimeError as e:
-                notes.append(str(e))
+        notes.extend(workload.stop(5.0))
         observer.stop()
         if nemesis is not None:
             nemesis.stop()
@@ -278,30 +254,10 @@ def run(cfg: RunConfig, log=print) -> Summary:
             network.stop()
         history.close()
     events = History.load(out / "history.jsonl")
-    verdicts: list[checkers.Verdict] = []
-    if cfg.workload == "broker":
-        logs = checkers.read_group([(n.id, n.data_dir) for n in group.nodes], commit_index)
-        verdicts += [
-            checkers.check_acked_present(events, logs, TOPIC),
-            checkers.check_nothing_unsent(events, logs, TOPIC),
-            checkers.check_queue_order(logs, TOPIC),
-        ]
-        ops = checkers.summarize_sends(events)
-        ack_log = write_ack_log(events, out / "acks.jsonl")
-        if cfg.audit:
-            verdicts.append(spark_audit(cfg.directory, ack_log, out / "audit"))
-    else:
-        verdicts.append(checkers.check_linearizable(events))
-        reg = operations(events)
-        ops = {
-            "attempted": sum(1 for o in reg if o.f in ("write", "read")),
-            "acked": sum(1 for o in reg if o.f in ("write", "read") and o.type == OK),
-            "failed": sum(1 for o in reg if o.f in ("write", "read") and o.type == "fail"),
-            "unknown": sum(1 for o in reg if o.f in ("write", "read") and o.type == INFO),
-        }
+    verdicts, ops = workload.judge(events, group, commit_index)
     for n in notes:
         verdicts.append(checkers.Verdict("liveness", [n], 1))
-    gap, gap_at = checkers.longest_unavailability(events, t_work, t_end or t_work)
+    gap, gap_at = checkers.longest_unavailability(events, t_work, t_end or t_work, workload.progress)
     summary = Summary(
         cfg.seed,
         [s.to_json() for s in injected],
@@ -322,42 +278,4 @@ def run(cfg: RunConfig, log=print) -> Summary:
     return summary
 
 
-def write_ack_log(events, path: Path) -> Path:
-    """The producers' outcomes in the audit's ack-log format (acknowledged, or ``acked: false`` if unknown)."""
-    with open(path, "w") as f:
-        for o in operations(events, "send"):
-            if o.type == OK:
-                rec = {k: o.value[k] for k in ("msg_id", "queue_id", "queue_offset", "commitlog_offset")}
-                f.write(json.dumps({"topic": TOPIC, **rec}) + "\n")
-            elif o.type == INFO:
-                f.write(json.dumps({"msg_id": o.value["msg_id"], "acked": False}) + "\n")
-    return path
-
-
-def spark_audit(directory: Path, ack_log: Path, report: Path, timeout_s: float = 600) -> checkers.Verdict:
-    """Checker 5: ``dledger audit`` of the final files, in its own process (it starts a JVM)."""
-    v = checkers.Verdict("spark_audit")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dledger",
-            "audit",
-            str(directory),
-            "--ack-log",
-            str(ack_log),
-            "--report",
-            str(report),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-    v.stats["exit_status"] = proc.returncode
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-        v.violation(f"dledger audit exited {proc.returncode}: " + " | ".join(tail))
-    return v
-
-
-__all__ = ["GROUP", "RunConfig", "Summary", "run"]
+__all__ = ["RunConfig", "Summary", "run"]

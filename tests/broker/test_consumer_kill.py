@@ -48,7 +48,7 @@ def test_a_killed_consumer_group_resumes_at_its_committed_offsets_after_a_failov
         producer = threading.Thread(target=produce)
         producer.start()
         consumer = subprocess.Popen(
-            [sys.executable, "-m", "dledger", "consume", "--servers", ",".join(g.addresses), "--topic", TOPIC,
+            [sys.executable, "-m", "dledger", "consume", "--addresses", ",".join(g.addresses), "--topic", TOPIC,
              "--group", GROUP, "--from-beginning", "--idle-s", "60", "--quiet"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -246,7 +246,7 @@ def test_cli_topic_produce_consume_with_ack_log(groups, tmp_path):
         str(ack),
     )
     assert "acknowledged 50 messages" in text
-    listed = cli("topic", "list", "--servers", ",".join(g.addresses)).split()
+    listed = cli("topic", "list", "--addresses", ",".join(g.addresses)).split()
     assert listed[:2] == ["cli-t", "queues=3"]  # the count may still lag the acks: they come at commit
     cli(
         "consume",

@@ -3,17 +3,14 @@ queue order, divergent nodes, and non-linearizable register histories (synthetic
 
 from __future__ import annotations
 
-from dledger.chaos.checkers import (
+from broker_adapter.chaos.checkers import (
     NodeLog,
-    RegisterOp,
     StoredMessage,
     check_acked_present,
-    check_linearizable,
     check_nothing_unsent,
     check_queue_order,
-    check_register,
-    longest_unavailability,
 )
+from dledger.chaos.checkers import RegisterOp, check_linearizable, check_register, longest_unavailability
 from dledger.chaos.history import Event, History
 
 T = "chaos"

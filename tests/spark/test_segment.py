@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from broker_adapter import commands, message
+from broker_adapter import commands, formats, message
 from spark.broker import BODY_COMMAND, BODY_MESSAGE, BODY_RAW, message_fields
 from spark.layout import AuditInputError, discover
 from spark.meta import decode_int, read_meta
@@ -92,7 +92,7 @@ def test_message_fields_and_body_kinds(tmp_path):
     assert (m.topic, m.queue_id, m.queue_offset, m.msg_id) == ("t", 0, 1, "t-0-1")
     assert m.physical_offset == w.entries[2].pos + codec.HEADER_SIZE
     assert m.tags_code == message.tags_code("tag1")
-    with pytest.raises(message.MessageFormatError, match="TOTALSIZE"):
+    with pytest.raises(formats.MessageFormatError, match="TOTALSIZE"):
         message_fields(w.entries[2].body + b"x")
 
 

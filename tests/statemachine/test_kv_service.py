@@ -8,9 +8,9 @@ import grpc
 import pytest
 
 from dledger.errors import InvalidRequestError, NotLeaderError
+from dledger.kv.client import AsyncKVClient
 from dledger.v1 import kv_pb2, kv_pb2_grpc
 from statemachine.kv import KVStore, Swapped, encode_cas
-from statemachine.kvclient import AsyncKVClient
 from tests.runtime.cluster import LocalGroup
 
 

@@ -1,4 +1,6 @@
-"""Built-in node plugins (``state_machine = "kv"`` or ``"counter"`` in a node's config).
+"""Node plugins of the pure state machines (``state_machine = "kv"`` or ``"counter"`` in a node's config).
+
+Registered as entry points of the group ``dledger.plugins`` (pyproject.toml), like the broker's.
 
 The key-value store adds its own gRPC service (``dledger.v1.KV``: put, linearizable get, delete,
 compare-and-swap); the counter has none: its entries reach it through the DLedger client API."""
@@ -27,7 +29,7 @@ class KVPlugin:
     state_machine: KVStore
 
     def attach(self, node: Any, server: Any) -> Sequence[str]:
-        from statemachine.kvservice import attach  # gRPC only where a node serves it
+        from dledger.kv.service import attach  # gRPC only where a node serves it
 
         return attach(node, server, self.state_machine)
 

@@ -8,25 +8,23 @@ from typing import Annotated
 
 import typer
 
+from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, fail
 from dledger.errors import DLedgerError
 
 kv_app = typer.Typer(help="Key-value store of a group running state_machine = kv.", no_args_is_help=True)
-DirOpt = Annotated[Path | None, typer.Option("--dir", help="a local group directory")]
-AddrOpt = Annotated[str | None, typer.Option("--addresses", help="node addresses, comma separated")]
 
 
 def _run(dir: Path | None, addresses: str | None, op):
-    from dledger.cli import _addresses, _fail
-    from statemachine.kvclient import AsyncKVClient
+    from dledger.kv.client import AsyncKVClient
 
     async def go():
-        async with AsyncKVClient(_addresses(dir, addresses)) as kv:
+        async with AsyncKVClient(addresses_of(dir, addresses, state_machine="kv")) as kv:
             return await op(kv)
 
     try:
         return asyncio.run(go())
     except DLedgerError as e:
-        _fail(f"{type(e).__name__}: {e}")
+        fail(f"{type(e).__name__}: {e}")
 
 
 def _show(value: bytes | None) -> str:
@@ -34,7 +32,7 @@ def _show(value: bytes | None) -> str:
 
 
 @kv_app.command()
-def put(key: str, value: str, dir: DirOpt = None, addresses: AddrOpt = None) -> None:
+def put(key: str, value: str, dir: DirOpt = None, addresses: AddressesOpt = None) -> None:
     """Set KEY to VALUE (replicated; prints the log index and the previous value)."""
     w = _run(dir, addresses, lambda kv: kv.put(key.encode(), value.encode()))
     typer.echo(f"index {w.index} previous {_show(w.previous)}")
@@ -44,7 +42,7 @@ def put(key: str, value: str, dir: DirOpt = None, addresses: AddrOpt = None) -> 
 def get(
     key: str,
     dir: DirOpt = None,
-    addresses: AddrOpt = None,
+    addresses: AddressesOpt = None,
     serializable: Annotated[bool, typer.Option(help="read any node's applied state (may be stale)")] = False,
 ) -> None:
     """Print KEY's value (linearizable unless --serializable)."""
@@ -53,7 +51,7 @@ def get(
 
 
 @kv_app.command()
-def delete(key: str, dir: DirOpt = None, addresses: AddrOpt = None) -> None:
+def delete(key: str, dir: DirOpt = None, addresses: AddressesOpt = None) -> None:
     """Delete KEY."""
     w = _run(dir, addresses, lambda kv: kv.delete(key.encode()))
     typer.echo(f"index {w.index} existed {w.existed}")
@@ -67,7 +65,7 @@ def cas(
         str | None, typer.Option(help="swap only if KEY holds this (omit: only if absent)")
     ] = None,
     dir: DirOpt = None,
-    addresses: AddrOpt = None,
+    addresses: AddressesOpt = None,
 ) -> None:
     """Compare-and-swap: set KEY to VALUE if it holds --expected (or is absent)."""
     exp = expected.encode() if expected is not None else None
