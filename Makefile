@@ -81,3 +81,9 @@ $(VENV)/.bench-installed: $(STAMP) pyproject.toml
 
 bench-compare: $(VENV)/.bench-installed
 	$(BIN)/python -m bench.compare $(COMPARE_ARGS)
+
+# Our broker (flush sync and async) against NATS JetStream (apt-get installs Debian's nats-server when it can): a few minutes.
+# make bench-broker-nats JETSTREAM_ARGS=--quick
+.PHONY: bench-broker-nats
+bench-broker-nats: $(VENV)/.bench-installed
+	$(BIN)/python -m bench.jetstream $(JETSTREAM_ARGS)
