@@ -356,6 +356,26 @@ def error_from_status(
     return cls(message)
 
 
+def error_from_rpc(e: grpc.RpcError, address: str = "", *, write: bool = False) -> DLedgerError:
+    """The error a failed call (blocking or asyncio) stands for. A ``write`` whose call broke after the request
+    may have reached the node (the connection dropped, the deadline passed) is ``OutcomeUnknownError``: it
+    may have been applied. A refused connection, or an error the node itself raised, says what it says."""
+    md = {k: v for k, v in (e.trailing_metadata() or ()) if isinstance(v, str)}
+    code, details = e.code(), e.details() or ""
+    from_node = ERROR_CLASS_KEY in md or REFUSED_KEY in md or OUTCOME_UNKNOWN_KEY in md
+    if write and not from_node:
+        broke = code is grpc.StatusCode.UNAVAILABLE and not never_sent(details)
+        if broke or code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            return OutcomeUnknownError(f"{address} failed while the write was in flight: {details}")
+    return error_from_status(code, f"{address}: {details}" if address else details, md)
+
+
+def never_sent(details: str | None) -> bool:
+    """True when gRPC could not even reach the node (so the request cannot have been acted on)."""
+    d = (details or "").lower()
+    return "failed to connect" in d or "connection refused" in d or "connect failed" in d
+
+
 def append_error_from_pb(p: client_pb2.AppendError) -> DLedgerError:
     md = {LEADER_ID_KEY: p.leader_id, LEADER_ADDRESS_KEY: p.leader_address}
     if p.outcome_unknown:
