@@ -102,7 +102,7 @@ def test_the_deadline_names_the_last_error():
     att = r.attempts(0.5, "append", clock=clock)
     att.failed(BackpressureError("back off"), A)
     clock.now = 0.6
-    with pytest.raises(UnavailableError, match="append did not succeed within 0.5 s; last error: back off"):
+    with pytest.raises(UnavailableError, match=r"append did not succeed within 0\.5 s; last error: back off"):
         att.failed(BackpressureError("back off"), A)
     unknown = r.attempts(0.5, retry_unknown=True, clock=clock)
     clock.now = 2.0
