@@ -390,7 +390,7 @@ class DLedgerClient:
         rpc_timeout_s: float = 5.0,
         backoff_s: tuple[float, float] = DEFAULT_BACKOFF_S,
         max_pack: int = 1000,
-        max_inflight: int = 4,
+        max_inflight: int = 2,
         rng: random.Random | None = None,
     ):
         self._router = Router(addresses, backoff_s=backoff_s, rng=rng)
@@ -427,10 +427,10 @@ class DLedgerClient:
         return stub
 
     def append(self, body: bytes) -> AppendResult:
-        return self._appends.submit([bytes(body)])[0]
+        return self._appends.submit([body if type(body) is bytes else bytes(body)])[0]
 
     def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
-        return self._appends.submit([bytes(b) for b in bodies])
+        return self._appends.submit([b if type(b) is bytes else bytes(b) for b in bodies])
 
     def _append_now(self, bodies: list[bytes]) -> list[AppendResult]:
         req = client_pb2.AppendRequest(group=self.group, bodies=bodies)

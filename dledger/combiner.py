@@ -5,13 +5,14 @@ A node's cost is per call far more than per entry (Python gRPC spends about a mi
 64 threads each making their own call cap a small machine at a few thousand calls a second, while the same
 work packed into a few calls costs a few. No extra thread or event loop: the first callers to arrive (up to
 ``max_inflight`` at a time) make the calls for everyone queued, and when one finishes it hands its turn to
-the oldest waiter. Each caller still gets only its own results, or the error of the call that carried them;
+the oldest waiter (a blocked thread costs one wake-up, the least a blocking call can cost). Each caller still gets only its own results, or the error of the call that carried them;
 a call refused for a reason one caller's items may have caused (not retriable) is re-made per caller, so one
 bad request never fails its neighbours.
 """
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,20 +30,18 @@ def _alone(err: BaseException) -> bool:
 
 
 class _Waiter(Generic[T, R]):
-    __slots__ = ("done", "error", "event", "items", "lead", "results")
+    """One blocked caller. It waits on a bare lock (the cheapest thing a thread can block on), released
+    exactly once: when its results are in, or when it is promoted to make the next call itself."""
+
+    __slots__ = ("error", "items", "lock", "promoted", "results")
 
     def __init__(self, items: list[T]):
         self.items = items
         self.results: list[R] | None = None
         self.error: BaseException | None = None
-        self.done = False
-        self.lead = False
-        self.event = threading.Event()
-
-    def resolve(self, results: list[R] | None, error: BaseException | None) -> None:
-        self.results, self.error = results, error
-        self.done = True
-        self.event.set()
+        self.promoted = False
+        self.lock = _thread.allocate_lock()
+        self.lock.acquire()
 
     def outcome(self) -> list[R]:
         if self.error is not None:
@@ -55,7 +54,7 @@ class Combiner(Generic[T, R]):
     """Thread-safe. ``call(items)`` makes one call for a list of items and returns one result per item."""
 
     def __init__(
-        self, call: Callable[[list[T]], Sequence[R]], *, max_inflight: int = 4, max_items: int = 1000
+        self, call: Callable[[list[T]], Sequence[R]], *, max_inflight: int = 2, max_items: int = 1000
     ):
         self._call = call
         self._max_inflight = max_inflight
@@ -67,36 +66,33 @@ class Combiner(Generic[T, R]):
     def submit(self, items: Sequence[T]) -> list[R]:
         w: _Waiter[T, R] = _Waiter(list(items))
         with self._lock:
-            self._queue.append(w)
-            if self._inflight < self._max_inflight:
+            lead = self._inflight < self._max_inflight
+            if lead:
                 self._inflight += 1
-                w.lead = True
-        while True:
-            if w.lead:
-                w.lead = False
-                self._serve()
-            if w.done:
+            else:
+                self._queue.append(w)
+        if not lead:
+            w.lock.acquire()
+            if not w.promoted:
                 return w.outcome()
-            w.event.wait()
-            w.event.clear()
+        self._serve(w)
+        return w.outcome()
 
-    def _serve(self) -> None:
-        """Make one call for the queue's head, then hand this turn to the oldest waiter (or give it back)."""
+    def _serve(self, own: _Waiter[T, R]) -> None:
+        """Make one call for ``own`` and the queue's head; as soon as it returns, hand this turn to the oldest
+        waiter (so the next call starts before this one's callers are woken), then wake them."""
         with self._lock:
-            batch = _take(self._queue, self._max_items)
-            if not batch:
+            batch = [own, *_take(self._queue, self._max_items - len(own.items))]
+        _deliver(batch, self._call, own, self._pass_turn)
+
+    def _pass_turn(self) -> None:
+        with self._lock:
+            if self._queue:
+                nxt = self._queue.pop(0)
+                nxt.promoted = True
+                nxt.lock.release()
+            else:
                 self._inflight -= 1
-                return
-        try:
-            _deliver(batch, self._call)
-        finally:
-            with self._lock:
-                if self._queue:
-                    nxt = self._queue[0]
-                    nxt.lead = True
-                    nxt.event.set()
-                else:
-                    self._inflight -= 1
 
 
 class AsyncCombiner(Generic[T, R]):
@@ -106,7 +102,7 @@ class AsyncCombiner(Generic[T, R]):
         self,
         call: Callable[[list[T]], Awaitable[Sequence[R]]],
         *,
-        max_inflight: int = 4,
+        max_inflight: int = 2,
         max_items: int = 1000,
     ):
         self._call = call
@@ -122,7 +118,7 @@ class AsyncCombiner(Generic[T, R]):
             self._inflight += 1
             try:
                 while self._queue:
-                    await self._serve(_take(self._queue, self._max_items))
+                    await self._serve(_take(self._queue, self._max_items) or [self._queue.pop(0)])
             finally:
                 self._inflight -= 1
         return await fut
@@ -149,12 +145,12 @@ class AsyncCombiner(Generic[T, R]):
             i += len(items)
 
 
-def _take(queue: list, max_items: int) -> list:
-    """The queue's head: callers in arrival order up to ``max_items`` items (always at least one caller)."""
+def _take(queue: list, budget: int) -> list:
+    """The queue's head: callers in arrival order while their items fit in ``budget``."""
     n = count = 0
     for entry in queue:
         size = len(entry.items) if isinstance(entry, _Waiter) else len(entry[0])
-        if count and n + size > max_items:
+        if n + size > budget:
             break
         n += size
         count += 1
@@ -163,21 +159,34 @@ def _take(queue: list, max_items: int) -> list:
     return batch
 
 
-def _deliver(batch: list[_Waiter], call: Callable[[list], Sequence]) -> None:
+def _deliver(
+    batch: list[_Waiter], call: Callable[[list], Sequence], own: _Waiter, done: Callable[[], None]
+) -> None:
+    """Make the call, call ``done`` (exactly once), then hand each waiter its results (waking all but ``own``)."""
     flat = [x for w in batch for x in w.items]
     try:
         results = list(call(flat))
     except BaseException as e:
         if len(batch) > 1 and _alone(e):
-            for w in batch:
-                _deliver([w], call)
+            for i, w in enumerate(batch):
+                _deliver([w], call, own, done if i == len(batch) - 1 else _nothing)
             return
+        done()
         for w in batch:
-            w.resolve(None, e)
+            w.error = e
+            if w is not own:
+                w.lock.release()
         if not isinstance(e, Exception):
             raise
         return
+    done()
     i = 0
     for w in batch:
-        w.resolve(results[i : i + len(w.items)], None)
+        w.results = results[i : i + len(w.items)]
         i += len(w.items)
+        if w is not own:
+            w.lock.release()
+
+
+def _nothing() -> None:
+    pass
