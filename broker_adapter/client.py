@@ -190,7 +190,7 @@ class BrokerConnection:
         """Call ``method`` on the leader (or only on ``address``), following redirects; ``retry_unknown`` says
         whether a write whose outcome is unknown may be sent again (true for idempotent requests)."""
         attempts = self._router.attempts(
-            self.retry_for_s, method, retry_unknown=retry_unknown, address=address
+            self.retry_for_s, method, retry_unknown=retry_unknown, address=address, retry_pinned=True
         )
         write = method in _WRITES
         while True:
@@ -376,7 +376,7 @@ class AsyncBrokerConnection:
     async def call(self, method: str, request, *, retry_unknown: bool, address: str | None = None):
         """As ``BrokerConnection.call``."""
         attempts = self._router.attempts(
-            self.retry_for_s, method, retry_unknown=retry_unknown, address=address
+            self.retry_for_s, method, retry_unknown=retry_unknown, address=address, retry_pinned=True
         )
         write = method in _WRITES
         while True:

@@ -76,17 +76,20 @@ class Router:
         *,
         retry_unknown: bool = False,
         address: str | None = None,
+        retry_pinned: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> Attempts:
-        return Attempts(self, timeout_s, what, retry_unknown, address, clock)
+        return Attempts(self, timeout_s, what, retry_unknown, address, retry_pinned, clock)
 
 
 class Attempts:
     """The retries of one operation. ``target()`` names the node for the next try; ``failed(err, address)``
     returns how long to wait before it, or raises:
 
-    - ``err`` itself when it is not retriable, when the request was pinned to one ``address``, or when it is
-      ``OutcomeUnknownError`` and the request is not idempotent (``retry_unknown`` false);
+    - ``err`` itself when it is not retriable, or when it is ``OutcomeUnknownError`` and the request is not
+      idempotent (``retry_unknown`` false); for a request pinned to one ``address``, at once, unless
+      ``retry_pinned`` (then a not-leader error is raised, anything else retriable is retried there: a node
+      restarting);
     - at the deadline, ``OutcomeUnknownError`` as it is (an unknown outcome stays unknown), anything else as
       ``UnavailableError`` naming the last error."""
 
@@ -97,6 +100,7 @@ class Attempts:
         what: str,
         retry_unknown: bool,
         address: str | None,
+        retry_pinned: bool,
         clock: Callable[[], float],
     ):
         self._router = router
@@ -104,6 +108,7 @@ class Attempts:
         self._what = what
         self._retry_unknown = retry_unknown
         self._address = address
+        self._retry_pinned = retry_pinned
         self._clock = clock
         self.deadline = clock() + timeout_s
         self._attempt = 0
@@ -121,9 +126,12 @@ class Attempts:
 
     def failed(self, err: DLedgerError, address: str) -> float:
         router = self._router
-        if self._address is not None:
+        if self._address is None:
+            redirected = router.learn(err, address)
+        elif not self._retry_pinned or isinstance(err, NotLeaderError):
             raise err
-        redirected = router.learn(err, address)
+        else:
+            redirected = False
         if not err.retriable or (isinstance(err, OutcomeUnknownError) and not self._retry_unknown):
             raise err
         router.stats["retries"] += 1

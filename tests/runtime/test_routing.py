@@ -94,6 +94,12 @@ def test_a_pinned_request_is_not_rerouted():
         att.failed(NotLeaderError(A), B)
     att.succeeded(B)
     assert r.leader is None  # a pinned read says nothing about who leads
+    with pytest.raises(UnavailableError):
+        r.attempts(10, address=B, clock=Clock()).failed(UnavailableError("down"), B)
+    patient = r.attempts(10, address=B, retry_pinned=True, clock=Clock())
+    assert patient.failed(UnavailableError("restarting"), B) > 0 and patient.target() == B
+    with pytest.raises(NotLeaderError):  # cannot follow a hint away from the node it was pinned to
+        patient.failed(NotLeaderError(A), B)
 
 
 def test_the_deadline_names_the_last_error():
