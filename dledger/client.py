@@ -390,7 +390,7 @@ class DLedgerClient:
         rpc_timeout_s: float = 5.0,
         backoff_s: tuple[float, float] = DEFAULT_BACKOFF_S,
         max_pack: int = 1000,
-        max_inflight: int = 2,
+        max_inflight: int = 1,
         rng: random.Random | None = None,
     ):
         self._router = Router(addresses, backoff_s=backoff_s, rng=rng)

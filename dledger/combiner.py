@@ -54,7 +54,7 @@ class Combiner(Generic[T, R]):
     """Thread-safe. ``call(items)`` makes one call for a list of items and returns one result per item."""
 
     def __init__(
-        self, call: Callable[[list[T]], Sequence[R]], *, max_inflight: int = 2, max_items: int = 1000
+        self, call: Callable[[list[T]], Sequence[R]], *, max_inflight: int = 1, max_items: int = 1000
     ):
         self._call = call
         self._max_inflight = max_inflight
@@ -102,7 +102,7 @@ class AsyncCombiner(Generic[T, R]):
         self,
         call: Callable[[list[T]], Awaitable[Sequence[R]]],
         *,
-        max_inflight: int = 2,
+        max_inflight: int = 1,
         max_items: int = 1000,
     ):
         self._call = call
@@ -110,18 +110,25 @@ class AsyncCombiner(Generic[T, R]):
         self._max_items = max_items
         self._queue: list[tuple[list[T], asyncio.Future]] = []
         self._inflight = 0
+        self._tasks: set[asyncio.Task] = set()
 
     async def submit(self, items: Sequence[T]) -> list[R]:
         fut = asyncio.get_running_loop().create_future()
         self._queue.append((list(items), fut))
         if self._inflight < self._max_inflight:
+            # A task of its own drains the queue, so no caller is kept serving others after its own answer.
             self._inflight += 1
-            try:
-                while self._queue:
-                    await self._serve(_take(self._queue, self._max_items) or [self._queue.pop(0)])
-            finally:
-                self._inflight -= 1
+            task = asyncio.ensure_future(self._drain())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return await fut
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                await self._serve(_take(self._queue, self._max_items) or [self._queue.pop(0)])
+        finally:
+            self._inflight -= 1
 
     async def _serve(self, batch: list[tuple[list[T], asyncio.Future]]) -> None:
         flat = [x for items, _ in batch for x in items]

@@ -116,7 +116,10 @@ def test_async_callers_share_calls():
             return [x + 1 for x in items]
 
         c = AsyncCombiner(call, max_inflight=1)
-        tasks = [asyncio.create_task(c.submit([i])) for i in range(5)]
+        tasks = [asyncio.create_task(c.submit([0]))]
+        while not calls:  # the first call is in flight: the others queue behind it
+            await asyncio.sleep(0)
+        tasks += [asyncio.create_task(c.submit([i])) for i in range(1, 5)]
         tasks.append(asyncio.create_task(c.submit([-1])))
         await asyncio.sleep(0.01)
         gate.set()
