@@ -2,7 +2,7 @@
 
 Give either any subset of the group's addresses. The client finds the leader (asking nodes for metadata and
 following not-leader hints), retries what is safe to retry with bounded exponential backoff inside an overall
-deadline, and reports outcomes honestly:
+deadline (``dledger.routing``, shared with the broker and KV clients), and reports outcomes honestly:
 
 - an append that a node rejected before proposing it (not leader, no leader yet, backpressure, node starting or
   stopping, connection refused) is retried, because it certainly did not happen;
@@ -14,6 +14,10 @@ Concurrent appends from one ``AsyncDLedgerClient`` share one bidirectional ``App
 queued while a message is being written are packed into the next stream message (each caller still gets only
 its own results). One gRPC call per entry would cap throughput at a few thousand entries/s on a small machine;
 this way many concurrent callers cost about one message per leader round trip.
+
+``DLedgerClient`` is thread-safe: use one per process, shared by its threads. It runs on gRPC's blocking stubs
+(they wait without holding the GIL), and appends from concurrent threads are packed into shared calls
+(``dledger.combiner``), so it scales with threads the way the async client scales with tasks.
 """
 
 from __future__ import annotations
@@ -22,26 +26,22 @@ import asyncio
 import itertools
 import random
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from dledger.errors import (
-    DLedgerError,
-    NotLeaderError,
-    OutcomeUnknownError,
-    UnavailableError,
-)
+from dledger.combiner import Combiner
+from dledger.errors import DLedgerError, OutcomeUnknownError, UnavailableError
+from dledger.routing import DEFAULT_BACKOFF_S, Router
 from dledger.transport import convert
 from dledger.transport.base import AppendedRun, AppendResult, NodeInfo, PeerInfo
-from dledger.transport.grpc import open_channel
+from dledger.transport.grpc import CHANNEL_OPTIONS, open_channel
 from dledger.v1 import client_pb2, client_pb2_grpc
 
 __all__ = ["AppendResult", "AsyncDLedgerClient", "DLedgerClient", "GetResult", "NodeInfo"]
-
-_RETRIABLE_CONNECT = (grpc.StatusCode.UNAVAILABLE,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,22 +70,6 @@ def _info_from_pb(p: client_pb2.MetadataResponse) -> NodeInfo:
         pid=p.pid,
         flush=p.flush,
     )
-
-
-def _error_from_rpc(e: grpc.aio.AioRpcError, address: str) -> DLedgerError:
-    md = {k: v for k, v in (e.trailing_metadata() or ()) if isinstance(v, str)}
-    err = convert.error_from_status(e.code(), f"{address}: {e.details()}", md)
-    return err
-
-
-def _never_sent(e: grpc.aio.AioRpcError) -> bool:
-    """True when gRPC could not even reach the node (so the request cannot have been acted on)."""
-    return e.code() is grpc.StatusCode.UNAVAILABLE and _never_sent_details(e.details())
-
-
-def _never_sent_details(details: str | None) -> bool:
-    d = (details or "").lower()
-    return "failed to connect" in d or "connection refused" in d or "connect failed" in d
 
 
 class _AppendStream:
@@ -168,7 +152,7 @@ class _AppendStream:
         """The stream ended: learn why from the call's final status, then fail what waits accordingly."""
         code = await self._call.code()
         details = await self._call.details()
-        never = code is grpc.StatusCode.UNAVAILABLE and _never_sent_details(details)
+        never = code is grpc.StatusCode.UNAVAILABLE and convert.never_sent(details)
         self._break(UnavailableError(f"{self.address}: stream ended with {code.name}: {details}"), never)
 
     def _break(self, cause: BaseException, never_sent: bool = False) -> None:
@@ -212,28 +196,33 @@ class AsyncDLedgerClient:
         *,
         timeout_s: float = 10.0,
         rpc_timeout_s: float = 5.0,
-        backoff_s: tuple[float, float] = (0.01, 0.2),
+        backoff_s: tuple[float, float] = DEFAULT_BACKOFF_S,
         use_stream: bool = True,
         max_pack: int = 1000,
         rng: random.Random | None = None,
     ):
-        if not addresses:
-            raise ValueError("give at least one node address (host:port)")
-        self.addresses = list(dict.fromkeys(addresses))
+        self._router = Router(addresses, backoff_s=backoff_s, rng=rng)
         self.group = group
         self.timeout_s = timeout_s
         self.rpc_timeout_s = rpc_timeout_s
-        self._backoff = backoff_s
         self._use_stream = use_stream
         self._max_pack = max_pack
-        self._rng = rng or random.Random()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, client_pb2_grpc.DLedgerStub] = {}
         self._other_stubs: dict[tuple[str, type], Any] = {}
         self._streams: dict[str, _AppendStream] = {}
-        self.leader: str | None = None
-        self._next = 0
-        self.stats = {"retries": 0, "redirects": 0}
+
+    @property
+    def addresses(self) -> list[str]:
+        return self._router.addresses
+
+    @property
+    def leader(self) -> str | None:
+        return self._router.leader
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return self._router.stats
 
     def _stub(self, address: str) -> client_pb2_grpc.DLedgerStub:
         stub = self._stubs.get(address)
@@ -243,64 +232,27 @@ class AsyncDLedgerClient:
             stub = self._stubs[address] = client_pb2_grpc.DLedgerStub(ch)
         return stub
 
-    def _candidate(self) -> str:
-        if self.leader:
-            return self.leader
-        addr = self.addresses[self._next % len(self.addresses)]
-        self._next += 1
-        return addr
-
-    def _learn(self, err: DLedgerError, address: str) -> None:
-        """Follow a not-leader hint; forget a leader that failed."""
-        if isinstance(err, NotLeaderError) and err.leader_hint and ":" in err.leader_hint:
-            self.leader = err.leader_hint
-            if err.leader_hint not in self.addresses:
-                self.addresses.append(err.leader_hint)
-            self.stats["redirects"] += 1
-        elif self.leader == address:
-            self.leader = None
-
-    async def _sleep_backoff(self, attempt: int, deadline: float) -> None:
-        lo, hi = self._backoff
-        delay = min(hi, lo * (2**attempt)) * (0.5 + self._rng.random())
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
-
     async def append(self, body: bytes) -> AppendResult:
         return (await self.append_batch([body]))[0]
 
     async def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
         bodies = [bytes(b) for b in bodies]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
-        attempt = 0
-        last: BaseException | None = None
-        while loop.time() < deadline:
-            address = self._candidate()
+        attempts = self._router.attempts(self.timeout_s, "append")
+        while True:
+            address = attempts.target()
             try:
-                async with asyncio.timeout(max(0.001, min(self.rpc_timeout_s, deadline - loop.time()))):
-                    results = await self._append_once(address, bodies)
-                self.leader = address
-                return results.results()
-            except OutcomeUnknownError:
-                self.leader = None if self.leader == address else self.leader
-                raise
+                async with asyncio.timeout(max(0.001, min(self.rpc_timeout_s, attempts.remaining()))):
+                    run = await self._append_once(address, bodies)
             except TimeoutError:
+                self._router.learn(UnavailableError("no answer"), address)
                 raise OutcomeUnknownError(
                     f"no answer from {address} within {self.rpc_timeout_s} s: the append may or may not commit"
                 ) from None
             except DLedgerError as e:
-                if not e.retriable:
-                    raise
-                last = e
-                # Follow a hint at once, unless it points back where we just were (a stale hint): then wait.
-                redirected = isinstance(e, NotLeaderError) and e.leader_hint and e.leader_hint != address
-                self._learn(e, address)
-                self.stats["retries"] += 1
-                if not redirected:
-                    await self._sleep_backoff(attempt, deadline)
-                attempt += 1
-        raise UnavailableError(f"append did not succeed within {self.timeout_s} s; last error: {last}")
+                await asyncio.sleep(attempts.failed(e, address))
+                continue
+            attempts.succeeded(address)
+            return run.results()
 
     async def _append_once(self, address: str, bodies: list[bytes]) -> AppendedRun:
         if self._use_stream:
@@ -317,13 +269,7 @@ class AsyncDLedgerClient:
                 client_pb2.AppendRequest(group=self.group, bodies=bodies), timeout=self.rpc_timeout_s
             )
         except grpc.aio.AioRpcError as e:
-            err = _error_from_rpc(e, address)
-            if isinstance(err, UnavailableError) and not _never_sent(e) and not _is_node_refusal(e):
-                # The call broke (connection lost, node killed) after the request may have arrived.
-                raise OutcomeUnknownError(
-                    f"{address} failed while the append was in flight: {e.details()}"
-                ) from e
-            raise err from e
+            raise convert.error_from_rpc(e, address, write=True) from e
         return AppendedRun(resp.first_index, resp.term, tuple(resp.pos))
 
     async def get(self, index: int, address: str | None = None) -> GetResult:
@@ -353,32 +299,25 @@ class AsyncDLedgerClient:
             None,
             leader_only=True,
         )
-        self.leader = None
+        self._router.leader = None
         return p.leader_id
 
     async def find_leader(self) -> NodeInfo:
         """Ask nodes until one knows the leader; returns the leader's metadata."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
+        deadline = time.monotonic() + self.timeout_s
         attempt = 0
-        while loop.time() < deadline:
+        while time.monotonic() < deadline:
             for address in list(self.addresses):
                 try:
                     info = await self.metadata(address)
+                    if info.role != "leader" and info.leader_address:
+                        address, info = info.leader_address, await self.metadata(info.leader_address)
                 except DLedgerError:
                     continue
                 if info.role == "leader":
-                    self.leader = address
+                    self._router.succeeded(address)
                     return info
-                if info.leader_address:
-                    try:
-                        leader = await self.metadata(info.leader_address)
-                    except DLedgerError:
-                        continue
-                    if leader.role == "leader":
-                        self.leader = info.leader_address
-                        return leader
-            await self._sleep_backoff(attempt, deadline)
+            await asyncio.sleep(max(0.0, min(self._router.backoff(attempt), deadline - time.monotonic())))
             attempt += 1
         raise UnavailableError(f"no leader found among {', '.join(self.addresses)} within {self.timeout_s} s")
 
@@ -408,32 +347,17 @@ class AsyncDLedgerClient:
         stub_type: type | None = None,
         write: bool = False,
     ):
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
-        attempt = 0
-        last: BaseException | None = None
-        while loop.time() < deadline:
-            target = address or (self._candidate() if leader_only else (self.leader or self._candidate()))
+        attempts = self._router.attempts(self.timeout_s, "the request", address=address)
+        while True:
+            target = attempts.target()
             try:
-                return await fn(self._stub(target) if stub_type is None else self.stub(target, stub_type))
+                result = await fn(self._stub(target) if stub_type is None else self.stub(target, stub_type))
             except grpc.aio.AioRpcError as e:
-                err = _error_from_rpc(e, target)
-                if (
-                    write
-                    and isinstance(err, UnavailableError)
-                    and not _never_sent(e)
-                    and not _is_node_refusal(e)
-                ):
-                    raise OutcomeUnknownError(
-                        f"{target} failed while the write was in flight: {e.details()}"
-                    ) from e
-                if address is not None or not err.retriable or isinstance(err, OutcomeUnknownError):
-                    raise err from e
-                last = err
-                self._learn(err, target)
-                await self._sleep_backoff(attempt, deadline)
-                attempt += 1
-        raise UnavailableError(f"no node answered within {self.timeout_s} s; last error: {last}")
+                await asyncio.sleep(attempts.failed(convert.error_from_rpc(e, target, write=write), target))
+                continue
+            if leader_only:
+                attempts.succeeded(target)
+            return result
 
     async def close(self) -> None:
         for s in self._streams.values():
@@ -452,57 +376,129 @@ class AsyncDLedgerClient:
         await self.close()
 
 
-def _is_node_refusal(e: grpc.aio.AioRpcError) -> bool:
-    """UNAVAILABLE raised by a node's own code (no leader, shutting down, starting) rather than by a broken
-    connection: the node marks it, and the request was not acted on."""
-    md = {k: v for k, v in (e.trailing_metadata() or ()) if isinstance(v, str)}
-    return md.get(convert.REFUSED_KEY) == "1"
-
-
 class DLedgerClient:
-    """Blocking client: the same behaviour as ``AsyncDLedgerClient``, run on a private event-loop thread."""
+    """Blocking client with the behaviour of ``AsyncDLedgerClient``; thread-safe, meant to be shared by every
+    thread of a process. Concurrent appends are packed: up to ``max_inflight`` calls are in flight, and what
+    threads submit meanwhile goes out together in the next one (at most ``max_pack`` bodies)."""
 
-    def __init__(self, addresses: Sequence[str], group: str = "", **kwargs):
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="dledger-client", daemon=True)
-        self._thread.start()
-        self._client: AsyncDLedgerClient = self._run(self._make(addresses, group, kwargs))
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        group: str = "",
+        *,
+        timeout_s: float = 10.0,
+        rpc_timeout_s: float = 5.0,
+        backoff_s: tuple[float, float] = DEFAULT_BACKOFF_S,
+        max_pack: int = 1000,
+        max_inflight: int = 1,
+        rng: random.Random | None = None,
+    ):
+        self._router = Router(addresses, backoff_s=backoff_s, rng=rng)
+        self.group = group
+        self.timeout_s = timeout_s
+        self.rpc_timeout_s = rpc_timeout_s
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, client_pb2_grpc.DLedgerStub] = {}
+        self._appends: Combiner[bytes, AppendResult] = Combiner(
+            self._append_now, max_inflight=max_inflight, max_items=max_pack
+        )
 
-    async def _make(self, addresses, group, kwargs) -> AsyncDLedgerClient:
-        return AsyncDLedgerClient(addresses, group, **kwargs)
-
-    def _run(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+    @property
+    def addresses(self) -> list[str]:
+        return self._router.addresses
 
     @property
     def leader(self) -> str | None:
-        return self._client.leader
+        return self._router.leader
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return self._router.stats
+
+    def _stub(self, address: str) -> client_pb2_grpc.DLedgerStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            with self._lock:
+                stub = self._stubs.get(address)
+                if stub is None:
+                    ch = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                    stub = self._stubs[address] = client_pb2_grpc.DLedgerStub(ch)
+        return stub
 
     def append(self, body: bytes) -> AppendResult:
-        return self._run(self._client.append(body))
+        return self._appends.submit([body if type(body) is bytes else bytes(body)])[0]
 
     def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
-        return self._run(self._client.append_batch(bodies))
+        return self._appends.submit([b if type(b) is bytes else bytes(b) for b in bodies])
+
+    def _append_now(self, bodies: list[bytes]) -> list[AppendResult]:
+        req = client_pb2.AppendRequest(group=self.group, bodies=bodies)
+        resp = self._call(lambda s, t: s.Append(req, timeout=t), None, write=True, leader_only=True)
+        return AppendedRun(resp.first_index, resp.term, tuple(resp.pos)).results()
 
     def get(self, index: int, address: str | None = None) -> GetResult:
-        return self._run(self._client.get(index, address))
+        """Read a committed entry (from ``address``, else the leader or any node)."""
+        req = client_pb2.GetRequest(group=self.group, index=index)
+        p = self._call(lambda s, t: s.Get(req, timeout=t), address)
+        return GetResult(p.index, p.term, p.pos, p.magic, p.body)
 
     def metadata(self, address: str | None = None) -> NodeInfo:
-        return self._run(self._client.metadata(address))
-
-    def find_leader(self) -> NodeInfo:
-        return self._run(self._client.find_leader())
+        req = client_pb2.MetadataRequest(group=self.group)
+        return _info_from_pb(self._call(lambda s, t: s.Metadata(req, timeout=t), address))
 
     def transfer_leadership(self, target: str) -> str:
-        return self._run(self._client.transfer_leadership(target))
+        req = client_pb2.TransferLeadershipRequest(group=self.group, target=target)
+        p = self._call(lambda s, t: s.TransferLeadership(req, timeout=self.timeout_s), None, leader_only=True)
+        self._router.leader = None
+        return p.leader_id
+
+    def find_leader(self) -> NodeInfo:
+        """Ask nodes until one knows the leader; returns the leader's metadata."""
+        deadline = time.monotonic() + self.timeout_s
+        attempt = 0
+        while time.monotonic() < deadline:
+            for address in list(self.addresses):
+                try:
+                    info = self.metadata(address)
+                    if info.role != "leader" and info.leader_address:
+                        address, info = info.leader_address, self.metadata(info.leader_address)
+                except DLedgerError:
+                    continue
+                if info.role == "leader":
+                    self._router.succeeded(address)
+                    return info
+            time.sleep(max(0.0, min(self._router.backoff(attempt), deadline - time.monotonic())))
+            attempt += 1
+        raise UnavailableError(f"no leader found among {', '.join(self.addresses)} within {self.timeout_s} s")
+
+    def _call(
+        self,
+        fn: Callable[[client_pb2_grpc.DLedgerStub, float], Any],
+        address: str | None,
+        *,
+        write: bool = False,
+        leader_only: bool = False,
+    ):
+        what = "append" if write else "the request"
+        attempts = self._router.attempts(self.timeout_s, what, address=address)
+        while True:
+            target = attempts.target()
+            try:
+                result = fn(self._stub(target), max(0.001, min(self.rpc_timeout_s, attempts.remaining())))
+            except grpc.RpcError as e:
+                time.sleep(attempts.failed(convert.error_from_rpc(e, target, write=write), target))
+                continue
+            if leader_only:
+                attempts.succeeded(target)
+            return result
 
     def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        self._run(self._client.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._loop.close()
+        with self._lock:
+            for ch in self._channels.values():
+                ch.close()
+            self._channels.clear()
+            self._stubs.clear()
 
     def __enter__(self) -> DLedgerClient:
         return self

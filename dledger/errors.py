@@ -1,5 +1,8 @@
 """Errors clients act on. Each has ``retriable`` (may a client try again?) and ``grpc_status`` (the name of the
-``grpc.StatusCode`` the gRPC layer maps it to; kept as a string so the pure core imports no gRPC)."""
+``grpc.StatusCode`` the gRPC layer maps it to; kept as a string so the pure core imports no gRPC).
+
+Several classes share a status code; the wire carries the class name too (``dledger.transport.convert``), so a
+client rebuilds exactly the class a node raised. ``ERRORS`` lists every class that travels."""
 
 from __future__ import annotations
 
@@ -37,7 +40,10 @@ class UnavailableError(DLedgerError):
 
 
 class DirectoryInUseError(UnavailableError):
-    """Another process holds a node directory's lock (``holder``: its pid as it recorded it)."""
+    """Another process holds a node directory's lock (``holder``: its pid as it recorded it). Not retriable:
+    trying again changes nothing until that process exits."""
+
+    retriable = False
 
     def __init__(self, message: str, holder: str):
         super().__init__(message)
@@ -59,6 +65,13 @@ class StorageFullError(DLedgerError):
     grpc_status = "RESOURCE_EXHAUSTED"
 
 
+class EntryReplacedError(DLedgerError):
+    """The proposed entry was overwritten by a newer leader's entry: it did not commit. Safe to retry."""
+
+    retriable = True
+    grpc_status = "ABORTED"
+
+
 class InvalidRequestError(DLedgerError):
     grpc_status = "INVALID_ARGUMENT"
 
@@ -71,3 +84,23 @@ class ConfigError(DLedgerError):
     """A setting is invalid; the message names it and the accepted range."""
 
     grpc_status = "INVALID_ARGUMENT"
+
+
+# Every error that crosses the wire, by the name it travels under. A new subclass goes here, and the round-trip
+# test in tests/runtime/test_convert.py checks it.
+ERRORS: dict[str, type[DLedgerError]] = {
+    c.__name__: c
+    for c in (
+        DLedgerError,
+        NotLeaderError,
+        OutcomeUnknownError,
+        UnavailableError,
+        DirectoryInUseError,
+        BackpressureError,
+        StorageFullError,
+        EntryReplacedError,
+        InvalidRequestError,
+        NotFoundError,
+        ConfigError,
+    )
+}

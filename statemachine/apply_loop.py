@@ -18,17 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dledger.errors import DLedgerError, OutcomeUnknownError
+from dledger.errors import EntryReplacedError, OutcomeUnknownError
 from statemachine.api import CommittedEntry, StateMachine
 from storage import codec
 from storage.api import LogStore
 
-
-class EntryReplacedError(DLedgerError):
-    """The proposed entry was overwritten by a newer leader's entry: it did not commit. Safe to retry."""
-
-    retriable = True
-    grpc_status = "ABORTED"
+__all__ = ["Applied", "ApplyLoop", "EntryReplacedError"]
 
 
 @dataclass(frozen=True, slots=True)

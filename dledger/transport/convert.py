@@ -2,7 +2,8 @@
 
 Keeping the mapping in one module means the wire format can evolve (fields added to the .proto, new message
 types) with one place to update and one round-trip test to extend. Nothing here decides anything: a message
-converts to exactly one message and back, and an error converts to exactly one gRPC status code.
+converts to exactly one message and back, and an error converts to one gRPC status code plus its class
+name, and back to the same class.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from dledger.core.messages import (
     TimeoutNow,
 )
 from dledger.errors import (
+    ERRORS,
     BackpressureError,
+    DirectoryInUseError,
     DLedgerError,
+    EntryReplacedError,
     InvalidRequestError,
     NotFoundError,
     NotLeaderError,
@@ -270,17 +274,29 @@ def reply_from_pb(p: raft_pb2.PeerReply) -> list[Message]:
     return [message_from_pb(m) for m in p.messages]
 
 
-def request_group(p) -> str:
-    """The group named by a peer request (every request type has a ``group`` field)."""
-    return p.group
-
-
 # -- errors ------------------------------------------------------------------------------------------------
+#
+# One table, both directions. A node ends a call with the error's status code and trailing metadata naming its
+# class (and, for a not-leader error, the leader); a client rebuilds exactly that class from them. Classes that
+# share a code (StorageFullError and BackpressureError, ConfigError and InvalidRequestError, the UNAVAILABLE
+# family) are told apart by the class name. A status without it (raised by gRPC itself: a refused connection,
+# a deadline) maps by code alone, through ``_BY_CODE``.
 
+ERROR_CLASS_KEY = "error-class"
 LEADER_ID_KEY = "leader-id"
 LEADER_ADDRESS_KEY = "leader-address"
 OUTCOME_UNKNOWN_KEY = "outcome-unknown"
 REFUSED_KEY = "refused"  # UNAVAILABLE from the node itself: the request was not acted on (safe to retry)
+HOLDER_KEY = "holder"
+
+_BY_CODE: dict[str, type[DLedgerError]] = {
+    "FAILED_PRECONDITION": NotLeaderError,
+    "UNAVAILABLE": UnavailableError,
+    "RESOURCE_EXHAUSTED": BackpressureError,
+    "ABORTED": EntryReplacedError,
+    "INVALID_ARGUMENT": InvalidRequestError,
+    "NOT_FOUND": NotFoundError,
+}
 
 
 def status_code(err: DLedgerError) -> grpc.StatusCode:
@@ -289,7 +305,7 @@ def status_code(err: DLedgerError) -> grpc.StatusCode:
 
 def error_metadata(err: DLedgerError, leader_address: str | None = None) -> tuple[tuple[str, str], ...]:
     """Trailing metadata that lets a client act on an error without parsing the message."""
-    md: list[tuple[str, str]] = []
+    md: list[tuple[str, str]] = [(ERROR_CLASS_KEY, _wire_name(err))]
     if isinstance(err, NotLeaderError):
         if err.leader_hint:
             md.append((LEADER_ID_KEY, err.leader_hint))
@@ -299,14 +315,17 @@ def error_metadata(err: DLedgerError, leader_address: str | None = None) -> tupl
         md.append((OUTCOME_UNKNOWN_KEY, "1"))
     if isinstance(err, UnavailableError):
         md.append((REFUSED_KEY, "1"))
+    if isinstance(err, DirectoryInUseError):
+        md.append((HOLDER_KEY, err.holder))
     return tuple(md)
 
 
 def error_to_append_error(err: DLedgerError, leader_address: str | None = None) -> client_pb2.AppendError:
-    """The in-stream form of an error (AppendStream cannot end the stream for one failed request)."""
+    """The in-stream form of an error (AppendStream cannot end the stream for one failed request). The class
+    name travels as a prefix of the message ("StorageFullError: ..."), as the message has no field for it."""
     return client_pb2.AppendError(
         code=err.grpc_status,
-        message=str(err),
+        message=f"{_wire_name(err)}: {err}",
         leader_id=(err.leader_hint or "") if isinstance(err, NotLeaderError) else "",
         leader_address=leader_address or "",
         outcome_unknown=isinstance(err, OutcomeUnknownError),
@@ -319,26 +338,59 @@ def error_from_status(
     """Rebuild the error a node raised from a status code (unary trailers or an in-stream ``AppendError``)."""
     md = metadata or {}
     name = code if isinstance(code, str) else code.name
-    if name == "FAILED_PRECONDITION":
+    cls = ERRORS.get(md.get(ERROR_CLASS_KEY, ""))
+    if cls is None:
+        if name == "UNAVAILABLE" and md.get(OUTCOME_UNKNOWN_KEY) == "1":
+            cls = OutcomeUnknownError
+        elif name == "DEADLINE_EXCEEDED":
+            return UnavailableError(f"deadline exceeded: {message}")
+        else:
+            cls = _BY_CODE.get(name)
+            if cls is None:
+                return DLedgerError(f"{name}: {message}")
+    if cls is NotLeaderError:
         # The hint a client can dial: the leader's address when the node knew it, else its id.
         return NotLeaderError(md.get(LEADER_ADDRESS_KEY) or md.get(LEADER_ID_KEY) or None, message)
-    if name == "UNAVAILABLE":
-        if md.get(OUTCOME_UNKNOWN_KEY) == "1":
-            return OutcomeUnknownError(message)
-        return UnavailableError(message)
-    if name == "RESOURCE_EXHAUSTED":
-        return BackpressureError(message)
-    if name == "INVALID_ARGUMENT":
-        return InvalidRequestError(message)
-    if name == "NOT_FOUND":
-        return NotFoundError(message)
-    if name == "DEADLINE_EXCEEDED":
-        return UnavailableError(f"deadline exceeded: {message}")
-    return DLedgerError(f"{name}: {message}")
+    if cls is DirectoryInUseError:
+        return DirectoryInUseError(message, md.get(HOLDER_KEY, ""))
+    return cls(message)
+
+
+def error_from_rpc(e: grpc.RpcError, address: str = "", *, write: bool = False) -> DLedgerError:
+    """The error a failed call (blocking or asyncio) stands for. A ``write`` whose call broke after the request
+    may have reached the node (the connection dropped, the deadline passed) is ``OutcomeUnknownError``: it
+    may have been applied. A refused connection, or an error the node itself raised, says what it says."""
+    md = {k: v for k, v in (e.trailing_metadata() or ()) if isinstance(v, str)}
+    code, details = e.code(), e.details() or ""
+    from_node = ERROR_CLASS_KEY in md or REFUSED_KEY in md or OUTCOME_UNKNOWN_KEY in md
+    if write and not from_node:
+        broke = code is grpc.StatusCode.UNAVAILABLE and not never_sent(details)
+        if broke or code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            return OutcomeUnknownError(f"{address} failed while the write was in flight: {details}")
+    return error_from_status(code, f"{address}: {details}" if address else details, md)
+
+
+def never_sent(details: str | None) -> bool:
+    """True when gRPC could not even reach the node (so the request cannot have been acted on)."""
+    d = (details or "").lower()
+    return "failed to connect" in d or "connection refused" in d or "connect failed" in d
 
 
 def append_error_from_pb(p: client_pb2.AppendError) -> DLedgerError:
     md = {LEADER_ID_KEY: p.leader_id, LEADER_ADDRESS_KEY: p.leader_address}
     if p.outcome_unknown:
         md[OUTCOME_UNKNOWN_KEY] = "1"
-    return error_from_status(p.code, p.message, md)
+    message = p.message
+    prefix, sep, rest = message.partition(": ")
+    if sep and prefix in ERRORS:
+        md[ERROR_CLASS_KEY] = prefix
+        message = rest
+    return error_from_status(p.code, message, md)
+
+
+def _wire_name(err: DLedgerError) -> str:
+    """The name ``err`` travels under: its class, or the nearest listed base of a class defined elsewhere."""
+    for c in type(err).__mro__:
+        if ERRORS.get(c.__name__) is c:
+            return c.__name__
+    return DLedgerError.__name__

@@ -19,7 +19,11 @@ from dledger.core.messages import (
     TimeoutNow,
 )
 from dledger.errors import (
+    ERRORS,
     BackpressureError,
+    DirectoryInUseError,
+    DLedgerError,
+    EntryReplacedError,
     InvalidRequestError,
     NotFoundError,
     NotLeaderError,
@@ -27,7 +31,7 @@ from dledger.errors import (
     UnavailableError,
 )
 from dledger.transport import convert
-from dledger.v1 import raft_pb2
+from dledger.v1 import client_pb2, raft_pb2
 
 ids = st.sampled_from(["n0", "n1", "n2", "node-with.long_name"])
 i64 = st.integers(min_value=-1, max_value=2**62)
@@ -136,3 +140,75 @@ def test_not_leader_hint_prefers_the_address():
     assert isinstance(in_stream, NotLeaderError) and in_stream.leader_hint == "127.0.0.1:20912"
     unknown = convert.append_error_from_pb(convert.error_to_append_error(OutcomeUnknownError("x")))
     assert isinstance(unknown, OutcomeUnknownError)
+
+
+def _every_subclass(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _every_subclass(sub)
+
+
+def _instance(cls):
+    if cls is NotLeaderError:
+        return NotLeaderError("n1")
+    if cls is DirectoryInUseError:
+        return DirectoryInUseError("data dir locked", holder="4242")
+    return cls(f"a {cls.__name__}")
+
+
+# What a client may do with each error: retry it (it certainly did not happen, or may be retried by design).
+RETRIABLE = {
+    "DLedgerError": False,
+    "NotLeaderError": True,
+    "OutcomeUnknownError": True,
+    "UnavailableError": True,
+    "DirectoryInUseError": False,
+    "BackpressureError": True,
+    "StorageFullError": True,
+    "EntryReplacedError": True,
+    "InvalidRequestError": False,
+    "NotFoundError": False,
+    "ConfigError": False,
+}
+
+
+def test_the_table_lists_every_error_class():
+    import statemachine.apply_loop  # noqa: F401  (raises EntryReplacedError: it must be importable from there)
+
+    assert set(ERRORS.values()) == {DLedgerError, *_every_subclass(DLedgerError)}
+    assert set(RETRIABLE) == set(ERRORS)
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_every_error_round_trips_exactly(name):
+    err = _instance(ERRORS[name])
+    assert err.retriable is RETRIABLE[name]
+    md = dict(convert.error_metadata(err, "127.0.0.1:20912"))
+    back = convert.error_from_status(convert.status_code(err), str(err), md)
+    in_stream = convert.append_error_from_pb(
+        client_pb2.AppendError.FromString(
+            convert.error_to_append_error(err, "127.0.0.1:20912").SerializeToString()
+        )
+    )
+    for b in (back, in_stream):
+        assert type(b) is type(err)
+        assert b.retriable is err.retriable
+        assert b.grpc_status == err.grpc_status
+    if isinstance(err, NotLeaderError):
+        assert back.leader_hint == in_stream.leader_hint == "127.0.0.1:20912"
+    else:
+        assert str(back) == str(in_stream) == str(err)
+    if isinstance(err, DirectoryInUseError):
+        assert back.holder == "4242"
+
+
+def test_statuses_without_a_class_map_by_code():
+    """What gRPC itself raises (no trailer from a node) still becomes the closest class."""
+    assert type(convert.error_from_status(grpc.StatusCode.ABORTED, "x")) is EntryReplacedError
+    assert type(convert.error_from_status(grpc.StatusCode.RESOURCE_EXHAUSTED, "x")) is BackpressureError
+    assert type(convert.error_from_status(grpc.StatusCode.UNAVAILABLE, "x")) is UnavailableError
+    dl = convert.error_from_status(grpc.StatusCode.DEADLINE_EXCEEDED, "x")
+    assert type(dl) is UnavailableError and "deadline exceeded" in str(dl)
+    assert type(convert.error_from_status(grpc.StatusCode.INTERNAL, "x")) is DLedgerError
+    md = {convert.ERROR_CLASS_KEY: "NoSuchError"}
+    assert type(convert.error_from_status(grpc.StatusCode.NOT_FOUND, "x", md)) is NotFoundError
