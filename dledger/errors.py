@@ -59,6 +59,13 @@ class StorageFullError(DLedgerError):
     grpc_status = "RESOURCE_EXHAUSTED"
 
 
+class EntryReplacedError(DLedgerError):
+    """The proposed entry was overwritten by a newer leader's entry: it did not commit. Safe to retry."""
+
+    retriable = True
+    grpc_status = "ABORTED"
+
+
 class InvalidRequestError(DLedgerError):
     grpc_status = "INVALID_ARGUMENT"
 
