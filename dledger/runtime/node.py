@@ -2,12 +2,10 @@
 concept (docs/decisions/0002-runtime-package.md).
 
 ``Node`` opens the data directory (``datadir``), builds the core, starts the tasks and supervises them: the
-ready loop (``ready_loop``: persist, send, commit, advance), the ticker (here: ``core.tick()`` every ``tick_ms``,
-missed ticks dropped, never replayed in a burst, so a loop stall does not look like a silent leader), the
-flusher, one sender per peer (``peers``) and the apply loop. It is also the client API surface (append, submit,
-get, metadata, reads, leadership transfer, snapshots) and the commit seam: ``add_commit_listener`` and
-``add_role_listener`` are how a state machine, a plugin or a piece of the runtime learns what committed and who
-leads.
+ready loop, the ticker and the flusher (``ready_loop``), one sender per peer (``peers``) and the apply loop. It
+is also the client API surface (append, submit, get, metadata, reads, leadership transfer, snapshots) and the
+commit seam: ``add_commit_listener`` and ``add_role_listener`` are how a state machine, a plugin or a piece of
+the runtime learns what committed and who leads.
 """
 
 from __future__ import annotations
@@ -206,7 +204,7 @@ class Node:
             )
         self._tasks = [
             asyncio.create_task(self._ready.run(), name=f"{self.id}-ready"),
-            asyncio.create_task(self._ticker(), name=f"{self.id}-ticker"),
+            asyncio.create_task(self._ready.ticker(), name=f"{self.id}-ticker"),
             *[
                 asyncio.create_task(self.peers.sender(peer), name=f"{self.id}-send-{peer}")
                 for peer in self.peers.queues
@@ -304,29 +302,6 @@ class Node:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: loop.create_task(self.stop()))
-
-    # -- time --------------------------------------------------------------------------------------------------
-
-    async def _ticker(self) -> None:
-        loop = asyncio.get_running_loop()
-        interval = self.config.raft.tick_ms / 1000
-        deadline = loop.time()
-        ready = self._ready
-        while True:
-            deadline += interval
-            delay = deadline - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                # The loop stalled: drop the missed ticks instead of firing them in a burst.
-                deadline = loop.time()
-                await asyncio.sleep(0)
-            if ready.disk_full is not None and loop.time() < ready.quiet_until:
-                continue  # the disk just filled up: no election timeout runs (see ReadyLoop._enter_disk_full)
-            core = self._core  # rebuilt after a full disk
-            core.tick()
-            if core.has_ready():
-                self._wake.set()
 
     # -- the commit seam ---------------------------------------------------------------------------------------
 

@@ -153,6 +153,28 @@ class ReadyLoop:
                 # 4. tell the core its work was done.
                 core.advance(rd)
 
+    async def ticker(self) -> None:
+        """``core.tick()`` every ``tick_ms``. Missed ticks are dropped, never replayed in a burst: a loop stall
+        must not look like a silent leader."""
+        loop = asyncio.get_running_loop()
+        interval = self.config.raft.tick_ms / 1000
+        deadline = loop.time()
+        while True:
+            deadline += interval
+            delay = deadline - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                # The loop stalled: drop the missed ticks instead of firing them in a burst.
+                deadline = loop.time()
+                await asyncio.sleep(0)
+            if self.disk_full is not None and loop.time() < self.quiet_until:
+                continue  # the disk just filled up: no election timeout runs (see _enter_disk_full)
+            core = self.core  # rebuilt after a full disk
+            core.tick()
+            if core.has_ready():
+                self._wake.set()
+
     # -- persisting --------------------------------------------------------------------------------------------
 
     def persist_inline(self, rd: Ready) -> bool:

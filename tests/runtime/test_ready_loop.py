@@ -55,10 +55,14 @@ def test_a_candidate_sends_votes_only_after_its_vote_is_durable(tmp_path, mode):
 def test_commit_is_handed_on_after_persist_and_only_forward(tmp_path):
     async def run():
         async with Harness(tmp_path) as h:
-            await asyncio.wait_for(h.step(AppendEntries(1, "n1", "n0", -1, 0, -1, frames(0, 1, [b"a", b"b"]))), 5)
+            await asyncio.wait_for(
+                h.step(AppendEntries(1, "n1", "n0", -1, 0, -1, frames(0, 1, [b"a", b"b"]))), 5
+            )
             await asyncio.wait_for(h.step(AppendEntries(1, "n1", "n0", 1, 1, 1)), 5)
             assert h.commits == [1] and h.ready.commit_index == 1
-            await asyncio.wait_for(h.step(AppendEntries(1, "n1", "n0", 1, 1, 0)), 5)  # stale commit: no report
+            await asyncio.wait_for(
+                h.step(AppendEntries(1, "n1", "n0", 1, 1, 0)), 5
+            )  # stale commit: no report
             assert h.commits == [1]
 
     asyncio.run(run())
@@ -86,7 +90,9 @@ def test_a_full_disk_drops_the_ready_refuses_writes_and_recovers(tmp_path):
             term = h.core.term + 1
             prev_term = h.log.term(last)
             pos, chain = h.log.tail().end_pos, h.log.tail().chain_crc
-            msg = AppendEntries(term, "n1", "n0", last, prev_term, -1, frames(last + 1, term, [b"y"], pos, chain))
+            msg = AppendEntries(
+                term, "n1", "n0", last, prev_term, -1, frames(last + 1, term, [b"y"], pos, chain)
+            )
             await asyncio.wait_for(h.step(msg), 5)
             assert h.ready.disk_full is None and h.ready.refusal() is None
 

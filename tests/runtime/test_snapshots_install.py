@@ -28,7 +28,9 @@ class Piece:
     """A ``Snapshots`` with its own log, KV store and apply loop, as a node would wire it."""
 
     def __init__(self, tmp, node_id: str):
-        self.config = NodeConfig(node_id, PEERS, tmp / node_id, snapshot_entries=10**9, snapshot_bytes=1 << 40)
+        self.config = NodeConfig(
+            node_id, PEERS, tmp / node_id, snapshot_entries=10**9, snapshot_bytes=1 << 40
+        )
         self.log = MemoryLogStore()
         self.sm = kv.KVStore()
         self.io = IoThread(node_id)
@@ -69,7 +71,9 @@ def test_take_compacts_the_log_and_install_loads_the_state_elsewhere(tmp_path):
             assert (info.index, info.term, info.state_machine) == (19, 3, "kv")
             assert src.log.first_index == 20, "the log before the snapshot was compacted"
             assert await src.snapshots.take() is None, "nothing applied since: no new snapshot"
-            out_msg, chunks = await src.snapshots.outgoing(InstallSnapshot(3, "n0", "n1", SnapshotMeta(0, 0, 0, 0)))
+            out_msg, chunks = await src.snapshots.outgoing(
+                InstallSnapshot(3, "n0", "n1", SnapshotMeta(0, 0, 0, 0))
+            )
             assert out_msg.snapshot == SnapshotMeta(info.index, info.term, info.chain_crc, info.end_pos)
             assert await dst.snapshots.install(out_msg, chunks, term=3) is True
             assert dict(dst.sm.items()) == dict(src.sm.items()) and len(dst.sm) == 20
@@ -92,7 +96,9 @@ def test_a_broken_or_stale_transfer_leaves_the_receiver_as_it_was(tmp_path):
         src, dst = _source(tmp_path), Piece(tmp_path, "n1")
         try:
             info = await src.snapshots.take()
-            msg = InstallSnapshot(3, "n0", "n1", SnapshotMeta(info.index, info.term, info.chain_crc, info.end_pos))
+            msg = InstallSnapshot(
+                3, "n0", "n1", SnapshotMeta(info.index, info.term, info.chain_crc, info.end_pos)
+            )
 
             async def truncated():
                 async for c in src.snapshots.stream(info):
