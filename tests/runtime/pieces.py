@@ -169,14 +169,15 @@ class Harness:
         await asyncio.gather(self.task, return_exceptions=True)
         self.io.shutdown(wait=True)
 
-    async def settle(self, turns: int = 50) -> None:
-        """Let the loop (and the I/O thread) finish what it was woken for."""
-        for _ in range(turns):
+    async def settle(self, timeout_s: float = 5.0) -> None:
+        """Let the loop (and the I/O thread) finish what it was woken for: idle at two checks in a row."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        quiet = 0
+        while quiet < 2:
+            assert asyncio.get_running_loop().time() < deadline, "the ready loop did not settle"
             await asyncio.sleep(0.001)
-            if not self.wake.is_set() and self.io.pending == 0 and not self.core.has_ready():
-                await asyncio.sleep(0.001)
-                if not self.wake.is_set() and self.io.pending == 0:
-                    return
+            idle = not self.wake.is_set() and self.io.pending == 0 and not self.core.has_ready()
+            quiet = quiet + 1 if idle else 0
 
     def step(self, msg) -> asyncio.Future:
         """Step ``msg`` as an inbound call does and return the future of its answer."""
