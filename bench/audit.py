@@ -36,7 +36,7 @@ from storage.filestore import FileLogStore
 from storage.meta_lmdb import LmdbMetaStore
 
 BODY = 1024
-COMMIT_INDEX_KEY = "commit_index"  # dledger.node.COMMIT_INDEX_KEY
+COMMIT_INDEX_KEY = "commit_index"  # dledger.runtime.datadir.COMMIT_INDEX_KEY
 
 
 def build_group(root: Path, entries: int, segment_size: int, terms: int = 4) -> tuple[list[Path], int]:

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from dledger.core.config import RaftConfig
 from dledger.group import free_ports
-from dledger.node import Node
 from dledger.nodeconfig import NodeConfig
+from dledger.runtime.node import Node
 from statemachine import kv
 
 VALUE = bytes(range(256)) * 4  # 1 KiB

@@ -17,7 +17,6 @@ from broker_adapter import service
 from broker_adapter.allocator import QueueOffsetAllocator
 from broker_adapter.broker import Broker
 from broker_adapter.dispatcher import BrokerStateMachine
-from dledger.core.messages import Role
 from dledger.plugins import NodeHandle
 from dledger.v1 import broker_pb2_grpc
 from storage.codec import MAGIC_NORMAL
@@ -42,7 +41,6 @@ class BrokerPlugin:
             self.broker.dispatched(topic, queue_id, next_offset)
 
     def attach(self, node: NodeHandle, server: Any) -> Sequence[str]:
-        node = _handle(node)
         store = node.log_store
         self.state_machine.truncate_beyond(store.tail().end_pos)
         if self.state_machine.applied_index < 0:
@@ -88,46 +86,3 @@ def _scan(log: Any, lo: int, hi: int) -> Iterator[Any]:
             if e.magic == MAGIC_NORMAL:
                 yield e
         lo = batch[-1].index + 1
-
-
-class _LegacyNode:
-    """``NodeHandle`` over a ``dledger.node.Node`` that lacks ``is_leader``/``term``/``leader_id`` (they read its
-    Raft core). Transitional: once ``Node`` offers them, ``_handle`` returns the node itself and this goes."""
-
-    def __init__(self, node: Any):
-        self._node = node
-        self.id = node.id
-        self.group = node.group
-        self.config = node.config
-        self.address_of = node.address_of
-        self.metadata = node.metadata
-        self.add_role_listener = node.add_role_listener
-        self.append = node.append
-        self.submit = node.submit
-
-    @property
-    def log_store(self) -> Any:
-        return self._node.log_store
-
-    @property
-    def term(self) -> int:
-        return self._node.core.term
-
-    @property
-    def leader_id(self) -> str | None:
-        core = self._node.core
-        return core.leader_id if core is not None else None
-
-    def is_leader(self) -> bool:
-        core = self._node.core
-        return core is not None and core.role is Role.LEADER
-
-
-def _handle(node: Any) -> NodeHandle:
-    if all(hasattr(node, name) for name in ("is_leader", "term", "leader_id")):
-        return node
-    return _LegacyNode(node)
-
-
-def make(config: Any) -> BrokerPlugin:
-    return BrokerPlugin(config)

@@ -73,7 +73,7 @@ def node(
 ) -> None:
     """Run one node in the foreground until SIGTERM or Ctrl-C."""
     from dledger import nodeconfig
-    from dledger.node import run_node
+    from dledger.runtime.node import run_node
     from statemachine.snapshot import SnapshotError
     from storage.errors import StorageCorruptError, StorageError
 
@@ -186,10 +186,10 @@ def _segment_size(dir: Path, given: int | None) -> int:
 
 
 def _lock_node_dir(dir: Path) -> int:
-    """The node's own lock (``dledger.node.lock_data_dir``): a running node holds it, and while the repair holds
+    """The node's own lock (``dledger.runtime.datadir.lock_data_dir``): a running node holds it, and while the repair holds
     it no node can open the log being cut (one started meanwhile names this process as the holder)."""
     from dledger.errors import DirectoryInUseError
-    from dledger.node import lock_data_dir
+    from dledger.runtime.datadir import lock_data_dir
 
     try:
         return lock_data_dir(dir)

@@ -21,7 +21,7 @@ import lmdb
 from spark.layout import AuditInputError
 
 # storage.meta_lmdb keeps user keys under b"kv/"; the node checkpoints its commit index as "commit_index"
-# (dledger.node.COMMIT_INDEX_KEY), ASCII decimal.
+# (dledger.runtime.datadir.COMMIT_INDEX_KEY), ASCII decimal.
 USER_PREFIX: Final = b"kv/"
 COMMIT_KEYS: Final = (USER_PREFIX + b"commit_index", b"commit_index")
 

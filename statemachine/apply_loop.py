@@ -2,7 +2,8 @@
 
 The node tells the loop how far the log is committed (``commit_advanced``); the loop reads committed entries
 from storage in bounded chunks, hands the normal ones to the state machine, records the applied index and
-resolves the futures proposers registered under (index, term). It yields to the event loop between chunks, so
+reports each chunk with its results (``on_applied``): the runtime resolves its proposers' futures from that
+report, so this layer knows nothing of clients or their errors. It yields to the event loop between chunks, so
 a slow state machine falls behind the commit index (visible as ``lag``) without delaying replication or
 heartbeats.
 
@@ -18,16 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dledger.errors import EntryReplacedError, OutcomeUnknownError
 from statemachine.api import CommittedEntry, StateMachine
 from storage import codec
 from storage.api import LogStore
 
-__all__ = ["Applied", "ApplyLoop", "EntryReplacedError"]
-
 
 @dataclass(frozen=True, slots=True)
 class Applied:
+    """One applied entry and what the state machine returned for it (``None`` for a no-op entry; an exception
+    instance when the state machine refused the entry)."""
+
     index: int
     term: int
     pos: int
@@ -43,8 +44,9 @@ class ApplyLoop:
         *,
         max_batch_entries: int = 1024,
         max_batch_bytes: int = 4 << 20,
-        on_applied: Callable[[int], None] | None = None,
+        on_applied: Callable[[list[Applied]], None] | None = None,
     ):
+        """``on_applied(chunk)`` is called after each chunk, once ``applied_index`` covers it."""
         self.state_machine = state_machine
         self._log = log
         self.applied_index = applied_index
@@ -52,7 +54,6 @@ class ApplyLoop:
         self._max_entries = max_batch_entries
         self._max_bytes = max_batch_bytes
         self._on_applied = on_applied
-        self._waiters: dict[int, tuple[int, asyncio.Future]] = {}
         self._wakeup: asyncio.Event | None = None
         self.applied_bytes = 0  # body bytes applied since start (snapshot policy input)
 
@@ -67,34 +68,10 @@ class ApplyLoop:
             if self._wakeup is not None:
                 self._wakeup.set()
 
-    def register(self, index: int, term: int) -> asyncio.Future:
-        """A future that resolves with the state machine's result once (index, term) is applied."""
-        fut = asyncio.get_running_loop().create_future()
-        if index <= self.applied_index:
-            fut.set_exception(OutcomeUnknownError(f"entry {index} was applied before its waiter registered"))
-            return fut
-        self._waiters[index] = (term, fut)
-        return fut
-
-    def fail_pending(self, reason: str, above: int = -1) -> int:
-        """Leadership was lost: waiters for entries after ``above`` (the commit index) learn the outcome is
-        unknown (their entry may still commit); committed ones still apply here and resolve normally."""
-        n = 0
-        for index in [i for i in self._waiters if i > above]:
-            _, fut = self._waiters.pop(index)
-            if not fut.done():
-                fut.set_exception(OutcomeUnknownError(reason))
-                n += 1
-        return n
-
     def reset_to_snapshot(self, index: int) -> None:
         """After a snapshot install the state machine already holds everything up to ``index``."""
         self.applied_index = max(self.applied_index, index)
         self.commit_index = max(self.commit_index, index)
-        for i in [i for i in self._waiters if i <= index]:
-            _, fut = self._waiters.pop(i)
-            if not fut.done():
-                fut.set_exception(OutcomeUnknownError(f"entry {i} was covered by an installed snapshot"))
 
     # -- the work ------------------------------------------------------------------------------------------
     def apply_available(self) -> list[Applied]:
@@ -119,22 +96,9 @@ class ApplyLoop:
             result = by_index.get(e.index)
             applied.append(Applied(e.index, e.term, e.pos, result))
             self.applied_bytes += e.header.body_length
-            waiter = self._waiters.pop(e.index, None)
-            if waiter is not None:
-                term, fut = waiter
-                if fut.done():
-                    continue
-                if term != e.term:
-                    fut.set_exception(
-                        EntryReplacedError(f"entry {e.index} of term {term} was replaced by term {e.term}")
-                    )
-                elif isinstance(result, Exception):
-                    fut.set_exception(result)
-                else:
-                    fut.set_result(Applied(e.index, e.term, e.pos, result))
         self.applied_index = entries[-1].index
         if self._on_applied is not None:
-            self._on_applied(self.applied_index)
+            self._on_applied(applied)
         return applied
 
     async def run(self) -> None:

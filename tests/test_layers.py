@@ -35,9 +35,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 STDLIB_ONLY = ("broker_adapter.formats",)  # read by Spark's executors, which need nothing else installed
 
 # (file, imported module) pairs tolerated for now, each with the branch that removes it.
-ALLOW_LIST = {
-    ("statemachine/apply_loop.py", "dledger.errors"),  # removed by the runtime branch
-}
+ALLOW_LIST: set[tuple[str, str]] = set()
 
 _NAME = re.compile(rf"^({'|'.join(PACKAGES)})(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?$|^({'|'.join(PACKAGES)}):\w+$")
 
@@ -137,8 +135,8 @@ def test_every_import_points_down_the_layers() -> None:
     assert not found, "imports against the layers:\n" + "\n".join(map(str, found))
 
 
-def test_the_allow_list_is_only_the_apply_loop_line() -> None:
-    assert {("statemachine/apply_loop.py", "dledger.errors")} == ALLOW_LIST
+def test_nothing_is_allow_listed() -> None:
+    assert set() == ALLOW_LIST
 
 
 def test_the_checker_finds_each_kind_of_violation() -> None:

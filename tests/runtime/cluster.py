@@ -14,8 +14,8 @@ from pathlib import Path
 from dledger.core.config import RaftConfig
 from dledger.core.messages import Role
 from dledger.group import free_ports
-from dledger.node import Node
 from dledger.nodeconfig import NodeConfig
+from dledger.runtime.node import Node
 from storage.memory import MemoryLogStore, MemoryMetaStore
 
 

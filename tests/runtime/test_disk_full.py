@@ -94,7 +94,7 @@ def test_a_leader_whose_disk_fills_steps_down_and_the_group_writes_on(tmp_path):
                     lambda: all(n.metadata().commit_index >= last for n in g.nodes.values()),
                     what="every node, the one whose disk was full included, to catch up",
                 )
-                assert old._disk_full is None, "a successful append lifted the refusal"
+                assert old.disk_full is None, "a successful append lifted the refusal"
                 logs = {pid: _bodies(n, last) for pid, n in g.nodes.items()}
                 assert len({tuple(v) for v in logs.values()}) == 1, "every node holds the same log"
                 everything = logs[old.id]
@@ -129,7 +129,7 @@ def test_with_every_disk_full_writes_are_refused_and_nothing_is_lost(tmp_path):
                         refused += 1
                 assert refused == 5, "no write can be stored anywhere, so none is acknowledged"
                 await g.until(
-                    lambda: all(n._disk_full is not None for n in g.nodes.values()),
+                    lambda: all(n.disk_full is not None for n in g.nodes.values()),
                     what="every node to refuse writes",
                 )
                 assert all(n.failure is None for n in g.nodes.values()), "no node stopped"
@@ -144,7 +144,7 @@ def test_with_every_disk_full_writes_are_refused_and_nothing_is_lost(tmp_path):
                     lambda: all(n.metadata().commit_index >= r.index for n in g.nodes.values()),
                     what="the group to commit again",
                 )
-                assert all(n._disk_full is None for n in g.nodes.values())
+                assert all(n.disk_full is None for n in g.nodes.values())
                 for a in acked:
                     assert (await c.get(a.index)).body == b"kept %d" % acked.index(a)
 

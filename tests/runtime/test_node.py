@@ -200,7 +200,7 @@ def test_persist_before_send(tmp_path):
         await g.start()
         try:
             for pid, node in g.nodes.items():
-                transport = node._transport
+                transport = node.transport
                 call, deliver = transport.call, transport.deliver
 
                 async def sent(msg, _call=call, _pid=pid):
@@ -304,8 +304,8 @@ def test_a_second_node_on_the_same_data_directory_refuses_to_start(tmp_path):
     """Two processes writing one log would corrupt it: the data directory is locked while a node has it open."""
     from dledger.errors import UnavailableError
     from dledger.group import free_ports
-    from dledger.node import Node
     from dledger.nodeconfig import NodeConfig
+    from dledger.runtime.node import Node
 
     async def run():
         (port,) = free_ports(1)

@@ -24,9 +24,9 @@ import pytest
 from dledger.core.config import RaftConfig
 from dledger.core.messages import InstallSnapshot, Role, SnapshotMeta
 from dledger.errors import ConfigError, DLedgerError, InvalidRequestError, NotFoundError
-from dledger.node import Node
 from dledger.nodeconfig import NodeConfig
 from dledger.nodeconfig import load as load_config
+from dledger.runtime.node import Node
 from dledger.transport.base import PeerUnreachableError, SnapshotChunk
 from statemachine import kv
 from statemachine.snapshot import DATA, META, SnapshotCorruptError, SnapshotInfo
@@ -52,7 +52,7 @@ def _group(tmp_path, **cfg):
 
 
 def _kv(node: Node) -> dict[bytes, bytes]:
-    return dict(node._state_machine.items())
+    return dict(node.state_machine.items())
 
 
 async def _put(leader: Node, start: int, n: int, batch: int = 10) -> dict[bytes, bytes]:
@@ -171,7 +171,7 @@ def test_corrupt_snapshot_without_a_usable_older_one_is_refused(tmp_path):
                     node.metadata().applied_index >= top
                     and node.snapshots.infos()
                     and node.log_store.first_index == node.snapshots.infos()[-1].index + 1
-                    and node._snapshot_task is None  # no snapshot (or its compaction) in progress
+                    and not node.snapshot_in_progress  # no snapshot (or its compaction) in progress
                 ),
                 what="follower snapshot and compaction",
             )
@@ -193,7 +193,7 @@ def test_corrupt_snapshot_without_a_usable_older_one_is_refused(tmp_path):
 
 
 def test_corrupt_newest_snapshot_falls_back_to_an_older_one_the_log_continues(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="dledger.node")
+    caplog.set_level(logging.INFO, logger="dledger.runtime")
 
     async def run():
         g = _group(tmp_path)
@@ -255,8 +255,8 @@ def test_interrupted_or_corrupt_install_leaves_the_follower_as_it_was(tmp_path):
             data = b"".join(leader.snapshots.chunks(info))
             # Restart the follower cut off from the group, so only this test's streams reach it.
             follower = await _restart(g, pid, serve=False)
-            follower._transport.deliver = _unreachable
-            follower._transport.call = _unreachable
+            follower.transport.deliver = _unreachable
+            follower.transport.call = _unreachable
             before = (_kv(follower), follower.metadata().applied_index, follower.log_store.last_index)
             snaps_before = follower.snapshots.infos()
             meta = SnapshotMeta(info.index, info.term, info.chain_crc, info.end_pos)
@@ -317,9 +317,9 @@ def test_read_index_on_a_deposed_leader_never_returns_stale_data(tmp_path):
             async def refuse(*a, **kw):
                 raise DLedgerError("partitioned by the test")
 
-            old._transport.deliver = _unreachable
-            old._transport.call = _unreachable
-            old._transport.install_snapshot = _unreachable
+            old.transport.deliver = _unreachable
+            old.transport.call = _unreachable
+            old.transport.install_snapshot = _unreachable
             old.handle_message = refuse
             old.handle_batch = refuse
             others = [n for n in g.nodes.values() if n is not old]
@@ -334,7 +334,7 @@ def test_read_index_on_a_deposed_leader_never_returns_stale_data(tmp_path):
             new = await new_leader()
             await new.submit([kv.encode_put(b"k", b"new")])
             # The old leader's local state still says "old"; a linearizable read must not return it.
-            assert old._state_machine.get(b"k") == b"old"
+            assert old.state_machine.get(b"k") == b"old"
             with pytest.raises(DLedgerError) as err:
                 await old.linearizable_read(lambda s: s.get(b"k"))
             assert err.value.retriable

@@ -21,7 +21,7 @@ from storage.meta_lmdb import LmdbMetaStore
 
 SEGMENT_SIZE = 4096
 INDEX_UNITS = 40  # small index segments so the index spans files too
-COMMIT_INDEX_KEY = "commit_index"  # dledger.node.COMMIT_INDEX_KEY
+COMMIT_INDEX_KEY = "commit_index"  # dledger.runtime.datadir.COMMIT_INDEX_KEY
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,8 @@
-"""The apply loop: in order, exactly once, only normal entries, futures resolved with results or clear errors."""
+"""The apply loop: in order, exactly once, only normal entries, each chunk reported with its results."""
 
 import asyncio
 
-import pytest
-
-from dledger.errors import OutcomeUnknownError
-from statemachine.apply_loop import ApplyLoop, EntryReplacedError
+from statemachine.apply_loop import ApplyLoop
 from statemachine.counter import Counter, encode_add
 from storage import codec
 from storage.memory import MemoryLogStore
@@ -53,25 +50,51 @@ def test_restart_resumes_after_applied_index_without_double_apply():
     assert (sm.value, sm.applied_count) == (8, 8)
 
 
-def test_futures_resolve_with_results_or_errors():
+def test_each_chunk_is_reported_with_its_results_once_applied():
+    """The runtime resolves proposers from this report: every entry, no-ops included, with the state machine's
+    result or the error it returned, after ``applied_index`` covers the chunk."""
+    log = MemoryLogStore()
+    _append(log, [b""], magic=codec.MAGIC_NOOP)
+    _append(log, [encode_add(5), b"bad", encode_add(7)], term=2)
+    reports = []
+
+    def on_applied(chunk):
+        reports.append((loop.applied_index, [(a.index, a.term, a.result) for a in chunk]))
+
+    loop = ApplyLoop(Counter(), log, applied_index=-1, max_batch_entries=2, on_applied=on_applied)
+    loop.commit_advanced(3)
+    while loop.apply_available():
+        pass
+    assert [(applied, [(i, t) for i, t, _ in chunk]) for applied, chunk in reports] == [
+        (1, [(0, 1), (1, 2)]),
+        (3, [(2, 2), (3, 2)]),
+    ]
+    results = [r for _, chunk in reports for _, _, r in chunk]
+    assert results[0] is None and results[1] == 5 and results[3] == 12
+    assert isinstance(results[2], ValueError) and "8 bytes" in str(results[2])
+
+
+def test_reset_to_snapshot_moves_applied_and_commit_forward_only():
+    log = MemoryLogStore()
+    loop = ApplyLoop(Counter(), log, applied_index=4)
+    loop.reset_to_snapshot(9)
+    assert (loop.applied_index, loop.commit_index) == (9, 9)
+    loop.reset_to_snapshot(3)
+    assert (loop.applied_index, loop.commit_index) == (9, 9)
+
+
+def test_run_applies_as_commits_arrive():
     async def scenario():
         log = MemoryLogStore()
-        _append(log, [encode_add(5), encode_add(7), b"bad"], term=2)
-        loop = ApplyLoop(Counter(), log, applied_index=-1)
+        _append(log, [encode_add(2)] * 3)
+        sm = Counter()
+        loop = ApplyLoop(sm, log, applied_index=-1)
         task = asyncio.create_task(loop.run())
-        ok = loop.register(0, 2)
-        replaced = loop.register(1, 1)  # proposed in term 1, but term 2's entry sits at index 1
-        bad = loop.register(2, 2)
-        lost = loop.register(9, 2)
+        await asyncio.sleep(0)
         loop.commit_advanced(2)
-        assert (await ok).result == 5
-        with pytest.raises(EntryReplacedError, match="replaced"):
-            await replaced
-        with pytest.raises(ValueError, match="8 bytes"):
-            await bad
-        assert loop.fail_pending("leader stepped down") == 1
-        with pytest.raises(OutcomeUnknownError, match="stepped down"):
-            await lost
+        for _ in range(10):
+            await asyncio.sleep(0)
         task.cancel()
+        assert loop.applied_index == 2 and sm.value == 6
 
     asyncio.run(scenario())

@@ -1,0 +1,113 @@
+"""A node's data directory: its exclusive lock, opening and closing the log and metadata stores, and the commit
+index checkpoint.
+
+Layout (FORMATS.md): ``node.lock``, the log's segments and ``start.json``, ``meta/`` (LMDB: hard state, commit
+checkpoint) and ``snapshot/`` (owned by ``dledger.runtime.snapshots``). Stores given by the caller (tests,
+benchmarks) are used as they are, and no lock is taken for them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from dledger.errors import DirectoryInUseError
+from dledger.nodeconfig import NodeConfig
+from statemachine.api import StateMachine
+from storage.api import LogStore, MetaStore
+
+COMMIT_INDEX_KEY = "commit_index"  # checkpoint in the MetaStore (audit input; not needed for safety)
+
+__all__ = ["COMMIT_INDEX_KEY", "DataDir", "DirectoryInUseError", "lock_data_dir"]
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Take the data directory's exclusive lock (``node.lock``, released when the process ends, even by kill -9):
+    two processes writing one log would corrupt it, so a second node on the same directory refuses to start,
+    and ``dledger repair`` refuses a directory a node holds. The holder's pid is written into the file."""
+    path = data_dir / "node.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise DirectoryInUseError(
+            f"the data directory {data_dir} is in use by another node process (pid {holder}); stop it first",
+            holder,
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+class DataDir:
+    """The stores of one node and the lock that guards them. ``open``, ``close`` and the checkpoint methods run
+    in the node's I/O thread."""
+
+    def __init__(self, config: NodeConfig, log: LogStore | None = None, meta: MetaStore | None = None):
+        self.config = config
+        self.log: LogStore | None = log
+        self.meta: MetaStore | None = meta
+        # Whether the node must call sync() after each write (stores given by the caller sync by themselves).
+        self.sync_each_ready = False
+        self.checkpointed_commit = -1
+        self._lock_fd: int | None = None  # holds the data directory's exclusive lock while open
+
+    @property
+    def opened(self) -> bool:
+        return self.log is not None and self.meta is not None
+
+    def open(self) -> None:
+        from storage.filestore import FileLogStore
+        from storage.meta_lmdb import LmdbMetaStore
+
+        cfg = self.config
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_data_dir(cfg.data_dir)
+        if self.log is None:
+            # The store is opened in its "async" mode whatever the node's policy: the node calls fdatasync
+            # itself (``sync()``, in the I/O thread). The store's lock is held through an fdatasync inside a
+            # "sync" append, and the core reads the store from the event loop; ``sync()`` fsyncs outside the
+            # lock, so the loop never waits behind the disk. Under the "sync" policy every Ready is synced
+            # before anything that depends on it is sent, which is the same promise.
+            self.log = FileLogStore.open(
+                str(cfg.data_dir),
+                segment_size=cfg.raft.segment_size,
+                flush="async",
+                flush_interval_ms=cfg.flush_interval_ms,
+            )
+            self.sync_each_ready = cfg.flush == "sync"
+        if self.meta is None:
+            self.meta = LmdbMetaStore(str(cfg.data_dir / "meta"))
+
+    def checkpoint_commit(self, commit_index: int) -> None:
+        """Record the commit index in the MetaStore (unsynced) for readers such as the audit."""
+        if commit_index > self.checkpointed_commit:
+            self.meta.put(COMMIT_INDEX_KEY, str(commit_index).encode())
+            self.checkpointed_commit = commit_index
+
+    def sync_and_checkpoint(self, commit_index: int) -> None:
+        self.log.sync()
+        self.checkpoint_commit(commit_index)
+
+    def close(self, commit_index: int, state_machine: StateMachine | None) -> None:
+        """Sync the log, checkpoint the commit index (synced), close every store, then release the lock."""
+        try:
+            if self.log is not None:
+                self.log.sync()
+                if self.meta is not None and commit_index > self.checkpointed_commit:
+                    self.meta.put(COMMIT_INDEX_KEY, str(commit_index).encode(), sync=True)
+                self.log.close()
+            if self.meta is not None:
+                self.meta.close()
+            if state_machine is not None:
+                state_machine.close()
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the data directory's lock
+            self._lock_fd = None

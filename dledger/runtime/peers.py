@@ -1,0 +1,275 @@
+"""Talking to the other voters: inbound messages stepped into the core and answered once persisted, and one
+sender per peer for everything outbound.
+
+Inbound (the gRPC server calls ``handle_message``/``handle_batch``/``handle_snapshot``): a message is stepped into
+the core and its caller waits on a ``ReplyWaiter`` until the ready loop has persisted what the answer depends on
+and hands the answer over (``dispatch``). Outbound: one sender per peer writes everything queued for that peer
+(AppendEntries, heartbeats, answers) as one message on a long-lived stream without waiting for answers, so many
+AppendEntries are in flight at once and a heartbeat is never queued behind more than the one write in progress.
+Votes and TimeoutNow use unary calls; snapshots their own stream. Answers come back through ``step_all``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from dledger.core.messages import (
+    AppendEntries,
+    AppendEntriesResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    Message,
+    RequestVote,
+    RequestVoteResponse,
+    SnapshotStatus,
+    TimeoutNow,
+)
+from dledger.core.raft import RaftCore
+from dledger.errors import DLedgerError, InvalidRequestError, UnavailableError
+from dledger.nodeconfig import NodeConfig
+from dledger.runtime.futures import fail
+from dledger.runtime.snapshots import Snapshots
+from dledger.transport.base import PeerTransport, PeerUnreachableError, SnapshotChunk
+
+log = logging.getLogger("dledger.runtime")
+
+# Which response type answers which request: the reply a peer's call waits for.
+RESPONSE_TO = {
+    RequestVote: RequestVoteResponse,
+    AppendEntries: AppendEntriesResponse,
+    Heartbeat: HeartbeatResponse,
+    TimeoutNow: None,  # never answered: the transferee campaigns instead
+    InstallSnapshot: AppendEntriesResponse,
+}
+
+
+@dataclass(slots=True)
+class ReplyWaiter:
+    """An inbound call waiting for the core's answer to the message it delivered."""
+
+    src: str
+    kind: type
+    future: asyncio.Future
+    replies: list[Message] = field(default_factory=list)
+
+
+class Peers:
+    """The node's side of the peer protocol. ``core()`` is the current core (None before start);
+    ``on_failure(exc)`` stops the node when the core finds broken safety. ``transport`` is set at start."""
+
+    def __init__(
+        self,
+        node_id: str,
+        config: NodeConfig,
+        *,
+        core: Callable[[], RaftCore | None],
+        wake: asyncio.Event,
+        snapshots: Snapshots,
+        stats: collections.Counter,
+        on_failure: Callable[[BaseException], None],
+    ):
+        self.id = node_id
+        self.group = config.group
+        self.config = config
+        self._core = core
+        self._wake = wake
+        self._snapshots = snapshots
+        self.stats = stats
+        self._on_failure = on_failure
+        self.transport: PeerTransport | None = None
+        self.closing = False
+        self.reply_waiters: list[ReplyWaiter] = []
+        self.queues: dict[str, asyncio.Queue] = {p: asyncio.Queue() for p in config.peers if p != node_id}
+        self._unreachable_logged: dict[str, float] = {}
+
+    # -- stepping ----------------------------------------------------------------------------------------------
+
+    def step_all(self, messages: list[Message]) -> None:
+        """Answers from peers (and local reports) go into the core; wake the ready loop if there is work."""
+        if self.closing or not messages:
+            return
+        for m in messages:
+            self.step(m)
+        if self._core().has_ready():
+            self._wake.set()
+
+    def step(self, m: Message) -> None:
+        """Step one message. A core that raises anything but a refusal has found broken safety (e.g. a log
+        conflict below the commit index): the node stops rather than diverge."""
+        try:
+            self._core().step(m)
+        except DLedgerError:
+            raise
+        except Exception as e:
+            log.critical(
+                "%s: the Raft core failed on %s; stopping the node", self.id, type(m).__name__, exc_info=e
+            )
+            self._on_failure(e)
+            raise UnavailableError(f"node {self.id} stopped: {e}") from e
+
+    # -- inbound (PeerHandler) ---------------------------------------------------------------------------------
+
+    def check_sender(self, msg: Message) -> None:
+        """Only the group's other voters may speak Raft to this node: a stray process (a node of another
+        group, a tool, a fuzzer) is refused before the core sees anything."""
+        if msg.dst != self.id:
+            raise InvalidRequestError(
+                f"message for {msg.dst} delivered to {self.id}: check the peer addresses"
+            )
+        if msg.src == self.id or msg.src not in self.config.peers:
+            raise InvalidRequestError(
+                f"{type(msg).__name__} from {msg.src!r}, which is not a member of group {self.group} "
+                f"(members: {', '.join(sorted(self.config.peers))}): refused"
+            )
+
+    def _check_open(self) -> None:
+        if self.closing:
+            raise UnavailableError(f"node {self.id} is shutting down")
+        if self._core() is None:
+            raise UnavailableError(f"node {self.id} is starting")
+
+    async def handle_message(self, msg: Message) -> list[Message]:
+        if self.closing:
+            raise UnavailableError(f"node {self.id} is shutting down")
+        self.check_sender(msg)
+        if self._core() is None:
+            raise UnavailableError(f"node {self.id} is starting")
+        kind = RESPONSE_TO.get(type(msg))
+        self.step(msg)
+        self._wake.set()
+        if kind is None:
+            return []  # a response delivered one way: nothing answers it
+        w = ReplyWaiter(msg.src, kind, asyncio.get_running_loop().create_future())
+        self.reply_waiters.append(w)
+        return await w.future
+
+    async def handle_batch(self, messages: list[Message]) -> list[Message]:
+        self._check_open()
+        waiters = []
+        loop = asyncio.get_running_loop()
+        for msg in messages:
+            self.check_sender(msg)
+        for msg in messages:
+            self.step(msg)
+            kind = RESPONSE_TO.get(type(msg))
+            if kind is not None:
+                w = ReplyWaiter(msg.src, kind, loop.create_future())
+                self.reply_waiters.append(w)
+                waiters.append(w.future)
+        self._wake.set()
+        if not waiters:
+            return []
+        return [r for rs in await asyncio.gather(*waiters) for r in rs]
+
+    async def handle_snapshot(
+        self, msg: InstallSnapshot, chunks: AsyncIterator[SnapshotChunk]
+    ) -> list[Message]:
+        """Install the snapshot's data into the state machine first (verified; nothing changes if the transfer
+        breaks), then step the meta into the core, which restarts the log after it."""
+        self._check_open()
+        await self._snapshots.install(msg, chunks.__aiter__(), self._core().term)
+        return await self.handle_message(msg)
+
+    # -- answers to inbound calls (from the ready loop) --------------------------------------------------------
+
+    def take_waiters(self) -> list[ReplyWaiter]:
+        """The calls waiting for answers from the Ready about to be taken."""
+        waiters, self.reply_waiters = self.reply_waiters, []
+        return waiters
+
+    def dispatch(self, messages: tuple[Message, ...], waiters: list[ReplyWaiter]) -> None:
+        """Answers ride back on the calls that asked; everything else goes to its peer's sender."""
+        for m in messages:
+            for w in waiters:
+                if w.src == m.dst and isinstance(m, w.kind) and not w.replies:
+                    w.replies.append(m)
+                    break
+            else:
+                q = self.queues.get(m.dst)
+                if q is None:
+                    log.warning("%s: dropping %s for unknown node %s", self.id, type(m).__name__, m.dst)
+                else:
+                    q.put_nowait(m)
+        for w in waiters:
+            if not w.future.done():
+                w.future.set_result(w.replies)
+
+    def fail_waiters(self, err: BaseException) -> None:
+        for w in self.reply_waiters:
+            fail(w.future, err)
+
+    # -- outbound ----------------------------------------------------------------------------------------------
+
+    async def sender(self, peer: str) -> None:
+        """Deliver messages to one peer in order. Everything queued while the previous write was in progress
+        goes out as one pipe write (AppendEntries, heartbeats, answers); answers come back through
+        ``step_all``. Votes and TimeoutNow use their own unary calls, snapshots their own stream."""
+        queue = self.queues[peer]
+        side: set[asyncio.Task] = set()
+        try:
+            while True:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                piped = []
+                for m in batch:
+                    if isinstance(m, RequestVote | TimeoutNow):
+                        t = asyncio.create_task(self._call(m))
+                    elif isinstance(m, InstallSnapshot):
+                        t = asyncio.create_task(self._send_snapshot(m))
+                    else:
+                        piped.append(m)
+                        continue
+                    side.add(t)
+                    t.add_done_callback(side.discard)
+                if piped:
+                    try:
+                        await self.transport.deliver(peer, piped)
+                    except PeerUnreachableError as e:
+                        self._note_unreachable(e)
+                        continue
+                    self._unreachable_logged.pop(peer, None)
+                    self.stats["pipe_writes"] += 1
+                    self.stats["piped_messages"] += len(piped)
+        finally:
+            for t in side:
+                t.cancel()
+
+    async def _call(self, msg: Message) -> None:
+        try:
+            replies = await self.transport.call(msg)
+        except PeerUnreachableError as e:
+            self._note_unreachable(e)
+            return
+        self._unreachable_logged.pop(msg.dst, None)
+        self.step_all(replies)
+
+    async def _send_snapshot(self, msg: InstallSnapshot) -> None:
+        """Stream the newest snapshot the log continues from; report the outcome to the core."""
+        out = await self._snapshots.outgoing(msg)
+        if out is None:
+            self.step_all([SnapshotStatus(term=self._core().term, src=msg.dst, dst=self.id, success=False)])
+            return
+        msg, chunks = out
+        try:
+            replies = await self.transport.install_snapshot(msg, chunks)
+        except PeerUnreachableError as e:
+            self._note_unreachable(e)
+            self.step_all([SnapshotStatus(term=self._core().term, src=msg.dst, dst=self.id, success=False)])
+            return
+        self.step_all(
+            [*replies, SnapshotStatus(term=self._core().term, src=msg.dst, dst=self.id, success=True)]
+        )
+
+    def _note_unreachable(self, e: PeerUnreachableError) -> None:
+        now = time.monotonic()
+        last = self._unreachable_logged.get(e.peer)
+        if last is None or now - last > 5.0:
+            self._unreachable_logged[e.peer] = now
+            log.warning("%s: %s", self.id, e)
