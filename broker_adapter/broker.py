@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from broker_adapter import commands, message
 from broker_adapter.allocator import QueueOffsetAllocator
+from broker_adapter.broker_commit import GroupCommit
 from broker_adapter.broker_pop import Pops
 from broker_adapter.broker_send import Sender
 from broker_adapter.broker_types import (
@@ -57,6 +58,7 @@ class Broker:
         # its own first entry of the term (so nothing committed by earlier leaders is missing from its answers).
         self._barrier: tuple[int, int] = (-1, -1)  # (term, index of the leader's first entry in that term)
         self._barrier_passed_term = -1
+        self.group_commit = GroupCommit(node, allocator)  # concurrent calls' entries: one proposal
         self._sender = Sender(self, allocator)
         self.send = self._sender.send  # bound once: the hot path pays no extra call
         self.pops = Pops(self)  # RocketMQ 5 consumption: pop, ack, change invisible duration
@@ -166,15 +168,12 @@ class Broker:
         return [(t, n, [sm.next_offset(t, q) for q in range(n)]) for t, n in sorted(sm.topics.items())]
 
     # -- proposing -----------------------------------------------------------------------------------------
-    def _prepare(self, index: int, pos: int, body: bytes) -> bytes:
-        return self._alloc.prepare(self.node.term, index, pos, body)
-
     async def submit(self, cmds: Sequence[commands.Command | bytes]) -> list[Any]:
-        """Propose commands (or encoded bodies) as one batch; each one's applied result, or the error the state
-        machine returned for it. Proposed with the allocator's prepare, so it keeps up with the log."""
+        """Propose commands (or encoded bodies) as one batch, packed with concurrent calls' entries
+        (``broker_commit``); each one's applied result, or the error the state machine returned for it."""
         bodies = [c if isinstance(c, bytes) else commands.encode(c) for c in cmds]
-        outcomes = await self.node.submit(bodies, prepare=self._prepare)
-        return [o if isinstance(o, BaseException) else o.result for o in outcomes]
+        _, results = await self.group_commit.propose(bodies, True)
+        return results
 
     # -- pull ----------------------------------------------------------------------------------------------
     async def pull(
