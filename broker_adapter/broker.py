@@ -3,8 +3,8 @@
 converts the answer or the ``dledger.errors`` error it raises. Nothing here knows gRPC.
 
 Writes (send, create topic, commit offset, and the pops, acks and invisible-time changes of ``broker_pop``) go
-through the log on the leader: each is one entry, proposed with the allocator's ``prepare`` so a message gets its
-queue offset and CommitLog offset as the leader places it. A follower refuses writes with ``NotLeaderError``
+through the log on the leader: each is one entry, proposed with the allocator's ``prepare`` (concurrent calls'
+entries packed into one proposal by ``broker_commit``) so a message gets its queue offset and CommitLog offset as the leader places it. A follower refuses writes with ``NotLeaderError``
 naming the leader. Reads are served from this node's dispatched state; a follower serves them only when the
 caller allows it. Input is checked before anything is written. The node is reached only through
 ``dledger.plugins.NodeHandle``.

@@ -47,6 +47,9 @@ class GroupCommit:
         self._pending: list[_Call] = []
         self._inflight = 0
         self._scheduled = False
+        self._tasks: set[asyncio.Task] = (
+            set()
+        )  # proposals running (held: the loop keeps only weak references)
         self.proposals = 0  # proposals made (for tests and stats)
 
     async def propose(
@@ -80,7 +83,9 @@ class GroupCommit:
                 return
             self._inflight += 1
             self.proposals += 1
-            asyncio.ensure_future(self._run(batch))
+            task = asyncio.ensure_future(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: list[_Call]) -> None:
         node, alloc = self._node, self._alloc

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from broker_adapter.rocketmq.invisibility import Handled, Outcome
 from broker_adapter.broker_types import UnknownQueueError
+from broker_adapter.rocketmq.invisibility import Handled, Outcome
 from dledger.errors import InvalidRequestError, NotLeaderError
 from tests.broker.test_broker import made, out, receive, run, topic
 
