@@ -6,13 +6,14 @@ Measured in one run, each figure next to its baseline:
   bodies of the same encoded size and the same batch size (the issue's target: batched produce within 70% of raw
   append throughput);
 - consume throughput: pulls of up to 1024 messages from the leader, against the same node's raw committed reads
-  through ``Get`` (issue target: 100k messages/s);
+  through ``Get`` (issue target: 100k messages/s); ``--consume-only N`` measures only this, decoded pulls
+  against raw ones (``PullRequest.raw``, decoded by ``broker_adapter.pulled``);
 - end-to-end latency: send to delivery to a long-polling consumer, one message at a time (moderate load),
   p50/p99 (issue target: p99 under 20 ms);
 - produce (4 producers, batch 32) while the leader is killed with SIGKILL halfway: messages/s per 100 ms, printed
   as before / gap / after and saved as a bar chart PNG (``--png``; the red line marks the kill).
 
-    python -m bench.broker [--scale 1.0] [--dir DIR] [--png FILE] [--failover-s 6]
+    python -m bench.broker [--scale 1.0] [--dir DIR] [--png FILE] [--failover-s 6] [--consume-only N]
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ import threading
 import time
 from pathlib import Path
 
-from broker_adapter import message
+from broker_adapter import message, pulled
 from broker_adapter.client import BrokerConnection, Consumer, Producer
 from dledger import group as grp
 from dledger.client import DLedgerClient
+from dledger.v1 import broker_pb2
 
 BODY = bytes(range(256)) * 4  # 1 KiB
 TOPIC = "bench"
@@ -118,6 +120,36 @@ def consume(address: str, total_per_queue: list[int]) -> float:
                 off += len(msgs)
                 got += len(msgs)
         return rate(got, time.perf_counter() - t0)
+
+
+def consume_raw(address: str, total_per_queue: list[int]) -> float:
+    """``consume`` at batch granularity: ``PullRequest.raw``, decoded by ``broker_adapter.pulled``."""
+    with BrokerConnection([address]) as c:
+        got = 0
+        t0 = time.perf_counter()
+        for q, end in enumerate(total_per_queue):
+            off = 0
+            while off < end:
+                req = broker_pb2.PullRequest(topic=TOPIC, queue_id=q, offset=off, max_messages=1024, raw=True)
+                r = c.call("Pull", req, retry_unknown=True)
+                msgs = pulled.decode(r.raw, r.raw_count)
+                off += len(msgs)
+                got += len(msgs)
+        return rate(got, time.perf_counter() - t0)
+
+
+def consume_only(addrs: list[str], leader: str, n: int) -> None:
+    """Fill the topic with ``n`` messages, then pull them all from the leader both ways."""
+    produce_parallel(addrs, n, 256, 4)
+    with BrokerConnection(addrs) as c:
+        ends = list({t.topic: t for t in c.list_topics()}[TOPIC].max_offsets)
+    for _ in range(2):
+        decoded = consume(leader, ends)
+        raw = consume_raw(leader, ends)
+        print(
+            f"consume {sum(ends):,} msgs (pull 1024, one consumer): {decoded:>10,.0f} msg/s decoded, "
+            f"{raw:>10,.0f} msg/s raw"
+        )
 
 
 def raw_get(addresses: list[str], n: int) -> float:
@@ -244,6 +276,13 @@ def main() -> None:
         help="where to save the failover plot",
     )
     ap.add_argument("--failover-s", type=float, default=6.0, help="length of the produce run with a kill")
+    ap.add_argument(
+        "--consume-only",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only the consume figures: decoded and raw pulls of N messages",
+    )
     args = ap.parse_args()
     s = args.scale
     tmp = None
@@ -256,6 +295,9 @@ def main() -> None:
         addrs = g.addresses
         with BrokerConnection(addrs) as c:
             c.create_topic(TOPIC, QUEUES)
+        if args.consume_only:
+            consume_only(addrs, grp.wait_for_leader(g).address, args.consume_only)
+            return
         size = message.encoded_size(TOPIC, len(BODY), {"x" * 40: "y" * 120})  # about a real message's size
         print(f"3-node group, flush sync, 1 KiB bodies (~{size} bytes per message entry)")
         print(f"{'run':<28}{'msg/s':>12}{'raw append/s':>16}{'ratio':>9}")

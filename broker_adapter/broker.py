@@ -3,8 +3,8 @@
 converts the answer or the ``dledger.errors`` error it raises. Nothing here knows gRPC.
 
 Writes (send, create topic, commit offset, and the pops, acks and invisible-time changes of ``broker_pop``) go
-through the log on the leader: each is one entry, proposed with the allocator's ``prepare`` so a message gets its
-queue offset and CommitLog offset as the leader places it. A follower refuses writes with ``NotLeaderError``
+through the log on the leader: each is one entry, proposed with the allocator's ``prepare`` (concurrent calls'
+entries packed into one proposal by ``broker_commit``) so a message gets its queue offset and CommitLog offset as the leader places it. A follower refuses writes with ``NotLeaderError``
 naming the leader. Reads are served from this node's dispatched state; a follower serves them only when the
 caller allows it. Input is checked before anything is written. The node is reached only through
 ``dledger.plugins.NodeHandle``.
@@ -13,16 +13,18 @@ caller allows it. Input is checked before anything is written. The node is reach
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 from broker_adapter import commands, message
 from broker_adapter.allocator import QueueOffsetAllocator
+from broker_adapter.broker_commit import GroupCommit
 from broker_adapter.broker_pop import Pops
 from broker_adapter.broker_send import Sender
 from broker_adapter.broker_types import (
     OffsetRangeError,
     Pulled,
+    PulledRaw,
     RouteInfo,
     UnknownGroupError,
     UnknownQueueError,
@@ -57,6 +59,7 @@ class Broker:
         # its own first entry of the term (so nothing committed by earlier leaders is missing from its answers).
         self._barrier: tuple[int, int] = (-1, -1)  # (term, index of the leader's first entry in that term)
         self._barrier_passed_term = -1
+        self.group_commit = GroupCommit(node, allocator)  # concurrent calls' entries: one proposal
         self._sender = Sender(self, allocator)
         self.send = self._sender.send  # bound once: the hot path pays no extra call
         self.pops = Pops(self)  # RocketMQ 5 consumption: pop, ack, change invisible duration
@@ -166,15 +169,12 @@ class Broker:
         return [(t, n, [sm.next_offset(t, q) for q in range(n)]) for t, n in sorted(sm.topics.items())]
 
     # -- proposing -----------------------------------------------------------------------------------------
-    def _prepare(self, index: int, pos: int, body: bytes) -> bytes:
-        return self._alloc.prepare(self.node.term, index, pos, body)
-
     async def submit(self, cmds: Sequence[commands.Command | bytes]) -> list[Any]:
-        """Propose commands (or encoded bodies) as one batch; each one's applied result, or the error the state
-        machine returned for it. Proposed with the allocator's prepare, so it keeps up with the log."""
+        """Propose commands (or encoded bodies) as one batch, packed with concurrent calls' entries
+        (``broker_commit``); each one's applied result, or the error the state machine returned for it."""
         bodies = [c if isinstance(c, bytes) else commands.encode(c) for c in cmds]
-        outcomes = await self.node.submit(bodies, prepare=self._prepare)
-        return [o if isinstance(o, BaseException) else o.result for o in outcomes]
+        _, results = await self.group_commit.propose(bodies, True)
+        return results
 
     # -- pull ----------------------------------------------------------------------------------------------
     async def pull(
@@ -188,7 +188,39 @@ class Broker:
     ) -> Pulled:
         """Up to ``max_messages`` consecutive messages from ``offset``, long-polling up to ``max_wait_ms`` at the
         queue's end. A lagging follower (when allowed) answers an offset beyond its end with nothing."""
-        qid = queue_id
+        n, end = await self._pull_span(topic, queue_id, offset, max_messages, max_wait_ms, allow_follower)
+        if n <= 0:
+            return Pulled([], offset, end)
+        decode = message.decode
+        msgs: list[message.Message] = []
+        for u, raw in self._stored(topic, queue_id, offset, n):
+            try:
+                msgs.append(decode(raw, check_crc=False))  # the entry's body_crc covers it (see CommitLog)
+            except message.MessageFormatError as e:
+                raise DLedgerError(f"{topic}/{queue_id} offset {u.queue_offset}: {e}") from None
+        return Pulled(msgs, offset + len(msgs), end)
+
+    async def pull_raw(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        max_wait_ms: int = 0,
+        allow_follower: bool = False,
+    ) -> PulledRaw:
+        """``pull`` at batch granularity: the messages' stored bytes concatenated, decoded by nobody here (a
+        consumer decodes them with ``broker_adapter.pulled``). Same checks, waits and errors as ``pull``."""
+        n, end = await self._pull_span(topic, queue_id, offset, max_messages, max_wait_ms, allow_follower)
+        if n <= 0:
+            return PulledRaw(b"", 0, offset, end)
+        parts = [raw for _, raw in self._stored(topic, queue_id, offset, n)]
+        return PulledRaw(b"".join(parts), len(parts), offset + len(parts), end)
+
+    async def _pull_span(
+        self, topic: str, qid: int, offset: int, max_messages: int, max_wait_ms: int, allow_follower: bool
+    ) -> tuple[int, int]:
+        """How many messages a pull from ``offset`` takes (after its long poll), and the queue's end."""
         self.check_queue(topic, qid)
         if offset < 0:
             raise InvalidRequestError(f"offset must be >= 0, got {offset}")
@@ -202,7 +234,7 @@ class Broker:
         sm = self.sm
         end = sm.next_offset(topic, qid)
         if offset > end and not leader:
-            return Pulled([], offset, end)  # a lagging follower
+            return 0, end  # a lagging follower
         if offset > end:
             raise InvalidRequestError(
                 f"offset {offset} is beyond the end of {topic}/{qid} ({end}) on node {self.node.id}"
@@ -211,18 +243,20 @@ class Broker:
             loop = asyncio.get_running_loop()
             await self.wait_dispatch(topic, (qid,), loop.time() + max_wait_ms / 1000, offset)
             end = sm.next_offset(topic, qid)
-        n = min(max_messages, end - offset)
-        if n <= 0:
-            return Pulled([], offset, end)
-        cq = sm.queue(topic, qid)
-        hi = sm.applied_index
-        read = self.commitlog.read_message
-        msgs: list[message.Message] = []
-        while len(msgs) < n:
-            units = cq.read(offset + len(msgs), n - len(msgs))
+        return min(max_messages, end - offset), end
+
+    def _stored(self, topic: str, qid: int, offset: int, n: int) -> Iterator[tuple[Any, bytes]]:
+        """(ConsumeQueue unit, stored message bytes) of up to ``n`` consecutive offsets from ``offset``: fewer
+        when the log ends early; ``NotFoundError`` when the first is no longer held."""
+        cq = self.sm.queue(topic, qid)
+        hi = self.sm.applied_index
+        get = self.commitlog.get
+        done = 0
+        while done < n:
+            units = cq.read(offset + done, n - done)
             if not units:
-                if msgs:
-                    break
+                if done:
+                    return
                 raise NotFoundError(
                     f"{topic}/{qid} offset {offset} precedes node {self.node.id}'s snapshot and its log no longer "
                     "holds it"
@@ -234,12 +268,10 @@ class Broker:
                         "log no longer holds it"
                     )
                 try:
-                    msgs.append(read(u.commitlog_offset, u.size, hi))
+                    yield u, get(u.commitlog_offset, u.size, hi)[1]
                 except CommitLogError as e:
                     raise NotFoundError(f"{topic}/{qid} offset {u.queue_offset}: {e}") from None
-                except message.MessageFormatError as e:
-                    raise DLedgerError(f"{topic}/{qid} offset {u.queue_offset}: {e}") from None
-        return Pulled(msgs, offset + len(msgs), end)
+            done += len(units)
 
     async def pull_selected(
         self,

@@ -88,15 +88,7 @@ class Sender:
             if fresh:
                 # Acknowledged at commit: where each message goes is fixed when the leader places it (the
                 # dispatcher checks every node dispatches it exactly there), so the ack need not wait for apply.
-                placed: list[Dispatched] = []
-                node, alloc = b.node, self._alloc
-
-                def prepare(index: int, pos: int, body: bytes) -> bytes:
-                    out, d = alloc.prepare_entry(node.term, index, pos, body)
-                    placed.append(d)
-                    return out
-
-                await node.append([encoded[i][1] for i in fresh], prepare)
+                placed, _ = await b.group_commit.propose([encoded[i][1] for i in fresh], False)
                 for i, d in zip(fresh, placed, strict=True):
                     results[i] = d
         except BaseException as e:

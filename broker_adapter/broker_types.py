@@ -121,6 +121,17 @@ class Pulled:
 
 
 @dataclass(frozen=True, slots=True)
+class PulledRaw:
+    """A pull at batch granularity: ``count`` messages as the CommitLog stores them, concatenated (each starts
+    with its TOTALSIZE), the offset to pull next and the queue's end on this node."""
+
+    data: bytes
+    count: int
+    next_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class RouteInfo:
     node_id: str
     leader_id: str | None

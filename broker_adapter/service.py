@@ -45,6 +45,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return out
 
     async def Pull(self, request, context):
+        if request.raw:
+            return await self._pull_raw(request, context)
         try:
             pulled = await self._broker.pull(
                 request.topic,
@@ -73,6 +75,23 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 store_timestamp=m.store_timestamp,
             )
         return out
+
+    async def _pull_raw(self, request, context):
+        """A pull at batch granularity: the stored bytes as they are (``broker_adapter.pulled`` decodes them)."""
+        try:
+            p = await self._broker.pull_raw(
+                request.topic,
+                request.queue_id,
+                request.offset,
+                request.max_messages or 32,
+                request.max_wait_ms,
+                request.allow_follower,
+            )
+        except DLedgerError as e:
+            await self._abort(context, e)
+        return broker_pb2.PullResponse(
+            next_offset=p.next_offset, max_offset=p.max_offset, raw=p.data, raw_count=p.count
+        )
 
     async def CreateTopic(self, request, context):
         try:

@@ -66,20 +66,22 @@ class SendResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "allow_follower")
+    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "allow_follower", "raw")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     offset: int
     max_messages: int
     max_wait_ms: int
     allow_follower: bool
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., allow_follower: _Optional[bool] = ...) -> None: ...
+    raw: bool
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., allow_follower: _Optional[bool] = ..., raw: _Optional[bool] = ...) -> None: ...
 
 class StoredMessage(_message.Message):
     __slots__ = ("topic", "queue_id", "queue_offset", "commitlog_offset", "body", "tags", "keys", "msg_id", "properties", "born_timestamp", "store_timestamp")
@@ -115,14 +117,18 @@ class StoredMessage(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commitlog_offset: _Optional[int] = ..., body: _Optional[bytes] = ..., tags: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., msg_id: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_timestamp: _Optional[int] = ..., store_timestamp: _Optional[int] = ...) -> None: ...
 
 class PullResponse(_message.Message):
-    __slots__ = ("messages", "next_offset", "max_offset")
+    __slots__ = ("messages", "next_offset", "max_offset", "raw", "raw_count")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    RAW_COUNT_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[StoredMessage]
     next_offset: int
     max_offset: int
-    def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ..., next_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+    raw: bytes
+    raw_count: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ..., next_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., raw: _Optional[bytes] = ..., raw_count: _Optional[int] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
     __slots__ = ("topic", "queues")

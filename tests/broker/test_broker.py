@@ -51,7 +51,8 @@ class FakeNode:
         self.leader_id: str | None = "n0"
         self.sm = sm
         self.hold = False  # appends commit but wait for apply_pending()
-        self.gate: asyncio.Event | None = None  # appends wait for it before reaching the log
+        self.gate: asyncio.Event | None = None  # appends and submits wait for it before reaching the log
+        self.proposals: list[tuple[str, int]] = []  # ("append" | "submit", entries) per call, as they arrive
         self.unapplied: list[CommittedEntry] = []
         self.listeners: list = []
 
@@ -96,6 +97,7 @@ class FakeNode:
         return {e.index: r for e, r in zip(entries, self.sm.apply(entries), strict=True)} if entries else {}
 
     async def append(self, bodies, prepare=None) -> AppendedRun:
+        self.proposals.append(("append", len(bodies)))
         if self.gate is not None:
             await self.gate.wait()
         placed = self._place(bodies, prepare)
@@ -104,6 +106,9 @@ class FakeNode:
         return AppendedRun(placed[0].index, self.term, tuple(e.pos for e in placed))
 
     async def submit(self, bodies, prepare=None) -> list:
+        self.proposals.append(("submit", len(bodies)))
+        if self.gate is not None:
+            await self.gate.wait()
         placed = self._place(bodies, prepare)
         results = self.apply_pending()
         return [

@@ -5,12 +5,14 @@ input, and queue offsets that stay dense and identical on every node when the le
 from __future__ import annotations
 
 import asyncio
+from dataclasses import astuple
 
 import grpc
 import pytest
 
 from broker_adapter import message
 from broker_adapter.client import BrokerConnection, Consumer, Producer
+from broker_adapter.pulled import decode as decode_raw
 from dledger.core.messages import Role
 from dledger.v1 import broker_pb2, broker_pb2_grpc
 from storage.codec import HEADER_SIZE
@@ -107,6 +109,16 @@ def test_send_pull_commit_and_follower_redirect(tmp_path):
                 assert [m.queue_offset for m in pulled] == by_queue[q]
                 assert {m.msg_id for m in pulled} <= {r.msg_id for r in results}
                 assert pulled[0].tags == "TagA"
+                raw = await asyncio.to_thread(
+                    cons.call,
+                    "Pull",
+                    broker_pb2.PullRequest(topic="orders", queue_id=q, offset=0, max_messages=100, raw=True),
+                    retry_unknown=True,
+                )
+                assert not raw.messages and raw.next_offset == len(pulled)
+                assert [astuple(m) for m in decode_raw(raw.raw, raw.raw_count)] == [
+                    astuple(m) for m in pulled
+                ]
                 got = [m async for m in _aiter(cons.messages("orders", idle_s=0.3))]
                 assert sorted(m.msg_id for m in got) == sorted(r.msg_id for r in results)
                 for qid in range(3):

@@ -1,0 +1,129 @@
+"""Broker-level group commit: the entries of concurrent broker calls (sends, pops, acks, invisible-time changes,
+offset commits, topic creations) go to the node as one proposal instead of one per call.
+
+A call hands over its already validated entries and waits. When no proposal of this broker is in flight, the
+pending calls are flushed on the next loop turn (so calls arriving in the same turn share it, and a lone
+sequential caller waits for nothing but that turn); while one is in flight, new calls gather and are flushed
+together the moment it finishes. Each call's entries stay contiguous and in arrival order, and each call gets
+back exactly its own slice: where its messages were placed (``Dispatched``) and, for calls that asked for
+them, the applied results. A proposal the node refuses fails every call in it with that error, as it failed
+the one call before; a call cancelled before its flush is left out (nothing of it is written).
+
+A proposal holding a call that wants applied results is a ``node.submit`` (it resolves once applied); one of
+sends only is a ``node.append`` (it resolves at commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from broker_adapter.dispatcher import Dispatched
+from dledger.errors import DLedgerError
+
+if TYPE_CHECKING:
+    from broker_adapter.allocator import QueueOffsetAllocator
+    from dledger.plugins import NodeHandle
+
+# Entries of one proposal at most (a single call larger than this still goes alone): well under the node's
+# default max_pending_entries, so packing never turns calls that fit into one that cannot.
+MAX_GROUP_ENTRIES: Final = 4096
+
+
+@dataclass(slots=True)
+class _Call:
+    bodies: Sequence[bytes]
+    want_results: bool
+    future: asyncio.Future
+
+
+class GroupCommit:
+    def __init__(self, node: NodeHandle, allocator: QueueOffsetAllocator, max_inflight: int = 1):
+        self._node = node
+        self._alloc = allocator
+        self._max_inflight = max_inflight
+        self._pending: list[_Call] = []
+        self._inflight = 0
+        self._scheduled = False
+        self._tasks: set[asyncio.Task] = (
+            set()
+        )  # proposals running (held: the loop keeps only weak references)
+        self.proposals = 0  # proposals made (for tests and stats)
+
+    async def propose(
+        self, bodies: Sequence[bytes], want_results: bool
+    ) -> tuple[list[Dispatched | None], list[Any] | None]:
+        """Propose ``bodies`` (with the calls gathered alongside). Returns where each was placed (a message's
+        ``Dispatched``, None for a command) and, with ``want_results``, each one's applied outcome."""
+        loop = asyncio.get_running_loop()
+        call = _Call(bodies, want_results, loop.create_future())
+        self._pending.append(call)
+        if self._inflight < self._max_inflight and not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await call.future
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        while self._pending and self._inflight < self._max_inflight:
+            batch: list[_Call] = []
+            n = 0
+            while self._pending:
+                c = self._pending[0]
+                if c.future.done():  # cancelled while waiting: never proposed
+                    self._pending.pop(0)
+                    continue
+                if batch and n + len(c.bodies) > MAX_GROUP_ENTRIES:
+                    break
+                batch.append(self._pending.pop(0))
+                n += len(c.bodies)
+            if not batch:
+                return
+            self._inflight += 1
+            self.proposals += 1
+            task = asyncio.ensure_future(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[_Call]) -> None:
+        node, alloc = self._node, self._alloc
+        placed: list[Dispatched | None] = []
+
+        def prepare(index: int, pos: int, body: bytes) -> bytes:
+            out, d = alloc.prepare_entry(node.term, index, pos, body)
+            placed.append(d)
+            return out
+
+        bodies = [b for c in batch for b in c.bodies] if len(batch) > 1 else list(batch[0].bodies)
+        try:
+            if any(c.want_results for c in batch):
+                outcomes = await node.submit(bodies, prepare)
+                results: list[Any] | None = [
+                    o if isinstance(o, BaseException) else o.result for o in outcomes
+                ]
+            else:
+                await node.append(bodies, prepare)
+                results = None
+        except BaseException as e:
+            for c in batch:
+                if c.future.done():
+                    continue
+                if isinstance(e, asyncio.CancelledError):
+                    c.future.cancel()
+                else:
+                    c.future.set_exception(e if isinstance(e, DLedgerError) else DLedgerError(str(e)))
+            if not isinstance(e, Exception):
+                raise
+            return
+        finally:
+            self._inflight -= 1
+            if self._pending and not self._scheduled:
+                self._flush()
+        i = 0
+        for c in batch:
+            k = len(c.bodies)
+            if not c.future.done():
+                c.future.set_result((placed[i : i + k], results[i : i + k] if c.want_results else None))
+            i += k

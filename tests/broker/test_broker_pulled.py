@@ -1,0 +1,92 @@
+"""Pulls at batch granularity: ``Broker.pull_raw`` serves the stored bytes as they are and
+``broker_adapter.pulled.decode`` turns them into the same messages a decoded pull gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_adapter import pulled
+from broker_adapter.broker_types import UnknownQueueError
+from dledger.errors import DLedgerError, InvalidRequestError
+from tests.broker.test_broker import made, out, run, topic
+
+__all__ = ["made"]  # the fixture, imported for pytest
+
+
+def as_pulled(m) -> pulled.PulledMessage:
+    """A decoded pull's message as the Broker face and the client turn it into a ``PulledMessage``."""
+    return pulled.PulledMessage(
+        m.topic,
+        m.queue_id,
+        m.queue_offset,
+        m.physical_offset,
+        m.body,
+        m.tags or None,
+        tuple(m.keys),
+        m.msg_id or "",
+        dict(m.properties),
+        m.born_timestamp,
+        m.store_timestamp,
+    )
+
+
+@run
+async def test_a_raw_pull_decodes_to_what_a_pull_gives(made):
+    broker, _ = made
+    await topic(broker)
+    await broker.send(
+        "T",
+        [
+            out(0, b"a", tags="TagA", keys=["k1", "k2"], properties={"u": "1\u00e9"}, born_timestamp=7),
+            out(1, b"other queue"),
+            out(0, b"", msg_id="MID"),
+            out(0, bytes(range(256)) * 8, producer_id="p", sequence=3),
+        ],
+    )
+    for offset, n in ((0, 10), (1, 1), (1, 2), (3, 5)):
+        want = await broker.pull("T", 0, offset, n)
+        got = await broker.pull_raw("T", 0, offset, n)
+        assert (got.next_offset, got.max_offset, got.count) == (
+            want.next_offset,
+            want.max_offset,
+            len(want.messages),
+        )
+        assert pulled.decode(got.data, got.count) == [as_pulled(m) for m in want.messages]
+    first = pulled.decode((await broker.pull_raw("T", 0, 0, 1)).data, 1)[0]
+    assert (first.tags, first.keys, first.properties["u"]) == ("TagA", ("k1", "k2"), "1\u00e9")
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("T", 5, 0, 1), UnknownQueueError),
+        (("T", 0, -1, 1), InvalidRequestError),
+        (("T", 0, 0, 0), InvalidRequestError),
+        (("T", 0, 0, 1025), InvalidRequestError),
+        (("T", 0, 9, 1), InvalidRequestError),
+    ],
+)
+@run
+async def test_a_raw_pull_refuses_what_a_pull_refuses(made, args, error):
+    broker, _ = made
+    await topic(broker)
+    await broker.send("T", [out(0)])
+    with pytest.raises(error):
+        await broker.pull(*args)
+    with pytest.raises(error):
+        await broker.pull_raw(*args)
+
+
+@run
+async def test_an_empty_raw_pull_and_malformed_bytes(made):
+    broker, _ = made
+    await topic(broker)
+    empty = await broker.pull_raw("T", 0, 0, 5)
+    assert (empty.data, empty.count, empty.next_offset, empty.max_offset) == (b"", 0, 0, 0)
+    assert pulled.decode(b"", 0) == []
+    await broker.send("T", [out(0, b"a"), out(0, b"b")])
+    raw = await broker.pull_raw("T", 0, 0, 5)
+    assert len(pulled.decode(raw.data, 2)) == 2
+    for bad, count in ((raw.data, 3), (raw.data[:-1], 2), (raw.data + b"\0" * 10, 2), (b"x" * 200, 1)):
+        with pytest.raises(DLedgerError):
+            pulled.decode(bad, count)
