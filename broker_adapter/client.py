@@ -23,10 +23,12 @@ import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
+from broker_adapter.pulled import PulledMessage
+from broker_adapter.pulled import decode as decode_pulled
 from dledger.combiner import AsyncCombiner, Combiner
 from dledger.errors import DLedgerError
 from dledger.routing import Router
@@ -47,21 +49,6 @@ class SendResult:
     queue_offset: int
     commitlog_offset: int
     duplicate: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class PulledMessage:
-    topic: str
-    queue_id: int
-    queue_offset: int
-    commitlog_offset: int
-    body: bytes
-    tags: str | None
-    keys: tuple[str, ...]
-    msg_id: str
-    properties: dict[str, str] = field(default_factory=dict)
-    born_timestamp: int = 0
-    store_timestamp: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,22 +111,8 @@ def _topics(r: broker_pb2.ListTopicsResponse) -> list[TopicInfo]:
 
 
 def _pulled(r: broker_pb2.PullResponse) -> list[PulledMessage]:
-    return [
-        PulledMessage(
-            m.topic,
-            m.queue_id,
-            m.queue_offset,
-            m.commitlog_offset,
-            m.body,
-            m.tags or None,
-            tuple(m.keys),
-            m.msg_id,
-            dict(m.properties),
-            m.born_timestamp,
-            m.store_timestamp,
-        )
-        for m in r.messages
-    ]
+    """Messages of a raw pull (``broker_adapter.pulled``): the server sent the stored bytes, decoded here once."""
+    return decode_pulled(r.raw, r.raw_count)
 
 
 def _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower) -> broker_pb2.PullRequest:
@@ -150,6 +123,7 @@ def _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower
         max_messages=max_messages,
         max_wait_ms=wait_ms,
         allow_follower=allow_follower,
+        raw=True,
     )
 
 
