@@ -40,6 +40,15 @@ SYSTEM_PROPERTIES: Final = frozenset(
 _MESSAGE_ID_V1: Final = re.compile(r"^01[0-9A-F]{32}$")
 MAX_GZIP_BODY: Final = 64 << 20
 
+# Enum values as plain ints: reading them off the generated enum wrappers costs a Python call each time.
+_GZIP: Final = int(Encoding.GZIP)
+_PLAIN_ENCODINGS: Final = frozenset({int(Encoding.ENCODING_UNSPECIFIED), int(Encoding.IDENTITY)})
+_IDENTITY: Final = int(Encoding.IDENTITY)
+_CRC32: Final = int(DigestType.CRC32)
+_NORMAL: Final = int(MessageType.NORMAL)
+_FIFO: Final = int(MessageType.FIFO)
+_SUPPORTED_TYPES: Final = frozenset({int(MessageType.MESSAGE_TYPE_UNSPECIFIED), _NORMAL, _FIFO})
+
 _UNSUPPORTED_TYPES: Final = {
     MessageType.DELAY: "delayed delivery (delivery_timestamp)",
     MessageType.TRANSACTION: "transactional messages",
@@ -68,7 +77,7 @@ def check_type(m: definition_pb2.Message) -> None:
         what = _UNSUPPORTED_TYPES[MessageType.PRIORITY]
     if what is not None:
         raise unsupported(what)
-    if sp.message_type not in (MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL, MessageType.FIFO):
+    if sp.message_type not in _SUPPORTED_TYPES:
         raise bad_request(f"unknown message type {sp.message_type}")
 
 
@@ -81,13 +90,14 @@ def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body:
     """The broker's message for a RocketMQ message (already checked to be of a supported type)."""
     sp = m.system_properties
     body = m.body
-    if sp.body_encoding == Encoding.GZIP:
+    encoding = sp.body_encoding
+    if encoding == _GZIP:
         try:
             body = gzip.decompress(body)
         except (OSError, EOFError) as err:
             raise bad_request(f"message body is not valid gzip: {err}", Code.MESSAGE_CORRUPTED) from None
-    elif sp.body_encoding not in (Encoding.ENCODING_UNSPECIFIED, Encoding.IDENTITY):
-        raise bad_request(f"unknown body encoding {sp.body_encoding}")
+    elif encoding not in _PLAIN_ENCODINGS:
+        raise bad_request(f"unknown body encoding {encoding}")
     if not body:
         raise bad_request("message body is empty", Code.MESSAGE_BODY_EMPTY)
     if len(body) > max_body:
@@ -95,12 +105,13 @@ def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body:
             f"message body is {len(body)} bytes; this broker takes at most {max_body}",
             Code.MESSAGE_BODY_TOO_LARGE,
         )
-    if not sp.message_id:
+    msg_id = sp.message_id
+    if not msg_id:
         raise bad_request("message has no message_id", Code.ILLEGAL_MESSAGE_ID)
-    if _reserved(sp.message_id):
+    if _reserved(msg_id):
         raise bad_request("message_id contains a reserved character", Code.ILLEGAL_MESSAGE_ID)
     props: dict[str, str] = {}
-    for k, v in m.user_properties.items():
+    for k, v in m.user_properties.items() if m.user_properties else ():
         if not k or k in SYSTEM_PROPERTIES or _reserved(k) or _reserved(v):
             raise bad_request(
                 f"user property {k!r} is empty, reserved by RocketMQ or contains \\x01/\\x02",
@@ -117,19 +128,20 @@ def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body:
         if not k.strip() or message.KEY_SEPARATOR in k or _reserved(k):
             raise bad_request(f"key {k!r} is blank or contains a space", Code.ILLEGAL_MESSAGE_KEY)
     if sp.HasField("message_group"):
-        if not sp.message_group.strip() or _reserved(sp.message_group):
-            raise bad_request(f"message group {sp.message_group!r} is blank", Code.ILLEGAL_MESSAGE_GROUP)
-        props[message.PROPERTY_MESSAGE_GROUP] = sp.message_group
+        group = sp.message_group
+        if not group.strip() or _reserved(group):
+            raise bad_request(f"message group {group!r} is blank", Code.ILLEGAL_MESSAGE_GROUP)
+        props[message.PROPERTY_MESSAGE_GROUP] = group
     out = OutgoingMessage(
         queue_id=queue_id,
         body=body,
         tags=tags,
         keys=keys,
-        msg_id=sp.message_id,
+        msg_id=msg_id,
         properties=props,
         born_timestamp=_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0,
     )
-    seq = producer_sequence(sp.message_id)
+    seq = producer_sequence(msg_id)
     if seq is not None and client_id and not _reserved(client_id):
         out.producer_id = client_id
         out.sequence = seq
@@ -156,24 +168,26 @@ def incoming(
     props = m.properties
     out = definition_pb2.Message(body=m.body)
     out.topic.name = m.topic
-    for k, v in props.items():
-        if k not in SYSTEM_PROPERTIES:
-            out.user_properties[k] = v
+    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
+    if user:
+        out.user_properties.update(user)
     sp = out.system_properties
     if m.tags:
         sp.tag = m.tags
     sp.keys.extend(m.keys)
     sp.message_id = message_id_of(m)
-    sp.body_digest.type = DigestType.CRC32
-    sp.body_digest.checksum = format(zlib.crc32(m.body) & 0xFFFFFFFF, "08X")
-    sp.body_encoding = Encoding.IDENTITY
+    digest = sp.body_digest
+    digest.type = _CRC32
+    digest.checksum = format(zlib.crc32(m.body), "08X")
+    sp.body_encoding = _IDENTITY
     group = props.get(message.PROPERTY_MESSAGE_GROUP)
-    sp.message_type = MessageType.FIFO if group else MessageType.NORMAL
+    sp.message_type = _FIFO if group else _NORMAL
     if group:
         sp.message_group = group
-    sp.born_timestamp.CopyFrom(timestamp(m.born_timestamp))
+    born, stored = m.born_timestamp, m.store_timestamp
+    sp.born_timestamp.seconds, sp.born_timestamp.nanos = born // 1000, (born % 1000) * 1_000_000
     sp.born_host = m.born_host[0]
-    sp.store_timestamp.CopyFrom(timestamp(m.store_timestamp))
+    sp.store_timestamp.seconds, sp.store_timestamp.nanos = stored // 1000, (stored % 1000) * 1_000_000
     sp.store_host = f"{m.store_host[0]}:{m.store_host[1]}"
     sp.queue_id = m.queue_id
     sp.queue_offset = m.queue_offset

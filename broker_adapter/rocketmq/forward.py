@@ -11,6 +11,9 @@ answers HA_NOT_AVAILABLE and the forwarding node tries the new leader), and the 
 next leader while the client's deadline allows: sends are idempotent (client id + message id sequence), acks
 and invisible-time changes name a delivery epoch, and a retried receive at worst leaves messages invisible until
 their invisible time runs out (then they are delivered again: at-least-once).
+
+Nothing is re-encoded on the way: the request goes to the leader as the bytes the client sent (``handlers``
+hands them over), and the leader's answer comes back as bytes and is relayed as it is.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import grpc
-from rocketmq.grpc_protocol import Code, MessagingServiceStub
+from rocketmq.grpc_protocol import Code, service_pb2
 
 from broker_adapter.rocketmq.status import RocketMQError
 from dledger.plugins import NodeHandle
@@ -31,6 +34,13 @@ log = logging.getLogger(__name__)
 FORWARDED: Final = "x-dledger-forwarded"
 CLIENT_ID: Final = "x-mq-client-id"
 _RETRIABLE: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+_SERVICE: Final = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]
+_STREAMING: Final = frozenset(m.name for m in _SERVICE.methods if m.server_streaming)
+
+
+def _encode(request: Any) -> bytes:
+    """A request as bytes: the client's own bytes when the servicer was handed them, else serialized."""
+    return request if type(request) is bytes else request.SerializeToString()
 
 
 def client_id(context: grpc.aio.ServicerContext) -> str:
@@ -45,11 +55,13 @@ def forwarded(context: grpc.aio.ServicerContext) -> bool:
 
 
 class Forwarder:
-    """One channel per leader address (created on first use); the leader is the one the node knows of."""
+    """One channel per leader address (created on first use); the leader is the one the node knows of. Calls
+    go out and answers come back as bytes (``request`` may be the client's bytes or a message)."""
 
     def __init__(self, node: NodeHandle):
         self._node = node
-        self._stubs: dict[str, tuple[grpc.aio.Channel, MessagingServiceStub]] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._calls: dict[tuple[str, str], Any] = {}
 
     def is_leader(self) -> bool:
         return self._node.is_leader()
@@ -68,16 +80,21 @@ class Forwarder:
                 return None
             await asyncio.sleep(0.01)
 
-    def _stub(self, leader: str) -> MessagingServiceStub:
+    def _call(self, leader: str, method: str) -> Any:
+        """The leader's ``method`` as a bytes-in, bytes-out callable (one per address and method)."""
         address = self._node.address_of(leader)
-        hit = self._stubs.get(address)
+        hit = self._calls.get((address, method))
         if hit is None:
-            channel = grpc.aio.insecure_channel(
-                address,
-                options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
-            )
-            hit = self._stubs[address] = (channel, MessagingServiceStub(channel))
-        return hit[1]
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = grpc.aio.insecure_channel(
+                    address,
+                    options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
+                )
+            path = f"/{_SERVICE.full_name}/{method}"
+            make = channel.unary_stream if method in _STREAMING else channel.unary_unary
+            hit = self._calls[(address, method)] = make(path, request_serializer=_encode)
+        return hit
 
     def _metadata(self, context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
         return ((FORWARDED, self._node.id), (CLIENT_ID, client_id(context)))
@@ -100,8 +117,7 @@ class Forwarder:
             if leader is None or forwarded(context):
                 raise _no_leader(self._node.id, last)
             try:
-                call = getattr(self._stub(leader), method)
-                return await call(
+                return await self._call(leader, method)(
                     request, timeout=max(0.05, deadline - loop.time()), metadata=self._metadata(context)
                 )
             except grpc.aio.AioRpcError as err:
@@ -133,7 +149,7 @@ class Forwarder:
                 raise _no_leader(self._node.id, last)
             got = 0
             try:
-                call = getattr(self._stub(leader), method)(
+                call = self._call(leader, method)(
                     request, timeout=max(0.05, deadline - loop.time()), metadata=self._metadata(context)
                 )
                 async for r in call:
@@ -149,9 +165,10 @@ class Forwarder:
                 await asyncio.sleep(0.02)
 
     async def close(self) -> None:
-        for channel, _ in self._stubs.values():
+        for channel in self._channels.values():
             await channel.close()
-        self._stubs.clear()
+        self._channels.clear()
+        self._calls.clear()
 
 
 def _no_leader(node_id: str, last: BaseException | None) -> RocketMQError:

@@ -5,10 +5,15 @@ deserializes with ``FromString``: a request that does not parse then fails insid
 error. This registration is the same one, built from the same generated service descriptor and message classes,
 except that a request which does not parse is answered INVALID_ARGUMENT naming the method and the parse error
 (the protocol's own statuses cannot be used: there is no request to answer). Nothing reaches the servicer.
+
+Bytes pass through unchanged both ways, so a follower forwards without re-encoding (``forward``): a servicer
+method with a ``raw`` parameter also gets the request's bytes as received, and an answer that is already
+``bytes`` (a leader's answer relayed, a cached route) is sent as it is.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
@@ -39,6 +44,19 @@ def _parser(cls: Any) -> Callable[[bytes], Any]:
     return parse
 
 
+def _serializer(cls: Any) -> Callable[[Any], bytes]:
+    serialize = cls.SerializeToString
+
+    def encode(response: Any) -> bytes:
+        return response if type(response) is bytes else serialize(response)
+
+    return encode
+
+
+def _identity(raw: bytes) -> bytes:
+    return raw
+
+
 async def _refuse(context: grpc.aio.ServicerContext, method: str, bad: Malformed) -> None:
     await context.abort(
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -46,20 +64,32 @@ async def _refuse(context: grpc.aio.ServicerContext, method: str, bad: Malformed
     )
 
 
-def _unary_unary(name: str, fn: Callable) -> Callable:
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+def _unary_unary(name: str, fn: Callable, parse: Callable[[bytes], Any] | None) -> Callable:
+    if parse is None:
+
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, Malformed):
+                await _refuse(context, name, request)
+            return await fn(request, context)
+
+        return call
+
+    async def call_raw(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        request = parse(raw)
         if isinstance(request, Malformed):
             await _refuse(context, name, request)
-        return await fn(request, context)
+        return await fn(request, context, raw)
 
-    return call
+    return call_raw
 
 
-def _unary_stream(name: str, fn: Callable) -> Callable:
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+def _unary_stream(name: str, fn: Callable, parse: Callable[[bytes], Any] | None) -> Callable:
+    async def call(raw: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        request = raw if parse is None else parse(raw)
         if isinstance(request, Malformed):
             await _refuse(context, name, request)
-        async for r in fn(request, context):
+        it = fn(request, context) if parse is None else fn(request, context, raw)
+        async for r in it:
             yield r
 
     return call
@@ -86,16 +116,20 @@ def add_to_server(servicer: Any, server: grpc.aio.Server) -> None:
         request_cls = getattr(service_pb2, m.input_type.name)
         response_cls = getattr(service_pb2, m.output_type.name)
         fn = getattr(servicer, m.name)
+        # A method that takes ``raw`` is parsed here (to forward its bytes as received); others by gRPC.
+        wants_raw = not m.client_streaming and "raw" in inspect.signature(fn).parameters
+        parse = _parser(request_cls)
         kwargs = {
-            "request_deserializer": _parser(request_cls),
-            "response_serializer": response_cls.SerializeToString,
+            "request_deserializer": _identity if wants_raw else parse,
+            "response_serializer": _serializer(response_cls),
         }
+        own = parse if wants_raw else None
         if m.client_streaming and m.server_streaming:
             handlers[m.name] = grpc.stream_stream_rpc_method_handler(_stream_stream(m.name, fn), **kwargs)
         elif m.server_streaming:
-            handlers[m.name] = grpc.unary_stream_rpc_method_handler(_unary_stream(m.name, fn), **kwargs)
+            handlers[m.name] = grpc.unary_stream_rpc_method_handler(_unary_stream(m.name, fn, own), **kwargs)
         elif m.client_streaming:
             raise TypeError(f"{SERVICE_NAME}/{m.name}: client-streaming methods are not expected")
         else:
-            handlers[m.name] = grpc.unary_unary_rpc_method_handler(_unary_unary(m.name, fn), **kwargs)
+            handlers[m.name] = grpc.unary_unary_rpc_method_handler(_unary_unary(m.name, fn, own), **kwargs)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

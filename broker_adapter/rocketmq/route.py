@@ -18,6 +18,7 @@ from typing import Final
 from rocketmq.grpc_protocol import (
     AddressScheme,
     ClientType,
+    Code,
     MessageType,
     Permission,
     definition_pb2,
@@ -30,18 +31,26 @@ CONSUME_ATTEMPTS: Final = 16
 ACCEPTED_TYPES: Final = (MessageType.NORMAL, MessageType.FIFO)
 
 
-def endpoints(addresses: Iterable[str]) -> definition_pb2.Endpoints:
+def endpoints(addresses: Iterable[str], first: str | None = None) -> definition_pb2.Endpoints:
+    """Every address, ``first`` (the leader's) ahead of the others: the official clients open a pick-first
+    channel to a queue's endpoints, so their sends and acks reach the leader without a forwarding hop, and
+    fall back to the next node when it goes away."""
     out = definition_pb2.Endpoints(scheme=AddressScheme.IPv4)
-    for a in sorted(set(addresses)):
+    rest = sorted(set(addresses) - {first})
+    for a in [first, *rest] if first in addresses else rest:
         host, _, port = a.rpartition(":")
         out.addresses.add(host=host, port=int(port))
     return out
 
 
 def message_queues(
-    topic: definition_pb2.Resource, queues: int, broker_name: str, addresses: Iterable[str]
+    topic: definition_pb2.Resource,
+    queues: int,
+    broker_name: str,
+    addresses: Iterable[str],
+    leader: str | None = None,
 ) -> list[definition_pb2.MessageQueue]:
-    ep = endpoints(addresses)
+    ep = endpoints(addresses, leader)
     out = []
     for qid in range(queues):
         mq = definition_pb2.MessageQueue(id=qid, permission=Permission.READ_WRITE)
@@ -85,7 +94,48 @@ def settings_for(client: definition_pb2.Settings, max_body_size: int) -> definit
     return out
 
 
-def route_response(
-    queues: list[definition_pb2.MessageQueue], status: definition_pb2.Status
-) -> service_pb2.QueryRouteResponse:
-    return service_pb2.QueryRouteResponse(status=status, message_queues=queues)
+class Routes:
+    """QueryRoute and QueryAssignment answers, serialized once and kept per (topic, queue count, leader
+    address): a client asks for routes every 30 s per topic and at every start, and building one is a protobuf
+    message per queue. A topic created, replaced with another queue count or led by another node is another
+    key; ``clear`` (a role listener) drops every answer when this node's role or term changes."""
+
+    MAX_ENTRIES: Final = 4096
+
+    def __init__(self, broker_name: str, addresses: Iterable[str]):
+        self._broker_name = broker_name
+        self._addresses = list(addresses)
+        self._cache: dict[tuple[str, str, str, int, str | None], bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def clear(self, *_: object) -> None:
+        """Forget every answer (also a role listener: ``clear(role, term)``)."""
+        self._cache.clear()
+
+    def _answer(self, kind: str, topic: definition_pb2.Resource, queues: int, leader: str | None) -> bytes:
+        key = (kind, topic.resource_namespace, topic.name, queues, leader)
+        hit = self._cache.get(key)
+        if hit is None:
+            mqs = message_queues(topic, queues, self._broker_name, self._addresses, leader)
+            if kind == "route":
+                resp = service_pb2.QueryRouteResponse(status=_OK, message_queues=mqs)
+            else:
+                resp = service_pb2.QueryAssignmentResponse(status=_OK, assignments=assignments(mqs))
+            if len(self._cache) >= self.MAX_ENTRIES:
+                self._cache.clear()
+            hit = self._cache[key] = resp.SerializeToString()
+        return hit
+
+    def route(self, topic: definition_pb2.Resource, queues: int, leader: str | None) -> bytes:
+        """A serialized ``QueryRouteResponse`` (status OK) for ``queues`` queues of ``topic``; ``leader`` is
+        the leader's address (listed first), None when no leader is known."""
+        return self._answer("route", topic, queues, leader)
+
+    def assignment(self, topic: definition_pb2.Resource, queues: int, leader: str | None) -> bytes:
+        """A serialized ``QueryAssignmentResponse`` (status OK): every queue of ``topic``."""
+        return self._answer("assignment", topic, queues, leader)
+
+
+_OK: Final = definition_pb2.Status(code=Code.OK, message="OK")

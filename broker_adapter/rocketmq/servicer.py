@@ -77,6 +77,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._node = broker.node
         self._forward = Forwarder(broker.node)
         self._round_robin: dict[str, int] = {}
+        self._max_body = self._node.config.max_body_bytes - HEADROOM
+        self.routes = route.Routes(self._node.group, self._node.config.peers.values())
+        self._node.add_role_listener(self.routes.clear)
         self.clients: OrderedDict[str, ClientInfo] = OrderedDict()
 
     async def close(self) -> None:
@@ -88,20 +91,33 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         left = DEFAULT_DEADLINE_S if left is None else left
         return asyncio.get_running_loop().time() + max(0.05, left - margin_s)
 
-    async def _unary(self, method: str, request: Any, context: Any, local: Callable, response: type) -> Any:
+    async def _unary(
+        self, method: str, request: Any, context: Any, local: Callable, response: type, raw: bytes | None
+    ) -> Any:
+        """Serve on the leader, or forward (the client's bytes, ``raw``, when the handler passed them)."""
         try:
             return await self._forward.unary(
-                method, request, context, self._deadline(context), lambda: local(request, context)
+                method,
+                request if raw is None else raw,
+                context,
+                self._deadline(context),
+                lambda: local(request, context),
             )
         except RocketMQError as e:
             return response(status=of(e))
         except DLedgerError as e:
             return response(status=of(from_dledger(e)))
 
-    async def _stream(self, method: str, request: Any, context: Any, local: Callable, response: type):
+    async def _stream(
+        self, method: str, request: Any, context: Any, local: Callable, response: type, raw: bytes | None
+    ):
         try:
             async for r in self._forward.stream(
-                method, request, context, self._deadline(context), lambda: local(request, context)
+                method,
+                request if raw is None else raw,
+                context,
+                self._deadline(context),
+                lambda: local(request, context),
             ):
                 yield r
         except RocketMQError as e:
@@ -113,32 +129,40 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._broker.check_queue(mq.topic.name, mq.id)
         return mq.topic.name, mq.id
 
-    def _addresses(self) -> list[str]:
-        return list(self._node.config.peers.values())
-
     # -- routes, clients, settings -------------------------------------------------------------------------
-    async def QueryRoute(self, request, context):
+    def _leader_address(self) -> str | None:
+        node = self._node
+        lead = node.id if node.is_leader() else node.leader_id
+        return node.address_of(lead) if lead else None
+
+    async def QueryRoute(self, request, context, raw=None):
         return await self._known_topic(
             "QueryRoute",
             request,
             context,
-            lambda n: route.route_response(
-                route.message_queues(request.topic, n, self._node.group, self._addresses()), status()
-            ),
+            lambda n: self.routes.route(request.topic, n, self._leader_address()),
             service_pb2.QueryRouteResponse,
+            raw,
         )
 
-    async def QueryAssignment(self, request, context):
-        def answer(n: int) -> service_pb2.QueryAssignmentResponse:
+    async def QueryAssignment(self, request, context, raw=None):
+        def answer(n: int) -> bytes:
             check_group(request.group.name)
-            queues = route.message_queues(request.topic, n, self._node.group, self._addresses())
-            return service_pb2.QueryAssignmentResponse(status=status(), assignments=route.assignments(queues))
+            return self.routes.assignment(request.topic, n, self._leader_address())
 
         return await self._known_topic(
-            "QueryAssignment", request, context, answer, service_pb2.QueryAssignmentResponse
+            "QueryAssignment", request, context, answer, service_pb2.QueryAssignmentResponse, raw
         )
 
-    async def _known_topic(self, method: str, request, context, answer: Callable[[int], Any], response: type):
+    async def _known_topic(
+        self,
+        method: str,
+        request,
+        context,
+        answer: Callable[[int], Any],
+        response: type,
+        raw: bytes | None = None,
+    ):
         """Answer from this node's topics; a topic it does not know (yet) is asked of the leader, which creates
         it first when auto-create is on (as RocketMQ's autoCreateTopicEnable does at a producer's first route
         query)."""
@@ -159,7 +183,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
             try:
                 return await self._forward.unary(
-                    method, request, context, self._deadline(context), lambda: leader_view(request, context)
+                    method,
+                    request if raw is None else raw,
+                    context,
+                    self._deadline(context),
+                    lambda: leader_view(request, context),
                 )
             except RocketMQError as e:
                 if e.code == Code.HA_NOT_AVAILABLE:
@@ -210,8 +238,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             yield service_pb2.TelemetryCommand(status=status(), settings=route.settings_for(s, max_body))
 
     # -- send ----------------------------------------------------------------------------------------------
-    async def SendMessage(self, request, context):
-        return await self._unary("SendMessage", request, context, self._send, service_pb2.SendMessageResponse)
+    async def SendMessage(self, request, context, raw=None):
+        return await self._unary(
+            "SendMessage", request, context, self._send, service_pb2.SendMessageResponse, raw
+        )
 
     def _queue_for(self, topic: str, m: definition_pb2.Message, queues: int) -> int:
         sp = m.system_properties
@@ -226,7 +256,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if not 1 <= len(msgs) <= MAX_SEND_BATCH:
             raise bad_request(f"a SendMessageRequest carries 1..{MAX_SEND_BATCH} messages, got {len(msgs)}")
         topic = msgs[0].topic.name
-        if any(m.topic.name != topic for m in msgs):
+        if len(msgs) > 1 and any(m.topic.name != topic for m in msgs):
             raise bad_request(
                 "every message of one SendMessageRequest must have the same topic", Code.ILLEGAL_TOPIC
             )
@@ -236,24 +266,24 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             convert.check_type(m)
         await b.leader_state()
         queues = b.queues(topic)
-        max_body = self._node.config.max_body_bytes - HEADROOM
+        max_body = self._max_body
         cid = client_id(context)
         out = [convert.outgoing(m, self._queue_for(topic, m, queues), cid, max_body) for m in msgs]
         try:
             sent = await b.send(topic, out)
         except NotFoundError as e:
             raise RocketMQError(Code.TOPIC_NOT_FOUND, str(e)) from None
-        resp = service_pb2.SendMessageResponse(status=status())
+        ok = status()
+        resp = service_pb2.SendMessageResponse(status=ok)
+        add = resp.entries.add
         for m, r in zip(msgs, sent, strict=True):
-            resp.entries.add(
-                status=status(), message_id=m.system_properties.message_id, offset=r.queue_offset
-            )
+            add(status=ok, message_id=m.system_properties.message_id, offset=r.queue_offset)
         return resp
 
     # -- receive, ack, change invisible duration -----------------------------------------------------------
-    async def ReceiveMessage(self, request, context):
+    async def ReceiveMessage(self, request, context, raw=None):
         async for r in self._stream(
-            "ReceiveMessage", request, context, self._receive, service_pb2.ReceiveMessageResponse
+            "ReceiveMessage", request, context, self._receive, service_pb2.ReceiveMessageResponse, raw
         ):
             yield r
 
@@ -302,8 +332,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 )
             )
 
-    async def AckMessage(self, request, context):
-        return await self._unary("AckMessage", request, context, self._ack, service_pb2.AckMessageResponse)
+    async def AckMessage(self, request, context, raw=None):
+        return await self._unary(
+            "AckMessage", request, context, self._ack, service_pb2.AckMessageResponse, raw
+        )
 
     def _handle(self, text: str, group: str, topic: str) -> ReceiptHandle:
         try:
@@ -342,13 +374,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             resp.entries.add(message_id=e.message_id, receipt_handle=e.receipt_handle, status=st)
         return resp
 
-    async def ChangeInvisibleDuration(self, request, context):
+    async def ChangeInvisibleDuration(self, request, context, raw=None):
         return await self._unary(
             "ChangeInvisibleDuration",
             request,
             context,
             self._change,
             service_pb2.ChangeInvisibleDurationResponse,
+            raw,
         )
 
     async def _change(self, request, context) -> service_pb2.ChangeInvisibleDurationResponse:
@@ -372,9 +405,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return service_pb2.ChangeInvisibleDurationResponse(status=st, receipt_handle=new.encode())
 
     # -- offsets -------------------------------------------------------------------------------------------
-    async def PullMessage(self, request, context):
+    async def PullMessage(self, request, context, raw=None):
         async for r in self._stream(
-            "PullMessage", request, context, self._pull, service_pb2.PullMessageResponse
+            "PullMessage", request, context, self._pull, service_pb2.PullMessageResponse, raw
         ):
             yield r
 
@@ -405,9 +438,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             yield service_pb2.PullMessageResponse(message=convert.incoming(m))
         yield service_pb2.PullMessageResponse(next_offset=next_offset)
 
-    async def UpdateOffset(self, request, context):
+    async def UpdateOffset(self, request, context, raw=None):
         return await self._unary(
-            "UpdateOffset", request, context, self._update_offset, service_pb2.UpdateOffsetResponse
+            "UpdateOffset", request, context, self._update_offset, service_pb2.UpdateOffsetResponse, raw
         )
 
     async def _update_offset(self, request, context) -> service_pb2.UpdateOffsetResponse:
@@ -415,9 +448,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         await self._broker.commit_offset(request.group.name, mq.topic.name, mq.id, request.offset)
         return service_pb2.UpdateOffsetResponse(status=status())
 
-    async def GetOffset(self, request, context):
+    async def GetOffset(self, request, context, raw=None):
         return await self._unary(
-            "GetOffset", request, context, self._get_offset, service_pb2.GetOffsetResponse
+            "GetOffset", request, context, self._get_offset, service_pb2.GetOffsetResponse, raw
         )
 
     async def _get_offset(self, request, context) -> service_pb2.GetOffsetResponse:
@@ -429,9 +462,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
         return service_pb2.GetOffsetResponse(status=status(), offset=o)
 
-    async def QueryOffset(self, request, context):
+    async def QueryOffset(self, request, context, raw=None):
         return await self._unary(
-            "QueryOffset", request, context, self._query_offset, service_pb2.QueryOffsetResponse
+            "QueryOffset", request, context, self._query_offset, service_pb2.QueryOffsetResponse, raw
         )
 
     async def _query_offset(self, request, context) -> service_pb2.QueryOffsetResponse:
