@@ -282,6 +282,8 @@ class Node:
             await loop.run_in_executor(None, self.metrics.close)
         if self.peers.transport is not None:
             await self.peers.transport.close()
+        if self._ready is not None:
+            await loop.run_in_executor(None, self._ready.shutdown)  # a flush in progress ends first
         try:
             await loop.run_in_executor(
                 self._io.executor, self._data.close, self.commit_index, self.state_machine

@@ -51,12 +51,56 @@ RESPONSE_TO = {
 
 @dataclass(slots=True)
 class ReplyWaiter:
-    """An inbound call waiting for the core's answer to the message it delivered."""
+    """An inbound call waiting for the core's answer to the message it delivered. ``future`` is an
+    ``asyncio.Future`` or, for one message of a batch, a ``_Part`` of the batch's answer."""
 
     src: str
     kind: type
-    future: asyncio.Future
+    future: asyncio.Future | _Part
     replies: list[Message] = field(default_factory=list)
+
+
+class _BatchAnswer:
+    """The answers to a batch of several messages, in their order, as one future: complete when each part is."""
+
+    __slots__ = ("future", "parts", "remaining")
+
+    def __init__(self, future: asyncio.Future, n: int):
+        self.future = future
+        self.parts: list[_Part] = []
+        self.remaining = n
+
+    def part_done(self) -> None:
+        self.remaining -= 1
+        if self.remaining == 0 and not self.future.done():
+            self.future.set_result([r for p in self.parts for r in p.replies])
+
+
+class _Part:
+    """One message's answer within a batch; quacks like the future a ``ReplyWaiter`` resolves."""
+
+    __slots__ = ("_batch", "_done", "replies")
+
+    def __init__(self, batch: _BatchAnswer):
+        self._batch = batch
+        self._done = False
+        self.replies: list[Message] = []
+        batch.parts.append(self)
+
+    def done(self) -> bool:
+        return self._done or self._batch.future.done()
+
+    def set_result(self, replies: list[Message]) -> None:
+        if not self._done:
+            self._done = True
+            self.replies = replies
+            self._batch.part_done()
+
+    def set_exception(self, err: BaseException) -> None:
+        if not self._done:
+            self._done = True
+            if not self._batch.future.done():
+                self._batch.future.set_exception(err)
 
 
 class Peers:
@@ -149,23 +193,32 @@ class Peers:
         self.reply_waiters.append(w)
         return await w.future
 
-    async def handle_batch(self, messages: list[Message]) -> list[Message]:
+    def handle_batch(self, messages: list[Message]) -> asyncio.Future:
+        """Step ``messages`` now (refusals raise at once) and return a future of their answers, resolved by the
+        ready loop itself once they are persisted: no task and no gather per batch on the replication round
+        trip (the Pipe servicer answers from the future's done callback)."""
         self._check_open()
-        waiters = []
         loop = asyncio.get_running_loop()
         for msg in messages:
             self.check_sender(msg)
+        kinds = []
         for msg in messages:
             self.step(msg)
             kind = RESPONSE_TO.get(type(msg))
             if kind is not None:
-                w = ReplyWaiter(msg.src, kind, loop.create_future())
-                self.reply_waiters.append(w)
-                waiters.append(w.future)
+                kinds.append((msg.src, kind))
         self._wake.set()
-        if not waiters:
-            return []
-        return [r for rs in await asyncio.gather(*waiters) for r in rs]
+        answer = loop.create_future()
+        if not kinds:
+            answer.set_result([])
+        elif (
+            len(kinds) == 1
+        ):  # the usual batch: one AppendEntries or heartbeat; its waiter resolves the answer
+            self.reply_waiters.append(ReplyWaiter(*kinds[0], answer))
+        else:
+            batch = _BatchAnswer(answer, len(kinds))
+            self.reply_waiters.extend(ReplyWaiter(src, kind, _Part(batch)) for src, kind in kinds)
+        return answer
 
     async def handle_snapshot(
         self, msg: InstallSnapshot, chunks: AsyncIterator[SnapshotChunk]

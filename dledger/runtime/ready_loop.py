@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
@@ -90,6 +91,7 @@ class ReadyLoop:
         self.disk_full: str | None = None  # why writes are refused (a full disk), until a write succeeds
         self.quiet_until = 0.0  # loop time before which a node whose disk filled up does not campaign
         self._disk_full_logged = 0.0
+        self._flush_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{node_id}-flush")
 
     async def run(self) -> None:
         core = self.core
@@ -225,13 +227,21 @@ class ReadyLoop:
         as the audit; Raft itself does not need it."""
         interval = self.config.flush_interval_ms / 1000 if self.config.flush == "async" else 0.1
         data = self._data
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
+            # On the flush thread, not the I/O thread: an fdatasync there would count as pending I/O and send
+            # every append of its window to the I/O thread behind it. ``log.sync`` is safe beside a writer (it
+            # syncs duplicated descriptors) and LMDB serialises its write transactions itself.
             if self._dirty_since_sync:
                 self._dirty_since_sync = False
-                await self._io.run(data.sync_and_checkpoint, self.commit_index)
+                await loop.run_in_executor(self._flush_thread, data.sync_and_checkpoint, self.commit_index)
             elif self.commit_index > data.checkpointed_commit:
-                await self._io.run(data.checkpoint_commit, self.commit_index)
+                await loop.run_in_executor(self._flush_thread, data.checkpoint_commit, self.commit_index)
+
+    def shutdown(self) -> None:
+        """Wait for a flush in progress (before the stores close)."""
+        self._flush_thread.shutdown(wait=True)
 
     # -- a full disk -------------------------------------------------------------------------------------------
 

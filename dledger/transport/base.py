@@ -9,7 +9,7 @@ decision lives in a transport: it converts, applies deadlines and reports unreac
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -124,9 +124,10 @@ class PeerHandler(Protocol):
         """Step ``msg`` into the core; return the answers addressed to its sender once they are persisted."""
         ...
 
-    async def handle_batch(self, messages: list[Message]) -> list[Message]:
-        """Step ``messages`` in order (all of them before the first await); return the answers to their
-        senders once persisted."""
+    def handle_batch(self, messages: list[Message]) -> Awaitable[list[Message]]:
+        """Step ``messages`` in order (all of them before the first await); the awaitable gives the answers
+        to their senders once persisted (the node returns a future it resolves itself; a coroutine works
+        too)."""
         ...
 
     async def handle_snapshot(

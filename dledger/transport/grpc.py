@@ -14,6 +14,7 @@ The servicers only convert and map errors; every decision is the node's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 
@@ -295,37 +296,55 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
 
     async def Pipe(self, request_iterator, context):
         """Step each batch as it arrives; answer each batch once its answers are persisted (batches are
-        stepped in arrival order, answers may overtake each other)."""
+        stepped in arrival order, answers may overtake each other). The reader steps a batch itself and the
+        answer goes out from its future's done callback: no task per batch on the replication round trip."""
         out: asyncio.Queue[raft_pb2.PeerReply | None] = asyncio.Queue()
-        pending: set[asyncio.Task] = set()
+        pending: set[asyncio.Future] = set()
+        drained = asyncio.Event()
         group = self._group
         refused: list[InvalidRequestError] = []
 
-        async def one(messages: list[Message]) -> None:
-            try:
-                replies = await self._handler.handle_batch(messages)
-            except InvalidRequestError as e:  # e.g. a sender that is not a member: end the stream, say why
-                refused.append(e)
-                out.put_nowait(None)
+        def answered(fut: asyncio.Future, *, n: int) -> None:
+            pending.discard(fut)
+            if not pending:
+                drained.set()
+            if fut.cancelled():
                 return
-            except DLedgerError as e:
+            err = fut.exception()
+            if isinstance(err, InvalidRequestError):  # e.g. a sender that is not a member: end the stream
+                refused.append(err)
+                out.put_nowait(None)
+            elif isinstance(err, DLedgerError):
                 # The node refused the batch (e.g. it is shutting down): the sender's core times out and
                 # retries, as for any lost message.
-                log.info("pipe: dropped %d messages: %s", len(messages), e)
-                return
-            if replies:
-                out.put_nowait(convert.reply_to_pb(replies, group))
+                log.info("pipe: dropped %d messages: %s", n, err)
+            elif err is not None:
+                log.error("pipe: answering %d messages failed", n, exc_info=err)
+            else:
+                replies = fut.result()
+                if replies:
+                    out.put_nowait(convert.reply_to_pb(replies, group))
 
         async def reader() -> None:
             try:
                 async for req in request_iterator:
                     if req.group != group:
                         raise _unknown_group(req.group, group)
-                    t = asyncio.create_task(one([convert.message_from_pb(m) for m in req.messages]))
-                    pending.add(t)
-                    t.add_done_callback(pending.discard)
-                while pending:  # the sender half-closed: answer what it sent, then end the stream
-                    await asyncio.gather(*list(pending))
+                    messages = [convert.message_from_pb(m) for m in req.messages]
+                    try:
+                        fut = asyncio.ensure_future(self._handler.handle_batch(messages))
+                    except InvalidRequestError as e:
+                        refused.append(e)
+                        out.put_nowait(None)
+                        return
+                    except DLedgerError as e:
+                        log.info("pipe: dropped %d messages: %s", len(messages), e)
+                        continue
+                    pending.add(fut)
+                    drained.clear()
+                    fut.add_done_callback(functools.partial(answered, n=len(messages)))
+                if pending:  # the sender half-closed: answer what it sent, then end the stream
+                    await drained.wait()
             finally:
                 out.put_nowait(None)
 
@@ -344,8 +363,8 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
                 await _abort(context, e)
         finally:
             reader_task.cancel()
-            for t in list(pending):
-                t.cancel()
+            for f in list(pending):
+                f.cancel()
 
     async def Deliver(self, request, context):
         if request.group != self._group:

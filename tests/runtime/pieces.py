@@ -37,14 +37,23 @@ def frames(first: int, term: int, bodies: list[bytes], pos: int = 0, chain: int 
 
 class RecordingLog(MemoryLogStore):
     """Records each append in ``events``; ``full`` refuses appends like a full disk; ``gate`` (a threading
-    event), when set up, holds the next append until released."""
+    event), when set up, holds the next append until released; ``sync_gate`` the next sync."""
 
     def __init__(self, events: list):
         super().__init__()
         self.events = events
         self.full = False
         self.gate: threading.Event | None = None
+        self.sync_gate: threading.Event | None = None  # likewise for the next sync
         self.appended: list[int] = []  # entries per append
+
+    def sync(self):
+        if self.sync_gate is not None:
+            gate, self.sync_gate = self.sync_gate, None
+            self.events.append(("sync-blocked",))
+            assert gate.wait(10), "the test never released the sync"
+        super().sync()
+        self.events.append(("sync",))
 
     def append(self, data):
         if self.gate is not None:
@@ -91,12 +100,12 @@ class Harness:
     """A ready loop around a real core of ``node_id`` among ``voters``, with recording stores and peers and a
     real ``Proposals``."""
 
-    def __init__(self, tmp: Path, node_id: str = "n0", voters=("n0", "n1", "n2")):
+    def __init__(self, tmp: Path, node_id: str = "n0", voters=("n0", "n1", "n2"), **config):
         self.events: list = []
         self.log = RecordingLog(self.events)
         self.meta = RecordingMeta(self.events)
         peers = {v: f"127.0.0.1:{7000 + i}" for i, v in enumerate(voters)}
-        self.config = NodeConfig(node_id, peers, tmp / node_id, raft=RAFT)
+        self.config = NodeConfig(node_id, peers, tmp / node_id, raft=RAFT, **config)
         self.data = DataDir(self.config, self.log, self.meta)
         self.io = IoThread(node_id)
         self.wake = asyncio.Event()
@@ -167,6 +176,7 @@ class Harness:
     async def __aexit__(self, *exc):
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
+        self.ready.shutdown()
         self.io.shutdown(wait=True)
 
     async def settle(self, timeout_s: float = 5.0) -> None:

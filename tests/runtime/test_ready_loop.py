@@ -4,6 +4,7 @@ writes, and a full disk refused without loss."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -97,3 +98,40 @@ def test_a_full_disk_drops_the_ready_refuses_writes_and_recovers(tmp_path):
             assert h.ready.disk_full is None and h.ready.refusal() is None
 
     asyncio.run(run())
+
+
+def test_an_async_flush_in_progress_does_not_send_appends_to_the_io_thread(tmp_path):
+    """The flusher's fdatasync runs on its own thread: appends arriving meanwhile are written inline, not
+    queued on the I/O thread behind the sync."""
+
+    async def run():
+        async with Harness(tmp_path, flush="async", flush_interval_ms=1) as h:
+            flusher = asyncio.create_task(h.ready.flusher())
+            try:
+                gate = h.log.sync_gate = threading.Event()
+                await asyncio.wait_for(
+                    h.step(AppendEntries(1, "n1", "n0", -1, 0, -1, frames(0, 1, [b"a"]))), 5
+                )
+                while ("sync-blocked",) not in h.events:
+                    await asyncio.sleep(0.001)
+                assert h.io.pending == 0, "the sync in progress is not counted as pending I/O"
+                inline = h.stats["persists_inline"]
+                await asyncio.wait_for(
+                    h.step(AppendEntries(1, "n1", "n0", 0, 1, -1, frames(1, 1, [b"b"], *_tail(h)))), 5
+                )
+                assert h.stats["persists_inline"] == inline + 1, "written inline beside the blocked sync"
+                assert ("sync",) not in h.events, "the sync was still blocked"
+                gate.set()
+                while ("sync",) not in h.events:
+                    await asyncio.sleep(0.001)
+            finally:
+                gate.set()
+                flusher.cancel()
+                await asyncio.gather(flusher, return_exceptions=True)
+
+    asyncio.run(run())
+
+
+def _tail(h: Harness) -> tuple[int, int]:
+    t = h.log.tail()
+    return t.end_pos, t.chain_crc
