@@ -86,3 +86,7 @@ def _scan(log: Any, lo: int, hi: int) -> Iterator[Any]:
             if e.magic == MAGIC_NORMAL:
                 yield e
         lo = batch[-1].index + 1
+
+
+def make(config: Any) -> BrokerPlugin:
+    return BrokerPlugin(config)
