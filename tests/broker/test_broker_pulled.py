@@ -3,12 +3,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from broker_adapter import pulled
+from broker_adapter.allocator import QueueOffsetAllocator
+from broker_adapter.broker import Broker
 from broker_adapter.broker_types import UnknownQueueError
+from broker_adapter.dispatcher import BrokerStateMachine
+from dledger.core.messages import Role
 from dledger.errors import DLedgerError, InvalidRequestError
-from tests.broker.test_broker import made, out, run, topic
+from storage.errors import StorageCorruptError
+from storage.filestore import FileLogStore
+from tests.broker.test_broker import FakeNode, _entries, made, out, run, topic
+
+SEGMENT = 1 << 20
 
 __all__ = ["made"]  # the fixture, imported for pytest
 
@@ -90,3 +100,40 @@ async def test_an_empty_raw_pull_and_malformed_bytes(made):
     for bad, count in ((raw.data, 3), (raw.data[:-1], 2), (raw.data + b"\0" * 10, 2), (b"x" * 200, 1)):
         with pytest.raises(DLedgerError):
             pulled.decode(bad, count)
+
+
+@pytest.fixture
+def on_files(tmp_path):
+    """(broker, node) as ``made`` gives them, over a FileLogStore: the store whose reads check each entry."""
+    holder: list[Broker] = []
+    sm = BrokerStateMachine(tmp_path / "cq", on_dispatch=lambda t, q, n: holder[0].dispatched(t, q, n))
+    node = FakeNode(sm)
+    node.log_store = FileLogStore.open(str(tmp_path / "log"), segment_size=SEGMENT)
+    broker = Broker(node, sm, QueueOffsetAllocator(sm, _entries(node.log_store), lambda: sm.applied_index))
+    holder.append(broker)
+    broker.role_changed(Role.LEADER, node.term)
+    yield broker, node
+    sm.close()
+    node.log_store.close()
+
+
+@run
+async def test_a_corrupt_entry_in_a_pull_is_named(on_files):
+    broker, node = on_files
+    await topic(broker)
+    sent = await broker.send("T", [out(0, bytes([i]) * 100) for i in range(4)])
+    assert [m.body for m in (await broker.pull("T", 0, 0, 4)).messages] == [
+        bytes([i]) * 100 for i in range(4)
+    ]
+    where = sent[2].commitlog_offset + 60  # a byte inside the third message's body
+    path = Path(node.log_store.directory) / "data" / f"{where - where % SEGMENT:020d}"
+    with open(path, "r+b") as f:
+        f.seek(where % SEGMENT)
+        f.write(b"\xee")
+    for pull in (broker.pull_raw, broker.pull):
+        with pytest.raises(StorageCorruptError) as e:
+            await pull("T", 0, 0, 4)
+        assert "body_crc" in str(e.value)
+        assert (e.value.path, e.value.index) == (str(path), 3)  # entry 0 created the topic
+    assert (await broker.pull_raw("T", 0, 3, 4)).count == 1  # the messages after it are still served
+    assert (await broker.pull_raw("T", 0, 0, 2)).count == 2
