@@ -175,8 +175,26 @@ RETRIABLE = {
 def test_the_table_lists_every_error_class():
     import statemachine.apply_loop  # noqa: F401  (raises EntryReplacedError: it must be importable from there)
 
-    assert set(ERRORS.values()) == {DLedgerError, *_every_subclass(DLedgerError)}
+    wire = {c for c in _every_subclass(DLedgerError) if c.__module__ == "dledger.errors"}
+    assert set(ERRORS.values()) == {DLedgerError, *wire}
     assert set(RETRIABLE) == set(ERRORS)
+
+
+def test_a_subclass_defined_elsewhere_travels_as_its_nearest_listed_ancestor():
+    import broker_adapter.broker_types  # noqa: F401  (the broker's narrower errors, e.g. UnknownTopicError)
+
+    others = [c for c in _every_subclass(DLedgerError) if c.__module__ != "dledger.errors"]
+    assert others, "the broker defines narrower errors; this test must see some"
+    for cls in others:
+        try:
+            err = cls(f"a {cls.__name__}")
+        except TypeError:  # UnknownTopicError(topic, message)
+            err = cls("t", f"a {cls.__name__}")
+        md = dict(convert.error_metadata(err, None))
+        back = convert.error_from_status(convert.status_code(err), str(err), md)
+        ancestor = next(c for c in cls.__mro__ if ERRORS.get(c.__name__) is c)
+        assert type(back) is ancestor, cls
+        assert str(back) == str(err)
 
 
 @pytest.mark.parametrize("name", sorted(ERRORS))
