@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
 
-from broker_adapter import pulled
+from broker_adapter import message, pulled
 from broker_adapter.allocator import QueueOffsetAllocator
 from broker_adapter.broker import Broker
 from broker_adapter.broker_types import UnknownQueueError
@@ -137,3 +138,53 @@ async def test_a_corrupt_entry_in_a_pull_is_named(on_files):
         assert (e.value.path, e.value.index) == (str(path), 3)  # entry 0 created the topic
     assert (await broker.pull_raw("T", 0, 3, 4)).count == 1  # the messages after it are still served
     assert (await broker.pull_raw("T", 0, 0, 2)).count == 2
+
+
+def test_a_pulled_message_reads_its_properties_when_asked():
+    props = {
+        "x": "TAGS",
+        "TAGS": "TagA",
+        "KEYS": "k1 k2",
+        "UNIQ_CLIENT_MESSAGE_ID_KEYIDX": "MID",
+        "u": "v\u00e9",
+    }
+    raw = message.encode(
+        message.Message(
+            "T",
+            b"body",
+            1,
+            queue_offset=5,
+            physical_offset=900,
+            born_timestamp=3,
+            store_timestamp=4,
+            properties=props,
+        )
+    )
+    (m,) = pulled.decode(raw, 1)
+    built = pulled.PulledMessage("T", 1, 5, 900, b"body", "TagA", ["k1", "k2"], "MID", props, 3, 4)
+    assert (m.tags, m.keys, m.msg_id, m.properties) == ("TagA", ("k1", "k2"), "MID", props)
+    assert (m.topic, m.queue_id, m.queue_offset, m.commitlog_offset, m.body) == ("T", 1, 5, 900, b"body")
+    assert (m.born_timestamp, m.store_timestamp) == (3, 4)
+    assert m == built and hash(m) == hash(built) and not (m != built)  # noqa: SIM202 - __ne__ is ours
+    assert m != pulled.PulledMessage("T", 1, 5, 900, b"body", "TagB", ["k1", "k2"], "MID", props, 3, 4)
+    assert repr(m) == repr(built) and "msg_id='MID'" in repr(m)
+    assert pickle.loads(pickle.dumps(m)) == m
+    with pytest.raises(AttributeError):
+        m.topic = "U"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        assert m < built
+    (bare,) = pulled.decode(message.encode(message.Message("T", b"")), 1)
+    assert (bare.tags, bare.keys, bare.msg_id, bare.properties) == (None, (), "", {})
+
+
+def test_malformed_properties_raise_when_read():
+    no_separator = bytearray(message.encode(message.Message("T", b"b", properties={"a": "b"})))
+    no_separator[-3] = ord("z")  # "a\x01b\x02" -> "azb\x02"
+    not_utf8 = bytearray(message.encode(message.Message("T", b"b", properties={"TAGS": "ab"})))
+    not_utf8[-2] = 0xFF
+    for raw, names in ((no_separator, ("properties",)), (not_utf8, ("properties", "tags"))):
+        (m,) = pulled.decode(bytes(raw), 1)
+        assert m.body == b"b"
+        for name in names:
+            with pytest.raises(DLedgerError, match="properties are malformed"):
+                getattr(m, name)
