@@ -7,6 +7,7 @@ read (header pos, magic, size and body_crc), so a corrupt entry is still detecte
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Final
 
@@ -18,6 +19,9 @@ from storage.segments import DataSegments
 # Neighbouring entries share one pread when at most this many bytes lie between them: reading a few unwanted KiB
 # costs less than another call (a queue's messages are interleaved with other queues').
 READ_GAP: Final = 16 << 10
+
+# The header fields a read by position checks: magic, size, pos, body_crc, body_length.
+_CHECKED: Final = struct.Struct(">ii16xq8xIi")
 
 
 def read(
@@ -38,7 +42,7 @@ def read(
     if len(lengths) != n:
         raise ValueError(f"{n} positions but {len(lengths)} lengths")
     hs = codec.HEADER_SIZE
-    unpack = codec.HEADER.unpack_from
+    unpack = _CHECKED.unpack_from
     crc32 = codec._crc32
     seg = segments.segment_size
     out: list[memoryview] = []
@@ -67,18 +71,21 @@ def read(
                 a % seg,
             )
         mv = memoryview(data)
-        for k in range(i, j):
-            p, ln = positions[k], lengths[k]
+        append = out.append
+        for p, ln in zip(positions[i:j], lengths[i:j], strict=True):
             off = p - a
-            h = unpack(mv, off)
-            if h[4] != p or h[0] != magic or h[8] != ln or h[1] != hs + ln:
+            m, size, pos, crc, blen = unpack(mv, off)
+            if pos != p or m != magic or blen != ln or size != hs + ln:
                 _no_entry(segments, index, first_index, last_index, p, ln, magic)
             body = mv[off + hs : off + hs + ln]
-            if crc32(body) != h[7]:
+            if crc32(body) != crc:
                 raise StorageCorruptError(
-                    "entry fails its body_crc check on read", segments.path_of(p), p % seg, h[2]
+                    "entry fails its body_crc check on read",
+                    segments.path_of(p),
+                    p % seg,
+                    codec.HEADER.unpack_from(mv, off)[2],
                 )
-            out.append(body)
+            append(body)
         i = j
     return b"".join(out)
 
