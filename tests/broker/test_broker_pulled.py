@@ -105,9 +105,12 @@ async def test_an_empty_raw_pull_and_malformed_bytes(made):
 
 @pytest.fixture
 def on_files(tmp_path):
-    """(broker, node) as ``made`` gives them, over a FileLogStore: the store whose reads check each entry."""
+    """(broker, node) as ``made`` gives them, over a FileLogStore (the store whose reads check each entry), with
+    ConsumeQueue files of 3 units (pulls cross them)."""
     holder: list[Broker] = []
-    sm = BrokerStateMachine(tmp_path / "cq", on_dispatch=lambda t, q, n: holder[0].dispatched(t, q, n))
+    sm = BrokerStateMachine(
+        tmp_path / "cq", on_dispatch=lambda t, q, n: holder[0].dispatched(t, q, n), units_per_file=3
+    )
     node = FakeNode(sm)
     node.log_store = FileLogStore.open(str(tmp_path / "log"), segment_size=SEGMENT)
     broker = Broker(node, sm, QueueOffsetAllocator(sm, _entries(node.log_store), lambda: sm.applied_index))
@@ -188,3 +191,18 @@ def test_malformed_properties_raise_when_read():
         for name in names:
             with pytest.raises(DLedgerError, match="properties are malformed"):
                 getattr(m, name)
+
+
+@run
+async def test_a_pull_crosses_consume_queue_files(on_files):
+    broker, _ = on_files
+    await topic(broker)
+    bodies = [bytes([i]) * (i + 1) for i in range(11)]
+    await broker.send("T", [out(i % 2, b) for i, b in enumerate(bodies)])
+    mine = bodies[0::2]
+    for offset, n in ((0, 6), (1, 4), (2, 1), (4, 9)):
+        raw = await broker.pull_raw("T", 0, offset, n)
+        want = mine[offset : offset + n]
+        assert (raw.count, raw.next_offset) == (len(want), offset + len(want))
+        assert [m.body for m in pulled.decode(raw.data, raw.count)] == want
+        assert [m.body for m in (await broker.pull("T", 0, offset, n)).messages] == want
