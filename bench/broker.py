@@ -6,8 +6,9 @@ Measured in one run, each figure next to its baseline:
   bodies of the same encoded size and the same batch size (the issue's target: batched produce within 70% of raw
   append throughput);
 - consume throughput: pulls of up to 1024 messages from the leader, against the same node's raw committed reads
-  through ``Get`` (issue target: 100k messages/s); ``--consume-only N`` measures only this, decoded pulls
-  against raw ones (``PullRequest.raw``, decoded by ``broker_adapter.pulled``);
+  through ``Get`` (issue target: 100k messages/s); ``--consume-only N`` measures only this: ``Consumer.pull``,
+  the raw ``Pull`` call decoded by ``broker_adapter.pulled``, and ``Consumer.messages`` (pipelined), each with
+  the leader's and the client's CPU per message;
 - end-to-end latency: send to delivery to a long-polling consumer, one message at a time (moderate load),
   p50/p99 (issue target: p99 under 20 ms);
 - produce (4 producers, batch 32) while the leader is killed with SIGKILL halfway: messages/s per 100 ms, printed
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import threading
@@ -138,18 +140,44 @@ def consume_raw(address: str, total_per_queue: list[int]) -> float:
         return rate(got, time.perf_counter() - t0)
 
 
-def consume_only(addrs: list[str], leader: str, n: int) -> None:
-    """Fill the topic with ``n`` messages, then pull them all from the leader both ways."""
+def consume_stream(address: str, total_per_queue: list[int]) -> float:
+    """``Consumer.messages`` (batches of 1024): the next queue's pull is under way while this side decodes."""
+    with Consumer([address], f"bench-stream-{time.monotonic_ns()}") as c:  # a new group: from the start
+        total = sum(total_per_queue)
+        got = 0
+        t0 = time.perf_counter()
+        for _ in c.messages(TOPIC, batch=1024, idle_s=0.5, limit=total):
+            got += 1
+        return rate(got, time.perf_counter() - t0)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def consume_only(addrs: list[str], leader: grp.NodeStatus, n: int) -> None:
+    """Fill the topic with ``n`` messages, then pull them all from the leader: decoded pulls, raw pulls one at a
+    time, and ``Consumer.messages`` (pipelined); with the server's (leader process) and this client's CPU per
+    message, which the machine's load does not inflate as it does the rates."""
     produce_parallel(addrs, n, 256, 4)
     with BrokerConnection(addrs) as c:
         ends = list({t.topic: t for t in c.list_topics()}[TOPIC].max_offsets)
+    total = sum(ends)
+    print(
+        f"consume {total:,} msgs from the leader, one consumer, pulls of 1024; load {os.getloadavg()[0]:.1f}"
+    )
     for _ in range(2):
-        decoded = consume(leader, ends)
-        raw = consume_raw(leader, ends)
-        print(
-            f"consume {sum(ends):,} msgs (pull 1024, one consumer): {decoded:>10,.0f} msg/s decoded, "
-            f"{raw:>10,.0f} msg/s raw"
-        )
+        for name, run in (("pull()", consume), ("raw Pull", consume_raw), ("messages()", consume_stream)):
+            server, client = cpu_s(leader.pid) if leader.pid else 0.0, time.process_time()
+            r = run(leader.address, ends)
+            server = (cpu_s(leader.pid) - server) if leader.pid else float("nan")
+            client = time.process_time() - client
+            print(
+                f"  {name:<11}{r:>10,.0f} msg/s   server {server / total * 1e6:5.1f} us/msg   "
+                f"client {client / total * 1e6:5.1f} us/msg"
+            )
 
 
 def raw_get(addresses: list[str], n: int) -> float:
@@ -281,7 +309,7 @@ def main() -> None:
         type=int,
         default=0,
         metavar="N",
-        help="only the consume figures: decoded and raw pulls of N messages",
+        help="only the consume figures: decoded, raw and pipelined pulls of N messages, with CPU per message",
     )
     args = ap.parse_args()
     s = args.scale
@@ -296,7 +324,7 @@ def main() -> None:
         with BrokerConnection(addrs) as c:
             c.create_topic(TOPIC, QUEUES)
         if args.consume_only:
-            consume_only(addrs, grp.wait_for_leader(g).address, args.consume_only)
+            consume_only(addrs, grp.wait_for_leader(g), args.consume_only)
             return
         size = message.encoded_size(TOPIC, len(BODY), {"x" * 40: "y" * 120})  # about a real message's size
         print(f"3-node group, flush sync, 1 KiB bodies (~{size} bytes per message entry)")

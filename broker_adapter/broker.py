@@ -13,7 +13,7 @@ caller allows it. Input is checked before anything is written. The node is reach
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from broker_adapter import commands, message
@@ -191,13 +191,16 @@ class Broker:
         n, end = await self._pull_span(topic, queue_id, offset, max_messages, max_wait_ms, allow_follower)
         if n <= 0:
             return Pulled([], offset, end)
+        data, sizes = self._stored(topic, queue_id, offset, n)
         decode = message.decode
         msgs: list[message.Message] = []
-        for u, raw in self._stored(topic, queue_id, offset, n):
+        at = 0
+        for size in sizes:
             try:
-                msgs.append(decode(raw, check_crc=False))  # the entry's body_crc covers it (see CommitLog)
+                msgs.append(decode(data[at : at + size], check_crc=False))  # the entry's body_crc covers it
             except message.MessageFormatError as e:
-                raise DLedgerError(f"{topic}/{queue_id} offset {u.queue_offset}: {e}") from None
+                raise DLedgerError(f"{topic}/{queue_id} offset {offset + len(msgs)}: {e}") from None
+            at += size
         return Pulled(msgs, offset + len(msgs), end)
 
     async def pull_raw(
@@ -214,8 +217,8 @@ class Broker:
         n, end = await self._pull_span(topic, queue_id, offset, max_messages, max_wait_ms, allow_follower)
         if n <= 0:
             return PulledRaw(b"", 0, offset, end)
-        parts = [raw for _, raw in self._stored(topic, queue_id, offset, n)]
-        return PulledRaw(b"".join(parts), len(parts), offset + len(parts), end)
+        data, sizes = self._stored(topic, queue_id, offset, n)
+        return PulledRaw(data, len(sizes), offset + len(sizes), end)
 
     async def _pull_span(
         self, topic: str, qid: int, offset: int, max_messages: int, max_wait_ms: int, allow_follower: bool
@@ -245,33 +248,29 @@ class Broker:
             end = sm.next_offset(topic, qid)
         return min(max_messages, end - offset), end
 
-    def _stored(self, topic: str, qid: int, offset: int, n: int) -> Iterator[tuple[Any, bytes]]:
-        """(ConsumeQueue unit, stored message bytes) of up to ``n`` consecutive offsets from ``offset``: fewer
-        when the log ends early; ``NotFoundError`` when the first is no longer held."""
+    def _stored(self, topic: str, qid: int, offset: int, n: int) -> tuple[bytes, list[int]]:
+        """The stored bytes of up to ``n`` consecutive messages from ``offset``, concatenated, and each one's
+        size: their ConsumeQueue units in one read per file, their bodies in one store call (``CommitLog.bodies``
+        checks every entry: a corrupt one raises the store's ``StorageCorruptError`` naming it). Fewer when the
+        queue ends early; ``NotFoundError`` when one is no longer held."""
         cq = self.sm.queue(topic, qid)
-        hi = self.sm.applied_index
-        get = self.commitlog.get
-        done = 0
-        while done < n:
-            units = cq.read(offset + done, n - done)
-            if not units:
-                if done:
-                    return
-                raise NotFoundError(
-                    f"{topic}/{qid} offset {offset} precedes node {self.node.id}'s snapshot and its log no longer "
-                    "holds it"
-                )
-            for u in units:
-                if u.size == 0:
-                    raise NotFoundError(
-                        f"{topic}/{qid} offset {u.queue_offset} precedes node {self.node.id}'s snapshot and its "
-                        "log no longer holds it"
-                    )
-                try:
-                    yield u, get(u.commitlog_offset, u.size, hi)[1]
-                except CommitLogError as e:
-                    raise NotFoundError(f"{topic}/{qid} offset {u.queue_offset}: {e}") from None
-            done += len(units)
+        offsets, sizes = cq.spans(offset, n)
+        while len(sizes) < n:  # the units continue in the next ConsumeQueue file
+            more_offsets, more_sizes = cq.spans(offset + len(sizes), n - len(sizes))
+            if not more_sizes:
+                break
+            offsets += more_offsets
+            sizes += more_sizes
+        if not sizes or 0 in sizes:
+            at = sizes.index(0) if sizes else 0
+            raise NotFoundError(
+                f"{topic}/{qid} offset {offset + at} precedes node {self.node.id}'s snapshot and its log no longer "
+                "holds it"
+            )
+        try:
+            return self.commitlog.bodies(offsets, sizes), sizes
+        except CommitLogError as e:
+            raise NotFoundError(f"{topic}/{qid} offset {offset + e.at}: {e}") from None
 
     async def pull_selected(
         self,

@@ -23,6 +23,7 @@ import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -303,28 +304,43 @@ class Consumer(BrokerConnection):
         )
         taken = 0
         idle_since = time.monotonic()
-        while limit is None or taken < limit:
-            got_any = False
-            for q in range(queues):
-                msgs = self.pull(topic, q, offsets[q], batch, wait_ms=0)
-                for m in msgs:
-                    yield m
-                    taken += 1
-                    if limit is not None and taken >= limit:
-                        offsets[q] = m.queue_offset + 1
+        # While the caller takes a batch, the next queue's pull is already under way (one at a time, on a helper
+        # thread; the server reads and sends while this side decodes): only after a batch that had messages.
+        ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="consumer-pull-ahead")
+        pending: tuple[int, int, Future[list[PulledMessage]]] | None = None
+        try:
+            while limit is None or taken < limit:
+                got_any = False
+                for q in range(queues):
+                    if pending is not None and pending[:2] == (q, offsets[q]):
+                        msgs = pending[2].result()
+                    else:
+                        msgs = self.pull(topic, q, offsets[q], batch, wait_ms=0)
+                    pending = None
+                    if msgs:
+                        nq = (q + 1) % queues
+                        at = msgs[-1].queue_offset + 1 if nq == q else offsets[nq]
+                        pending = (nq, at, ahead.submit(self.pull, topic, nq, at, batch, 0))
+                    for m in msgs:
+                        yield m
+                        taken += 1
+                        if limit is not None and taken >= limit:
+                            offsets[q] = m.queue_offset + 1
+                            self.commit(topic, q, offsets[q])
+                            return
+                    if msgs:
+                        got_any = True
+                        offsets[q] = msgs[-1].queue_offset + 1
                         self.commit(topic, q, offsets[q])
-                        return
-                if msgs:
-                    got_any = True
-                    offsets[q] = msgs[-1].queue_offset + 1
-                    self.commit(topic, q, offsets[q])
-            if got_any:
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > idle_s:
-                return
-            else:
-                # Long-poll one queue so an idle loop does not spin.
-                self.pull(topic, 0, offsets[0], 1, wait_ms=wait_ms)
+                if got_any:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > idle_s:
+                    return
+                else:
+                    # Long-poll one queue so an idle loop does not spin.
+                    self.pull(topic, 0, offsets[0], 1, wait_ms=wait_ms)
+        finally:
+            ahead.shutdown(wait=False, cancel_futures=True)
 
 
 class AsyncBrokerConnection:
@@ -480,24 +496,40 @@ class AsyncConsumer(AsyncBrokerConnection):
         offsets = _start_offsets(info, topic, committed, from_beginning)
         taken = 0
         idle_since = time.monotonic()
-        while limit is None or taken < limit:
-            got_any = False
-            for q in range(queues):
-                msgs = await self.pull(topic, q, offsets[q], batch, wait_ms=0)
-                for m in msgs:
-                    yield m
-                    taken += 1
-                    if limit is not None and taken >= limit:
-                        offsets[q] = m.queue_offset + 1
+        pending: tuple[int, int, asyncio.Task[list[PulledMessage]]] | None = None  # as in Consumer.messages
+        try:
+            while limit is None or taken < limit:
+                got_any = False
+                for q in range(queues):
+                    if pending is not None and pending[:2] == (q, offsets[q]):
+                        msgs = await pending[2]
+                    else:
+                        msgs = await self.pull(topic, q, offsets[q], batch, wait_ms=0)
+                    pending = None
+                    if msgs:
+                        nq = (q + 1) % queues
+                        at = msgs[-1].queue_offset + 1 if nq == q else offsets[nq]
+                        pending = (nq, at, asyncio.ensure_future(self.pull(topic, nq, at, batch, 0)))
+                    for m in msgs:
+                        yield m
+                        taken += 1
+                        if limit is not None and taken >= limit:
+                            offsets[q] = m.queue_offset + 1
+                            await self.commit(topic, q, offsets[q])
+                            return
+                    if msgs:
+                        got_any = True
+                        offsets[q] = msgs[-1].queue_offset + 1
                         await self.commit(topic, q, offsets[q])
-                        return
-                if msgs:
-                    got_any = True
-                    offsets[q] = msgs[-1].queue_offset + 1
-                    await self.commit(topic, q, offsets[q])
-            if got_any:
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > idle_s:
-                return
-            else:
-                await self.pull(topic, 0, offsets[0], 1, wait_ms=wait_ms)
+                if got_any:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > idle_s:
+                    return
+                else:
+                    await self.pull(topic, 0, offsets[0], 1, wait_ms=wait_ms)
+        finally:
+            if pending is not None:
+                task = pending[2]
+                task.cancel()
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: a read nobody waits for any more

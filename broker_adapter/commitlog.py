@@ -8,15 +8,21 @@ Every read is checked against the entry header, so a stale ConsumeQueue unit can
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from broker_adapter import message
 from broker_adapter.dispatcher import BrokerStateMachine
 from storage.api import LogStore
 from storage.codec import HEADER_SIZE, MAGIC_NORMAL
-from storage.errors import Compacted, IndexOutOfRange
+from storage.errors import Compacted, IndexOutOfRange, NoEntryError
 
 
 class CommitLogError(LookupError):
-    """No committed message starts at that CommitLog offset."""
+    """No committed message starts at that CommitLog offset (``at``: its place in a batch read, else 0)."""
+
+    def __init__(self, message: str, at: int = 0):
+        super().__init__(message)
+        self.at = at
 
 
 class CommitLog:
@@ -57,6 +63,33 @@ class CommitLog:
                 f"(body {e.header.body_length} bytes, magic {e.magic})"
             )
         return index, bytes(e.body)
+
+    def bodies(self, commitlog_offsets: Sequence[int], sizes: Sequence[int]) -> bytes:
+        """The messages at ``commitlog_offsets`` (``sizes[i]`` bytes each), concatenated: one store call
+        (``LogStore.bodies_at``) that checks each entry's header and body_crc, with no index lookup. A message
+        the log does not hold as asked raises ``CommitLogError`` whose ``at`` says which one."""
+        positions = [o - HEADER_SIZE for o in commitlog_offsets]
+        try:
+            return self._log.bodies_at(positions, sizes, MAGIC_NORMAL)
+        except NoEntryError as err:
+            at = positions.index(err.position)
+            raise CommitLogError(
+                f"CommitLog offset {commitlog_offsets[at]} (size {sizes[at]}) does not match an entry: {err}",
+                at,
+            ) from err
+        except (Compacted, IndexOutOfRange) as err:
+            first, end = self._log.snapshot_point().end_pos, self._log.tail().end_pos
+            at = next(
+                (
+                    i
+                    for i, (p, n) in enumerate(zip(positions, sizes, strict=True))
+                    if p < first or p + HEADER_SIZE + n > end
+                ),
+                0,
+            )
+            raise CommitLogError(
+                f"CommitLog offset {commitlog_offsets[at]} is not in this node's log: {err}", at
+            ) from err
 
     def read_message(self, commitlog_offset: int, size: int, hi_index: int) -> message.Message:
         """The message at ``commitlog_offset``. Its BODYCRC is not checked again: the entry's body_crc covers

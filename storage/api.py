@@ -8,10 +8,11 @@ flush policy. Every implementation (``storage.filestore.FileLogStore`` for real 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from storage.codec import Entry
+from storage.codec import MAGIC_NORMAL, Entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,16 @@ class LogStore(Protocol):
 
     def raw(self, lo: int, hi: int, max_bytes: int | None = None) -> bytes:
         """The encoded frames of entries lo..hi-1 (same early stop as ``entries``), ready to replicate."""
+        ...
+
+    def bodies_at(self, positions: Sequence[int], lengths: Sequence[int], magic: int = MAGIC_NORMAL) -> bytes:
+        """The bodies of the entries that start at ``positions`` (each ``lengths[i]`` bytes, of ``magic``),
+        concatenated in that order: a reader holding positions (the broker's ConsumeQueue) reads many entries
+        without an index lookup or an ``Entry`` per entry. Each body is checked as ``entries`` checks it.
+
+        A position before the log's first entry raises ``Compacted``, one past its end ``IndexOutOfRange``;
+        no entry of that magic and length starting there raises ``storage.errors.NoEntryError``.
+        """
         ...
 
     def term(self, index: int) -> int:

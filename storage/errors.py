@@ -19,6 +19,14 @@ class Compacted(IndexOutOfRange):
     """The index was removed by compaction; install a snapshot instead."""
 
 
+class NoEntryError(StorageError, LookupError):
+    """No entry of the asked magic and body length starts at a position (a stale pointer into the log)."""
+
+    def __init__(self, message: str, position: int):
+        super().__init__(message)
+        self.position = position
+
+
 class DiskFullError(StorageError):
     """The disk is full (ENOSPC); the append was rolled back and the log is as it was before it."""
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 
-from storage import codec
+from storage import bodies, codec
 from storage.api import LogPosition
 from storage.codec import Entry
 from storage.errors import (
@@ -435,6 +436,24 @@ class FileLogStore:
                 off += size
                 index += 1
         return out
+
+    def bodies_at(
+        self, positions: Sequence[int], lengths: Sequence[int], magic: int = codec.MAGIC_NORMAL
+    ) -> bytes:
+        """See ``LogStore.bodies_at`` (``storage.bodies``: few preads, each entry checked as it is cut out)."""
+        with self._lock:
+            self._check_open()
+            return bodies.read(
+                self._segments,
+                self._index,
+                self._start.first_index,
+                self._tail.last_index,
+                self._start.prev.end_pos,
+                self._tail.end_pos,
+                positions,
+                lengths,
+                magic,
+            )
 
     def _read_runs(self, lo: int, hi: int, max_bytes: int | None) -> tuple[list[bytes], list[int]]:
         """Read entries lo..hi-1 (cut by ``max_bytes``, at least one) as one pread per data file touched."""

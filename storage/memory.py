@@ -10,10 +10,13 @@ as ``codec.place`` says, because ``pos`` is replicated state and must match the 
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
+
 from storage import codec
 from storage.api import HardState, LogPosition
 from storage.codec import Entry
-from storage.errors import Compacted, IndexOutOfRange, StoreClosedError
+from storage.errors import Compacted, IndexOutOfRange, NoEntryError, StoreClosedError
 
 
 class MemoryLogStore:
@@ -173,6 +176,32 @@ class MemoryLogStore:
             off = self._off[k] - base
             out.append(make(unpack(data, off), data[off + body_at : off + self._size[k]]))
         return out
+
+    def bodies_at(
+        self, positions: Sequence[int], lengths: Sequence[int], magic: int = codec.MAGIC_NORMAL
+    ) -> bytes:
+        self._check_open()
+        if len(lengths) != len(positions):
+            raise ValueError(f"{len(positions)} positions but {len(lengths)} lengths")
+        first, end = self._prev.end_pos, self.tail().end_pos
+        buf, hs, out = self._buf, codec.HEADER_SIZE, []
+        for p, ln in zip(positions, lengths, strict=True):
+            if p < first:
+                raise Compacted(f"position {p} is compacted (the log starts at position {first})")
+            if p + hs + ln > end or ln < 0:
+                raise IndexOutOfRange(f"no entry of {ln} body bytes at {p}: the log ends at {end}")
+            k = bisect.bisect_left(self._pos, p)
+            o = self._off[k] - self._base if k < len(self._pos) and self._pos[k] == p else -1
+            if (
+                o < 0
+                or self._size[k] != hs + ln
+                or int.from_bytes(buf[o : o + 4], "big", signed=True) != magic
+            ):
+                raise NoEntryError(
+                    f"no entry of magic {magic} with a {ln}-byte body starts at position {p}", p
+                )
+            out.append(buf[o + hs : o + hs + ln])
+        return b"".join(out)
 
     # -- helpers -----------------------------------------------------------------------------------------------
 
