@@ -65,6 +65,11 @@ bench-statemachine: $(STAMP)
 bench-broker: $(STAMP)
 	$(BIN)/python -m bench.broker
 
+# The blocking clients shared by 64 threads against the async clients with 64 tasks, on one broker group.
+.PHONY: bench-clients
+bench-clients: $(STAMP)
+	$(BIN)/python -m bench.clients
+
 # The official RocketMQ 5 client against ours, on one broker group.
 bench-rocketmq: $(STAMP)
 	$(BIN)/python -m bench.rocketmq_client

@@ -1,4 +1,4 @@
-"""ConsumeQueue: per topic and queue, fixed 20-byte units pointing at messages in the log (FORMATS.md section 4).
+"""ConsumeQueue: per topic and queue, fixed 20-byte units pointing at messages in the log (docs/formats.md section 4).
 
     offset field             bytes
     0      commitlog_offset  8     the message's body position in the log: entry pos + 48

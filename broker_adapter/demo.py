@@ -11,11 +11,14 @@ run as ``dledger audit`` in its own process so that nothing here imports the aud
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -45,6 +48,23 @@ def _status_table(rows: list[grp.NodeStatus]) -> Table:
     return t
 
 
+@contextlib.contextmanager
+def _own_event_loop() -> Iterator[None]:
+    """A current event loop for this thread while the official clients run, closed afterwards.
+
+    The official client opens its Telemetry stream from the thread that calls ``startup()``, and grpc.aio asks
+    that thread for its current loop (``broker_adapter.rocketmq.ensure_event_loop`` says more). After
+    ``asyncio.run()`` there is none; a loop set here and never closed is left for the garbage collector, which
+    warns "unclosed event loop"."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
 def official_client(g: grp.GroupSpec, console: Console, messages: int = 100) -> int:
     """A RocketMQ 5 ``Producer`` sends through RocketMQ's own gRPC protocol; our ``Consumer`` and the official
     ``SimpleConsumer`` both read what it sent (one message model); the acks go through the log."""
@@ -54,40 +74,38 @@ def official_client(g: grp.GroupSpec, console: Console, messages: int = 100) -> 
     except ImportError:
         console.print("rocketmq-python-client is not installed (pip install -e '.[test]'): step skipped")
         return 0
-    from broker_adapter.rocketmq import ensure_event_loop
-
     topic = "demo-rocketmq"
     with BrokerConnection(g.addresses) as c:
         c.create_topic(topic, 2)
     endpoints = ";".join(g.addresses)
     cfg = ClientConfiguration(endpoints, Credentials(), request_timeout=10)
     console.print(f'ClientConfiguration("{endpoints}", Credentials()): every node, followers forward writes')
-    ensure_event_loop()
-    producer = RocketMQProducer(cfg, (topic,))
-    producer.startup()
-    sent = {}
-    try:
-        for i in range(messages):
-            m = Message()
-            m.topic, m.body, m.tag = topic, f"rocketmq-{i}".encode(), "demo"
-            sent[producer.send(m).message_id] = m.body
-    finally:
-        producer.shutdown()
-    console.print(f"the official Producer sent {len(sent)} messages (each acknowledged at quorum commit)")
-    with Consumer(g.addresses, "demo-ours", retry_for_s=30) as ours:
-        by_ours = {m.msg_id: m.body for m in ours.messages(topic, idle_s=1.0)}
-    console.print(f"our Consumer pulled {sum(by_ours.get(k) == v for k, v in sent.items())} of them")
-    consumer = SimpleConsumer(cfg, "demo-rocketmq", {topic: FilterExpression("demo")}, await_duration=1)
-    consumer.startup()
-    received: dict[str, bytes] = {}
-    try:
-        deadline = time.monotonic() + 60
-        while not sent.keys() <= received.keys() and time.monotonic() < deadline:
-            for m in consumer.receive(32, 15):
-                received[m.message_id] = bytes(m.body)
-                consumer.ack(m)  # an Ack command through the log: a failover never redelivers it
-    finally:
-        consumer.shutdown()
+    with _own_event_loop():
+        producer = RocketMQProducer(cfg, (topic,))
+        producer.startup()
+        sent = {}
+        try:
+            for i in range(messages):
+                m = Message()
+                m.topic, m.body, m.tag = topic, f"rocketmq-{i}".encode(), "demo"
+                sent[producer.send(m).message_id] = m.body
+        finally:
+            producer.shutdown()
+        console.print(f"the official Producer sent {len(sent)} messages (each acknowledged at quorum commit)")
+        with Consumer(g.addresses, "demo-ours", retry_for_s=30) as ours:
+            by_ours = {m.msg_id: m.body for m in ours.messages(topic, idle_s=1.0)}
+        console.print(f"our Consumer pulled {sum(by_ours.get(k) == v for k, v in sent.items())} of them")
+        consumer = SimpleConsumer(cfg, "demo-rocketmq", {topic: FilterExpression("demo")}, await_duration=1)
+        consumer.startup()
+        received: dict[str, bytes] = {}
+        try:
+            deadline = time.monotonic() + 60
+            while not sent.keys() <= received.keys() and time.monotonic() < deadline:
+                for m in consumer.receive(32, 15):
+                    received[m.message_id] = bytes(m.body)
+                    consumer.ack(m)  # an Ack command through the log: a failover never redelivers it
+        finally:
+            consumer.shutdown()
     ok = all(received.get(k) == v for k, v in sent.items()) and all(
         by_ours.get(k) == v for k, v in sent.items()
     )

@@ -1,6 +1,6 @@
 """The broker's on-disk layouts as a reader needs them, and nothing else: standard library only.
 
-The Spark audit reads the broker's data (FORMATS.md sections 4 and 5) from the nodes' files, on executors that
+The Spark audit reads the broker's data (docs/formats.md sections 4 and 5) from the nodes' files, on executors that
 need not have the broker's runtime, so it may import this module and no other of ``broker_adapter``. It holds
 the message layout's constants, the decoding of a message's routing fields and properties, the command magic and
 the ConsumeQueue unit size. ``broker_adapter.message``, ``commands`` and ``consumequeue`` own the writers;
@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-# -- message (FORMATS.md section 5) -------------------------------------------------------------------------------
+# -- message (docs/formats.md section 5) ----------------------------------------------------------------------------
 MAGIC_CODE: Final = 0xDAA320A7 - (1 << 32)  # RocketMQ writes it as a Java int: -626843481
 FIXED_SIZE: Final = 84  # fields 1-14: TOTALSIZE .. PREPAREDTRANSACTIONOFFSET
 OVERHEAD: Final = FIXED_SIZE + 4 + 1 + 2  # 91: with BODYLEN, TOPICLEN, PROPERTIESLEN
@@ -29,7 +29,7 @@ PROPERTY_SEQUENCE: Final = "PRODUCER_SEQ"  # ours: per-producer sequence number
 # -- broker command (an entry body that is not a message) -----------------------------------------------------------
 COMMAND_MAGIC: Final = 0x444C4243  # b"DLBC" at bytes 4..8
 
-# -- ConsumeQueue (FORMATS.md section 4) ----------------------------------------------------------------------------
+# -- ConsumeQueue (docs/formats.md section 4) -----------------------------------------------------------------------
 CQ_UNIT: Final = struct.Struct(">qiq")  # commitlog_offset, size, tags_code
 UNIT_SIZE: Final = CQ_UNIT.size  # 20
 

@@ -1,4 +1,4 @@
-"""RocketMQ CommitLog message (version 1, IPv4 hosts): the body of one log entry (FORMATS.md section 5).
+"""RocketMQ CommitLog message (version 1, IPv4 hosts): the body of one log entry (docs/formats.md section 5).
 
     #  field                        bytes  offset
     1  TOTALSIZE                    4      0

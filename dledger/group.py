@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -240,23 +239,46 @@ def start_node(spec: NodeSpec, module: str = "dledger") -> int:
         pid = read_pid(spec)
         assert pid is not None
         return pid
-    log_path = Path(spec.data_dir) / "node.log"
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, "node", "--config", spec.config],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            close_fds=True,
-        )
-    _pid_file(spec).write_text(f"{proc.pid}\n")
+    pid = _spawn_detached(
+        [sys.executable, "-m", module, "node", "--config", spec.config], Path(spec.data_dir) / "node.log"
+    )
+    _pid_file(spec).write_text(f"{pid}\n")
     # Until the child has exec'd, /proc shows the parent's command line and is_running() would say "not
     # running": a caller that checked right away would start the node a second time. Wait for the exec.
     deadline = time.monotonic() + 10.0
-    while not is_running(spec, proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+    while not is_running(spec, pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                break  # it exited already (a bad config): node.log says why
         time.sleep(0.001)
-    return proc.pid
+    return pid
+
+
+def _spawn_detached(argv: list[str], log_path: Path) -> int:
+    """Start ``argv`` in its own session with stdin from /dev/null and stdout and stderr appended to
+    ``log_path``; returns its pid. A node outlives the command that started it and is tracked by its pid file,
+    so no ``Popen`` object claims it (one dropped while the child runs warns "subprocess is still running").
+    Only descriptors 0-2 reach the child, as with ``close_fds``."""
+    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        actions: list[tuple] = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, out, 1),
+            (os.POSIX_SPAWN_DUP2, out, 2),
+        ]
+        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds() if fd > 2]
+        return os.posix_spawn(argv[0], argv, os.environ, file_actions=actions, setsid=True)
+    finally:
+        os.close(out)
+
+
+def _inheritable_fds() -> list[int]:
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            if os.get_inheritable(int(name)):
+                fds.append(int(name))
+    return fds
 
 
 def _reap(pid: int) -> None:

@@ -1,6 +1,6 @@
 """Read-only views of the broker's data for the audit: message routing fields and ConsumeQueue units.
 
-The layouts are FORMATS.md sections 4 and 5; their constants and the decoding of a message's routing fields come
+The layouts are docs/formats.md sections 4 and 5; their constants and the decoding of a message's routing fields come
 from ``broker_adapter.formats``, the one module of the broker the audit imports (standard library only: no
 writer, no runtime; opening a ``ConsumeQueue`` would repair a torn unit in place, which an audit must not do).
 """

@@ -1,4 +1,4 @@
-"""Find the files of a group's nodes (FORMATS.md section 3) without opening anything for writing.
+"""Find the files of a group's nodes (docs/formats.md section 3) without opening anything for writing.
 
 A node directory holds ``data/`` (data segments), ``index/`` (index segments), ``meta/`` (LMDB) and, for a broker,
 ``consumequeue/<topic>/<queueId>/``. Segment and ConsumeQueue files are named by the absolute byte position of

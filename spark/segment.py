@@ -9,7 +9,7 @@ header layout and checks, per entry:
     pos_mismatch           the header's pos is not the entry's real byte position (file name + offset)
     index_continuity       the index does not follow the previous entry's (+1)
     term_decrease          the term is below the previous entry's
-    body_crc / chain_crc   the CRCs of FORMATS.md section 1
+    body_crc / chain_crc   the CRCs of docs/formats.md section 1
     index_unit             the index file unit of that index differs from the header (or is missing)
     segment_end            a segment that is not the node's last does not end with a blank filler that
                            reaches the file's end

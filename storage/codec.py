@@ -1,4 +1,4 @@
-"""Entry codec: DLedger's 48-byte header + body, big-endian (../shared/design/FORMATS.md section 1).
+"""Entry codec: DLedger's 48-byte header + body, big-endian (docs/formats.md section 1).
 
     offset field        type  covered by
     0      magic        i32   1 normal, 2 no-op, 3 config change, -1 blank filler (segment end)

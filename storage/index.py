@@ -1,4 +1,4 @@
-"""The index: one 32-byte unit per log index (FORMATS.md section 2), so term(i) and pos(i) cost one lookup.
+"""The index: one 32-byte unit per log index (docs/formats.md section 2), so term(i) and pos(i) cost one lookup.
 
     offset field  type
     0      magic  i32   the entry's magic (0 = no unit: never written, or cleared by a truncation)

@@ -5,7 +5,8 @@ through the log, gets through the leader's read index).
 
 Unlike ``dledger.kv.client`` (which retries within a deadline), one call here is one attempt set with a
 few not-leader redirects, and every failure is classified for the history: NotLeaderError / UnavailableError
-(not done) or OutcomeUnknownError (may have been done), which is what the linearizability checker needs.
+(not done) or OutcomeUnknownError (may have been done), which is what the linearizability checker needs. The
+leader routing and the error table are the clients' own (``dledger.routing``, ``dledger.transport.convert``).
 """
 
 from __future__ import annotations
@@ -27,69 +28,53 @@ from dledger.errors import (
     OutcomeUnknownError,
     UnavailableError,
 )
+from dledger.routing import Router
 from dledger.transport import convert
 from dledger.v1 import kv_pb2, kv_pb2_grpc
 
 
 class RegisterClient:
-    """A synchronous client of the register service that follows the leader; one call = one attempt set."""
+    """A synchronous client of the register service that follows the leader (``dledger.routing.Router``); one
+    call = one attempt set. Errors are rebuilt by ``dledger.transport.convert.error_from_rpc``, which tells a
+    write whose call broke in flight (``OutcomeUnknownError``) from one that was refused or never sent."""
 
     def __init__(self, servers: Sequence[str], timeout_s: float = 1.0):
         self.servers = list(servers)
         self.timeout_s = timeout_s
         self._channels: dict[str, grpc.Channel] = {}
-        self._leader: str | None = None
-        self._rr = 0
+        self._router = Router(self.servers)
 
-    def _call(self, fn: Callable[[kv_pb2_grpc.KVStub], Any], address: str) -> Any:
+    def _call(self, fn: Callable[[kv_pb2_grpc.KVStub], Any], address: str, write: bool) -> Any:
         ch = self._channels.get(address)
         if ch is None:
             ch = self._channels[address] = grpc.insecure_channel(address)
         try:
             return fn(kv_pb2_grpc.KVStub(ch))
         except grpc.RpcError as e:
-            md = dict(e.trailing_metadata() or ())
-            code = e.code()
-            details = e.details() or ""
-            if code == grpc.StatusCode.UNAVAILABLE and details.startswith("failed to connect"):
-                # no connection was ever made: the request was not sent, so nothing was done
-                raise UnavailableError(f"{address}: {details}") from None
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED or (
-                code == grpc.StatusCode.UNAVAILABLE
-                and convert.REFUSED_KEY not in md
-                and convert.OUTCOME_UNKNOWN_KEY not in md
-            ):
-                raise OutcomeUnknownError(f"{code.name}: {e.details()}") from None
-            raise convert.error_from_status(code, e.details() or "", md) from None
+            raise convert.error_from_rpc(e, address, write=write) from None
 
-    def call(self, fn: Callable[[kv_pb2_grpc.KVStub], Any], redirects: int = 2) -> Any:
+    def call(self, fn: Callable[[kv_pb2_grpc.KVStub], Any], *, write: bool, redirects: int = 2) -> Any:
         """Send to the known leader (or the next server); follow up to ``redirects`` not-leader hints. Errors
         propagate: NotLeaderError / UnavailableError (not done), OutcomeUnknownError (may have been done)."""
-        if self._leader is None:
-            self._leader = self.servers[self._rr % len(self.servers)]
-            self._rr += 1
-        target = self._leader
         for _ in range(redirects + 1):
+            target = self._router.candidate()
             try:
-                return self._call(fn, target)
-            except NotLeaderError as e:
-                hint = e.leader_hint
-                if not hint or ":" not in hint or hint == target:
-                    self._leader = None
+                result = self._call(fn, target, write)
+            except DLedgerError as e:
+                if not self._router.learn(e, target):
                     raise
-                target = self._leader = hint
-            except DLedgerError:
-                self._leader = None
-                raise
+                continue
+            self._router.succeeded(target)
+            return result
         raise NotLeaderError(None, f"still not the leader after {redirects} redirects")
 
     def put(self, key: str, value: str) -> int:
         req = kv_pb2.PutRequest(key=key.encode(), value=value.encode())
-        return self.call(lambda kv: kv.Put(req, timeout=self.timeout_s)).index
+        return self.call(lambda kv: kv.Put(req, timeout=self.timeout_s), write=True).index
 
     def get(self, key: str) -> str | None:
         req = kv_pb2.KVGetRequest(key=key.encode())
-        r = self.call(lambda kv: kv.Get(req, timeout=self.timeout_s))
+        r = self.call(lambda kv: kv.Get(req, timeout=self.timeout_s), write=False)
         return r.value.decode() if r.found else None
 
     def close(self) -> None:

@@ -1,9 +1,9 @@
 """A node's data directory: its exclusive lock, opening and closing the log and metadata stores, and the commit
 index checkpoint.
 
-Layout (FORMATS.md): ``node.lock``, the log's segments and ``start.json``, ``meta/`` (LMDB: hard state, commit
-checkpoint) and ``snapshot/`` (owned by ``dledger.runtime.snapshots``). Stores given by the caller (tests,
-benchmarks) are used as they are, and no lock is taken for them.
+Layout (docs/formats.md sections 3 and 6): ``node.lock``, the log's segments and ``start.json``, ``meta/``
+(LMDB: hard state, commit checkpoint) and ``snapshot/`` (owned by ``dledger.runtime.snapshots``). Stores given by
+the caller (tests, benchmarks) are used as they are, and no lock is taken for them.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ channels per peer, each on its own HTTP/2 connection: the data channel carries t
 bidirectional stream: AppendEntries, heartbeats and answers, many messages per write) and snapshots; the
 control channel carries votes and TimeoutNow as unary calls, so an election never waits behind replication.
 Followers count every message from the leader as proof of life, so heartbeats sharing the pipe with data is
-safe (ARCHITECTURE.md, "Keeping leadership under load", measure D).
+safe (docs/raft.md, "Timing and flow control").
 
 The servicers only convert and map errors; every decision is the node's.
 """

@@ -38,7 +38,7 @@ def make_group(tmp_path_factory):
 
 
 def read_log(data_dir: str | Path) -> list[codec.Entry]:
-    """Every entry in a node's data files, read straight from disk (FORMATS.md sections 1 and 3)."""
+    """Every entry in a node's data files, read straight from disk (docs/formats.md sections 1 and 3)."""
     data = Path(data_dir) / "data"
     out: list[codec.Entry] = []
     prev_chain = None

@@ -1,4 +1,4 @@
-"""Build node directories for the audit tests, byte for byte per FORMATS.md, and seed faults into them.
+"""Build node directories for the audit tests, byte for byte per docs/formats.md, and seed faults into them.
 
 Entries are encoded with ``storage.codec`` and placed by ``codec.place`` as a leader does, then written by the real
 ``storage.filestore.FileLogStore`` (data segments with blank fillers, index files); messages are encoded by

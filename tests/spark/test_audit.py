@@ -216,6 +216,24 @@ def test_committed_entry_no_producer_sent(spark, tmp_path):
     assert delivery.violations == {"unsent": 1} and delivery.samples[0].index == 33
 
 
+def test_raw_entry_on_a_broker_group_is_judged_only_by_an_ack_log_of_raw_appends(spark, tmp_path):
+    """The append ``dledger kill-leader`` times a failover with is no message: the producers' ack log of
+    messages does not call it unsent. An ack log that records raw appends judges it like any raw entry."""
+    items = b.message_items(1, 3)
+    items.insert(5, b.Item(1, b"after-kill-n0-1"))
+    nodes = b.build_group(tmp_path / "g", items, commit=len(items) - 1)
+    acks = _msg_acks(tmp_path / "acks.jsonl", nodes[0], upto=len(items) - 1)
+    r = run_audit(spark, [str(tmp_path / "g")], str(acks))
+    assert r.ok, r.rules()
+    assert any(n.startswith("1 committed raw entries") for n in r.check("delivery").notes)
+
+    with open(acks, "a") as f:
+        f.write(json.dumps({"body_crc": 1, "acked": False}) + "\n")  # a raw append of unknown outcome
+    r = run_audit(spark, [str(tmp_path / "g")], str(acks))
+    delivery = r.check("delivery")
+    assert delivery.violations == {"unsent": 1} and delivery.samples[0].index == 5
+
+
 def test_unusable_input_exits_2(spark, tmp_path, capsys):
     assert main([str(tmp_path / "nowhere")]) == EXIT_INPUT
     assert "no such directory" in capsys.readouterr().err
