@@ -29,6 +29,10 @@ PRODUCERS_PER_64 = 16  # 64 threads over 16 Producers (issue 15)
 PULL = 1024
 
 
+# The default snapshot policy (256 MiB of bodies) compacts a busy run's log before the consume workload reads it.
+RETAIN_ALL = "\n[snapshot]\nentries = 100000000\nbytes = 68719476736\n"
+
+
 class ProducerClient:
     """Blocking ``Producer`` instances shared by the worker threads (worker i uses instance i % count)."""
 
@@ -139,6 +143,9 @@ class OursBroker:
         from broker_adapter.client import BrokerConnection
 
         g = grp.create(workdir / self.name, 3, None, flush=self.flush, state_machine="broker")
+        for spec in g.nodes:  # keep the whole run's log: the consume workload reads every queue from offset 0
+            with open(spec.config, "a") as f:
+                f.write(RETAIN_ALL)
         self._group = g
         for spec in g.nodes:
             grp.start_node(spec)
