@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from broker_adapter.broker_types import SendResult
 from broker_adapter.pulled import PulledMessage
 from broker_adapter.pulled import decode as decode_pulled
 from dledger.combiner import AsyncCombiner, Combiner
@@ -40,16 +41,6 @@ from dledger.v1 import broker_pb2, broker_pb2_grpc
 MAX_PACK = 1024  # messages in one Send: the broker's MAX_SEND_BATCH
 # Calls that change the broker's state; the others are reads, which never have an "unknown outcome".
 _WRITES = frozenset({"Send", "CreateTopic", "CommitOffset"})
-
-
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    msg_id: str
-    topic: str
-    queue_id: int
-    queue_offset: int
-    commitlog_offset: int
-    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
