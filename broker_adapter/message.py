@@ -32,7 +32,23 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Final
 
-MAGIC_CODE: Final = 0xDAA320A7 - (1 << 32)  # RocketMQ writes it as a Java int: -626843481
+from broker_adapter.formats import (  # the layout's constants and pure helpers live beneath this module
+    MAGIC_CODE,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_PRODUCER_ID,
+    PROPERTY_SEPARATOR,
+    PROPERTY_SEQUENCE,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    MessageFormatError,
+)
+from broker_adapter.formats import (
+    java_string_hash as java_string_hash,  # re-exported: the message API users know
+)
+from broker_adapter.formats import (
+    tags_code as tags_code,
+)
+
 _FIXED: Final = struct.Struct(">iiiiiqqiq8sq8siq")  # fields 1-14
 FIXED_SIZE: Final = _FIXED.size  # 84
 OVERHEAD: Final = FIXED_SIZE + 4 + 1 + 2  # 91
@@ -41,21 +57,11 @@ PHYSICAL_OFFSET_OFFSET: Final = 28
 MAX_TOPIC_BYTES: Final = 127
 MAX_PROPERTIES_BYTES: Final = 32767
 
-NAME_VALUE_SEPARATOR: Final = "\x01"
-PROPERTY_SEPARATOR: Final = "\x02"
 
 # Property names RocketMQ uses (MessageConst).
 PROPERTY_KEYS: Final = "KEYS"
-PROPERTY_TAGS: Final = "TAGS"
-PROPERTY_UNIQ_KEY: Final = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
 PROPERTY_MESSAGE_GROUP: Final = "__SHARDINGKEY"
-PROPERTY_PRODUCER_ID: Final = "PRODUCER_ID"  # ours: idempotent producer identity
-PROPERTY_SEQUENCE: Final = "PRODUCER_SEQ"  # ours: per-producer sequence number
 KEY_SEPARATOR: Final = " "
-
-
-class MessageFormatError(ValueError):
-    """A message body does not follow the layout; the text says which field and where."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,20 +100,6 @@ def body_crc(body: bytes | memoryview) -> int:
     return zlib.crc32(body) & 0x7FFFFFFF
 
 
-@functools.lru_cache(maxsize=4096)
-def java_string_hash(s: str) -> int:
-    """Java's String.hashCode (over UTF-16 code units, 32-bit wrap): RocketMQ's tags code."""
-    h = 0
-    data = s.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def tags_code(tags: str | None) -> int:
-    return java_string_hash(tags) if tags else 0
-
-
 def encode_properties(props: dict[str, str]) -> bytes:
     for k, v in props.items():
         for part in (k, v):
@@ -119,6 +111,7 @@ def encode_properties(props: dict[str, str]) -> bytes:
 
 
 def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
+    """A fresh dict each call (callers may change it; ``formats.decode_properties`` caches its answers)."""
     props: dict[str, str] = {}
     for item in bytes(raw).decode().split(PROPERTY_SEPARATOR):
         if not item:
@@ -130,7 +123,6 @@ def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
     return props
 
 
-@functools.lru_cache(maxsize=256)
 def _host(host: tuple[str, int]) -> bytes:
     ip, port = host
     parts = ip.split(".")
