@@ -20,13 +20,12 @@ timeout until a publish is acknowledged.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 from bench.compare.base import ProcessRegistry, free_ports
+from bench.debian import find_or_install
 from bench.jetstream_load import BODY, Measured, Plan
 
 STREAM = "BENCH"
@@ -36,26 +35,9 @@ PULL = 1024
 
 def find_nats_server(install: bool = True) -> tuple[str | None, str]:
     """The path of ``nats-server`` (installing Debian's package if allowed), and a note on what happened."""
-    path = shutil.which("nats-server") or next(
-        (p for p in ("/usr/sbin/nats-server", "/usr/bin/nats-server") if os.access(p, os.X_OK)), None
+    return find_or_install(
+        "nats-server", "nats-server", "NATS", install, ("/usr/sbin/nats-server", "/usr/bin/nats-server")
     )
-    if path:
-        return path, f"nats-server found at {path}"
-    if not install:
-        return None, "nats-server is not installed (apt-get install -y nats-server); NATS is skipped"
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        return None, "nats-server is not installed and this user cannot apt-get install it; NATS is skipped"
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "-q", "nats-server"]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:  # maybe the package lists are stale or missing: refresh once
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, text=True, timeout=600)
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    path = shutil.which("nats-server") or ("/usr/sbin/nats-server" if r.returncode == 0 else None)
-    if path and os.access(path, os.X_OK):
-        return path, f"installed Debian nats-server: {path}"
-    tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-    return None, f"apt-get install nats-server failed ({' / '.join(tail)}); NATS is skipped"
 
 
 def have_nats_py() -> bool:

@@ -32,30 +32,14 @@ from pathlib import Path
 import grpc
 
 from bench.compare.base import LeaderView, ProcessRegistry, free_ports, poll_until
+from bench.debian import find_or_install
 
 PROTO = Path(__file__).with_name("etcd_kv.proto")
 
 
 def find_etcd(install: bool = True) -> tuple[str | None, str]:
     """The path of the ``etcd`` binary (installing ``etcd-server`` if allowed), and a note on what happened."""
-    path = shutil.which("etcd")
-    if path:
-        return path, f"etcd found at {path}"
-    if not install:
-        return None, "etcd is not installed (apt-get install -y etcd-server); etcd is skipped"
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        return None, "etcd is not installed and this user cannot apt-get install etcd-server; etcd is skipped"
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "-q", "etcd-server"]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:  # maybe the package lists are stale or missing: refresh once
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, text=True, timeout=600)
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    path = shutil.which("etcd")
-    if path:
-        return path, f"installed Debian etcd-server: {path}"
-    tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-    return None, f"apt-get install etcd-server failed ({' / '.join(tail)}); etcd is skipped"
+    return find_or_install("etcd", "etcd-server", "etcd", install)
 
 
 def etcd_version(binary: str) -> str:
