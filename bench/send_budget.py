@@ -44,6 +44,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.compare.profile import raw_stacks
 from dledger import group as grp
 from dledger.v1 import broker_pb2, broker_pb2_grpc, client_pb2, client_pb2_grpc
 
@@ -316,13 +317,8 @@ def categorise(raw: Path) -> tuple[int, collections.Counter[str], collections.Co
     cats: collections.Counter[str] = collections.Counter()
     leaves: collections.Counter[str] = collections.Counter()
     total = 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        c = int(count)
+    for frames, c in raw_stacks(raw):
         total += c
-        frames = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))]
         if not frames:
             continue
         leaves[frames[-1]] += c

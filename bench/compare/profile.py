@@ -17,6 +17,7 @@ import collections
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,19 +52,22 @@ class Profile:
     by_file: list[tuple[str, int]]  # self samples summed per source file
 
 
+def raw_stacks(raw: Path) -> Iterator[tuple[list[str], int]]:
+    """py-spy's raw output (``frame;frame;... count`` per line) as (frames without process/thread, samples)."""
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            yield [f for f in stack.split(";") if not f.startswith(("process ", "thread "))], int(count)
+
+
 def top_frames(raw: Path, n: int = 15) -> Profile:
     """Summarise py-spy's raw output (``frame;frame;... count`` per line, frames ``func (file)``)."""
     self_t: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
     files: collections.Counter[str] = collections.Counter()
     total = 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        c = int(count)
+    for frames, c in raw_stacks(raw):
         total += c
-        frames = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))]
         if not frames:
             continue
         leaf = frames[-1]
