@@ -41,6 +41,7 @@ from broker_adapter.formats import (  # the layout's constants and pure helpers 
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     MessageFormatError,
+    decode_properties,
 )
 from broker_adapter.formats import (
     java_string_hash as java_string_hash,  # re-exported: the message API users know
@@ -108,19 +109,6 @@ def encode_properties(props: dict[str, str]) -> bytes:
                     f"property {k!r} contains a reserved separator character (\\x01 or \\x02)"
                 )
     return "".join(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items()).encode()
-
-
-def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
-    """A fresh dict each call (callers may change it; ``formats.decode_properties`` caches its answers)."""
-    props: dict[str, str] = {}
-    for item in bytes(raw).decode().split(PROPERTY_SEPARATOR):
-        if not item:
-            continue
-        name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
-        if not sep:
-            raise MessageFormatError(f"property {name!r} has no value separator")
-        props[name] = value
-    return props
 
 
 def _host(host: tuple[str, int]) -> bytes:
