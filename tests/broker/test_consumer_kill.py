@@ -53,11 +53,20 @@ def test_a_killed_consumer_group_resumes_at_its_committed_offsets_after_a_failov
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )  # fmt: skip
+
+        def committing(probe: Consumer) -> bool:
+            if consumer.poll() is not None:  # it died on its own: say why instead of waiting out the clock
+                raise AssertionError(
+                    f"dledger consume exited {consumer.returncode}: {consumer.stderr.read()}"
+                )
+            return all((probe.committed(TOPIC, q) or 0) >= 50 for q in range(QUEUES))
+
         with Consumer(g.addresses, GROUP, retry_for_s=30) as probe:
             wait(
-                lambda: all((probe.committed(TOPIC, q) or 0) >= 50 for q in range(QUEUES)),
+                lambda: committing(probe),
                 60,
                 "the consumer process committing offsets on every queue",
+                group=g,
             )
             os.kill(consumer.pid, signal.SIGKILL)  # mid-stream: no clean shutdown, no last commit
             consumer.wait(10)
