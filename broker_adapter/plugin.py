@@ -4,7 +4,8 @@
 node once its storage is open) repairs the ConsumeQueues against the log (units past the log's end are dropped;
 missing ones are re-dispatched by the apply loop's replay), wires the allocator to the node's log, builds the
 protocol-neutral ``Broker`` over them and registers its gRPC faces: our own Broker service and RocketMQ 5's
-MessagingService (``broker_adapter.rocketmq``), both on the node's one gRPC port.
+MessagingService (``broker_adapter.rocketmq``), both on the node's one gRPC port. With ``[broker] nameservers``
+set, the node also registers with those name servers and heartbeats (``broker_adapter.nameserver.registrar``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from broker_adapter import service
 from broker_adapter.allocator import QueueOffsetAllocator
 from broker_adapter.broker import Broker
 from broker_adapter.dispatcher import BrokerStateMachine
+from broker_adapter.nameserver.registrar import Registrar
 from dledger.plugins import NodeHandle
-from dledger.v1 import broker_pb2_grpc
+from dledger.v1 import broker_pb2_grpc, nameserver_pb2
 from storage.codec import MAGIC_NORMAL
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,9 @@ class BrokerPlugin:
         self.broker: Broker | None = None
         self.rocketmq: Any = None  # broker_adapter.rocketmq.servicer.MessagingServicer once attached
         self.allocator: QueueOffsetAllocator | None = None
+        self.registrar: Registrar | None = (
+            None  # with [broker] nameservers: this node's name-server heartbeat
+        )
         self.state_machine = BrokerStateMachine(
             config.data_dir / "consumequeue", on_dispatch=self._dispatched
         )
@@ -59,6 +64,14 @@ class BrokerPlugin:
         )
         self.broker = Broker(node, self.state_machine, self.allocator)
         node.add_role_listener(self.broker.role_changed)
+        if node.config.nameservers:
+            self.registrar = Registrar(
+                node.config.nameservers,
+                lambda: registration(node, self.state_machine),
+                node.config.nameserver_heartbeat_ms / 1000,
+            )
+            node.add_role_listener(self.registrar.changed)
+            self.registrar.start()
         broker_pb2_grpc.add_BrokerServicer_to_server(service.BrokerServicer(self.broker), server)
         try:  # RocketMQ 5's protocol: its generated stubs come with the official client package
             from broker_adapter.rocketmq import handlers
@@ -73,6 +86,23 @@ class BrokerPlugin:
         self.rocketmq = MessagingServicer(self.broker)
         handlers.add_to_server(self.rocketmq, server)
         return (*service.service_names(), handlers.SERVICE_NAME)
+
+    async def aclose(self) -> None:
+        if self.registrar is not None:
+            await self.registrar.aclose()
+
+
+def registration(node: NodeHandle, sm: BrokerStateMachine) -> nameserver_pb2.BrokerRegistration:
+    """What this node tells the name servers: who it is, whether it leads, and the topics it has applied."""
+    return nameserver_pb2.BrokerRegistration(
+        cluster=node.config.cluster,
+        group=node.group,
+        node_id=node.id,
+        address=node.address_of(node.id) or node.config.address,
+        leader=node.is_leader(),
+        term=node.term,
+        topics=[nameserver_pb2.TopicQueues(topic=t, queues=q) for t, q in sorted(sm.topics.items())],
+    )
 
 
 def _scan(log: Any, lo: int, hi: int) -> Iterator[Any]:

@@ -65,7 +65,7 @@ _TOP_KEYS = {
     "metrics_listen",
     "broker",
 }
-_BROKER_KEYS = {"auto_create_topic_queues"}
+_BROKER_KEYS = {"auto_create_topic_queues", "nameservers", "cluster", "nameserver_heartbeat_ms"}
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
 _SNAPSHOT_KEYS = {"entries": "snapshot_entries", "bytes": "snapshot_bytes", "keep": "snapshot_keep"}
 
@@ -92,6 +92,10 @@ class NodeConfig:
     # [broker] a send to (or a RocketMQ route query for) an unknown topic creates it with this many queues,
     # through the log; 0 (the default) refuses it with NOT_FOUND instead.
     auto_create_topic_queues: int = 0
+    # [broker] name servers this node registers with (docs/cluster.md): host:port each; none: standalone group
+    nameservers: tuple[str, ...] = ()
+    cluster: str = "DefaultCluster"  # the cluster name it registers under (RocketMQ's brokerClusterName)
+    nameserver_heartbeat_ms: int = 2_000  # re-registration period; the name server expires a node after 120 s
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
@@ -138,6 +142,20 @@ class NodeConfig:
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1024:
             raise ConfigError(
                 f"[broker] auto_create_topic_queues must be an integer in 0..1024 (0: off), got {n!r}"
+            )
+        ns = self.nameservers
+        ns = tuple(a.strip() for a in ns.split(",") if a.strip()) if isinstance(ns, str) else tuple(ns)
+        object.__setattr__(self, "nameservers", ns)
+        for addr in self.nameservers:
+            parse_address(addr, "[broker] nameservers")
+        hb = self.nameserver_heartbeat_ms
+        if isinstance(hb, bool) or not isinstance(hb, int) or not 100 <= hb <= 60_000:
+            raise ConfigError(
+                f"[broker] nameserver_heartbeat_ms must be an integer in 100..60000, got {hb!r}"
+            )
+        if not _ID_RE.match(str(self.cluster)):
+            raise ConfigError(
+                f"[broker] cluster {self.cluster!r} is invalid: use 1-64 letters, digits, '_', '.', '-'"
             )
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise ConfigError(f"data_dir {self.data_dir} exists and is not a directory")

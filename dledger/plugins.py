@@ -91,6 +91,9 @@ class NodeHandle(Protocol):
 
 
 class NodePlugin(Protocol):
+    """A plugin may also define ``async aclose()``: the node awaits it when stopping, after its server stopped
+    (the broker's name-server registration ends there)."""
+
     state_machine: StateMachine
 
     def attach(self, node: NodeHandle, server: grpc.aio.Server) -> Sequence[str]:

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from rich.console import Console
 
 from spark import checks, session
-from spark.layout import AuditInputError, NodeLayout, discover
+from spark.layout import AuditInputError, NodeLayout, cluster_groups, discover
 from spark.meta import read_meta
 from spark.report import AuditReport, NodeSummary, render_table, write_reports
 from spark.segment import SegmentTask
@@ -231,11 +231,73 @@ def parser() -> argparse.ArgumentParser:
         prog="dledger audit",
         description="Replay every node's files in Spark and prove that the group agrees (read-only).",
     )
-    p.add_argument("dirs", nargs="+", metavar="DIR", help="node data directories, or a group directory")
+    p.add_argument(
+        "dirs",
+        nargs="+",
+        metavar="DIR",
+        help="node data directories, or a group directory, or a cluster directory (every group is audited)",
+    )
     p.add_argument("--master", default=None, help="Spark master URL (default local[*], or spark-submit's)")
     p.add_argument("--ack-log", default=None, metavar="FILE", help="producers' acknowledgements, JSON lines")
     p.add_argument("--report", default=None, metavar="DIR", help="write audit.json and audit.html here")
     return p
+
+
+def _group_acks(ack_log: str, group: str, out_dir: str) -> str:
+    """The lines of a cluster's ack log that name ``group`` (``ClusterProducer`` acks carry it), as a file."""
+    path = os.path.join(out_dir, f"acks-{group}.jsonl")
+    with open(ack_log, "rb") as src, open(path, "wb") as dst:
+        for n, line in enumerate(src, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as err:
+                raise AuditInputError(f"{ack_log}:{n}: not a JSON line: {err}") from None
+            if not isinstance(record, dict) or "group" not in record:
+                raise AuditInputError(f"{ack_log}:{n}: a cluster's ack record needs the group it was sent to")
+            if record["group"] == group:
+                dst.write(line if line.endswith(b"\n") else line + b"\n")
+    return path
+
+
+def main_cluster(args: argparse.Namespace, groups: list[tuple[str, str]]) -> int:
+    """Audit every group of a cluster in one Spark session: one report per group, exit as for one group."""
+    import tempfile
+
+    console = Console(stderr=False)
+    err = Console(stderr=True)
+    for _, gdir in groups:
+        try:
+            discover([gdir])
+        except AuditInputError as e:
+            err.print(f"[bold red]audit: unusable input:[/] {e}", highlight=False, soft_wrap=True)
+            return EXIT_INPUT
+    started = SparkSession.getActiveSession() is None
+    spark = session.build_session(args.master)
+    worst = EXIT_OK
+    try:
+        with tempfile.TemporaryDirectory(prefix="dledger-audit-acks-") as tmp:
+            for name, gdir in groups:
+                try:
+                    acks = _group_acks(args.ack_log, name, tmp) if args.ack_log else None
+                    report = run_audit(spark, [gdir], acks)
+                except AuditInputError as e:
+                    err.print(f"[bold red]audit: group {name}: unusable input:[/] {e}", highlight=False)
+                    return EXIT_INPUT
+                console.print(f"[bold]group {name}[/bold]: {'passed' if report.ok else 'FAILED'}")
+                render_table(report, console)
+                if args.report:
+                    write_reports(report, os.path.join(args.report, name))
+                if not report.ok:
+                    worst = EXIT_VIOLATIONS
+    finally:
+        if started:
+            spark.stop()
+    console.print(
+        f"cluster: {len(groups)} groups, {'all passed' if worst == EXIT_OK else 'violations found'}"
+    )
+    return worst
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,6 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=False)
     err = Console(stderr=True)
     try:
+        clusters = [cluster_groups(d) for d in args.dirs]
+        if any(c is not None for c in clusters):
+            if len(args.dirs) != 1:
+                raise AuditInputError("a cluster directory is audited on its own: pass only it")
+            if args.ack_log is not None and not os.path.isfile(args.ack_log):
+                raise AuditInputError(f"{args.ack_log}: ack log not found (a file of JSON lines is expected)")
+            return main_cluster(args, clusters[0])
         discover(args.dirs)  # fail fast on bad input, before starting a JVM
         if args.ack_log is not None and not os.path.isfile(args.ack_log):
             raise AuditInputError(f"{args.ack_log}: ack log not found (a file of JSON lines is expected)")

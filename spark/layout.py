@@ -72,6 +72,25 @@ def read_start(data_dir: Path) -> LogStart | None:
         raise AuditInputError(f"{path}: unreadable log start record: {err}") from err
 
 
+CLUSTER_MANIFEST = "cluster.json"  # a local cluster's directory (broker_adapter/cluster.py, docs/cluster.md)
+
+
+def cluster_groups(d: str) -> list[tuple[str, str]] | None:
+    """(group name, group directory) of every group of the cluster in ``d``, or None when ``d`` is no cluster.
+
+    Each group is its own Raft log, so a cluster is audited group by group."""
+    path = Path(d) / CLUSTER_MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        names = json.loads(path.read_text())["groups"]
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise TypeError("groups is not a list of names")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise AuditInputError(f"{path}: not a cluster manifest: {err}") from err
+    return [(n, str(Path(d) / n)) for n in names]
+
+
 def _is_node_dir(p: Path) -> bool:
     return (p / "data").is_dir()
 

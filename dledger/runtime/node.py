@@ -277,6 +277,9 @@ class Node:
         self.peers.fail_waiters(UnavailableError(f"node {self.id} is shutting down"))
         if self._server is not None:
             await self._server.stop(grace_s)
+        plugin_close = getattr(self.plugin, "aclose", None)  # optional: background work a plugin started
+        if plugin_close is not None:
+            await plugin_close()
         loop = asyncio.get_running_loop()
         if self.metrics.serving:
             await loop.run_in_executor(None, self.metrics.close)

@@ -1,0 +1,105 @@
+"""Asking the name servers: routes of a topic, the cluster's members, and a consumer group's live members.
+
+Name servers hold the same picture (every broker node registers with all of them), so a question goes to one
+and, if it does not answer, to the next; the client starts where the last answer came from. Consumer
+heartbeats are the exception: they go to every name server, since each one decides membership on its own.
+Blocking and thread-safe, on grpc's sync stubs. See docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+
+import grpc
+
+from broker_adapter.nameserver.registry import GroupRoute
+from dledger.errors import InvalidRequestError, NotFoundError, UnavailableError
+from dledger.transport.grpc import CHANNEL_OPTIONS
+from dledger.v1 import nameserver_pb2 as pb
+from dledger.v1 import nameserver_pb2_grpc as pb_grpc
+
+RPC_TIMEOUT_S = 2.0
+
+
+class NoRouteError(NotFoundError):
+    """No live broker group serves the topic (yet)."""
+
+
+class NameServerClient:
+    def __init__(self, nameservers: Sequence[str], timeout_s: float = RPC_TIMEOUT_S):
+        if not nameservers:
+            raise ValueError("at least one name server address is needed")
+        self.nameservers = list(nameservers)
+        self.timeout_s = timeout_s
+        self._channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for a in self.nameservers]
+        self._stubs = [pb_grpc.NameServerStub(c) for c in self._channels]
+        self._first = 0
+        self._lock = threading.Lock()
+
+    def _ask(self, method: str, request):
+        errors = []
+        start = self._first
+        for k in range(len(self._stubs)):
+            i = (start + k) % len(self._stubs)
+            try:
+                response = getattr(self._stubs[i], method)(request, timeout=self.timeout_s)
+            except grpc.RpcError as err:
+                code = err.code()
+                if code == grpc.StatusCode.NOT_FOUND:
+                    raise NoRouteError(err.details()) from None
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise InvalidRequestError(err.details()) from None
+                errors.append(f"{self.nameservers[i]}: {code.name} {err.details()}")
+                continue
+            with self._lock:
+                self._first = i
+            return response
+        raise UnavailableError("no name server answered: " + "; ".join(errors))
+
+    def route(self, topic: str) -> list[GroupRoute]:
+        """The groups serving ``topic`` (every live group for ""), sorted by group name."""
+        response = self._ask("QueryRoute", pb.QueryRouteRequest(topic=topic))
+        return [
+            GroupRoute(g.group, g.cluster, g.leader_address, tuple(g.addresses), g.queues)
+            for g in response.groups
+        ]
+
+    def cluster_info(self) -> pb.ClusterInfoResponse:
+        return self._ask("ClusterInfo", pb.ClusterInfoRequest())
+
+    def consumers(self, group: str) -> list[str]:
+        return list(self._ask("ListConsumers", pb.ListConsumersRequest(group=group)).client_ids)
+
+    def consumer_heartbeat(self, group: str, client_id: str) -> int:
+        """Heartbeat to every name server; how many answered (0 raises: the member would expire everywhere)."""
+        request = pb.ConsumerHeartbeatRequest(group=group, client_id=client_id)
+        answered, errors = 0, []
+        for address, stub in zip(self.nameservers, self._stubs, strict=False):
+            try:
+                stub.ConsumerHeartbeat(request, timeout=self.timeout_s)
+                answered += 1
+            except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise InvalidRequestError(err.details()) from None
+                errors.append(f"{address}: {err.code().name}")
+        if not answered:
+            raise UnavailableError("no name server took the consumer heartbeat: " + "; ".join(errors))
+        return answered
+
+    def unregister_consumer(self, group: str, client_id: str) -> None:
+        request = pb.UnregisterConsumerRequest(group=group, client_id=client_id)
+        for stub in self._stubs:
+            with contextlib.suppress(grpc.RpcError):  # it expires there instead
+                stub.UnregisterConsumer(request, timeout=self.timeout_s)
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
+
+    def __enter__(self) -> NameServerClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

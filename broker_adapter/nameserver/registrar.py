@@ -1,0 +1,89 @@
+"""A broker node's side of the name server: register with every name server, then again as the heartbeat.
+
+Each node of a group registers itself (not only the leader), saying whether it leads and in which term, so a
+name server knows every node a client may dial and which one to try first. A registration is sent at once when
+the node's role or term changes, and otherwise every ``nameserver_heartbeat_ms``. A name server that is down is
+retried at the next beat; registering never blocks the node. On a clean stop the node unregisters, so routes
+drop it at once rather than after the name server's expiry. See docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from dledger.transport.grpc import open_channel
+from dledger.v1 import nameserver_pb2 as pb
+from dledger.v1 import nameserver_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+RPC_TIMEOUT_S = 1.0
+
+
+class Registrar:
+    def __init__(
+        self,
+        nameservers: tuple[str, ...],
+        registration: Callable[[], pb.BrokerRegistration],
+        period_s: float,
+    ):
+        self._registration = registration
+        self._period_s = period_s
+        self._channels = {a: open_channel(a) for a in nameservers}
+        self._stubs = {a: pb_grpc.NameServerStub(c) for a, c in self._channels.items()}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._down: set[str] = set()  # name servers whose last registration failed (logged once)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="nameserver-registrar")
+
+    def changed(self, *_: object) -> None:
+        """Register now (a role listener: leadership and term are in the registration)."""
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self.register_once()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._period_s)
+            self._wake.clear()
+
+    async def register_once(self) -> None:
+        reg = self._registration()
+        await asyncio.gather(*(self._register(a, reg) for a in self._stubs))
+
+    async def _register(self, address: str, reg: pb.BrokerRegistration) -> None:
+        try:
+            await self._stubs[address].RegisterBroker(reg, timeout=RPC_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            if address not in self._down:
+                log.warning(
+                    "%s/%s: cannot register with name server %s (%s: %s); retrying every beat",
+                    reg.group,
+                    reg.node_id,
+                    address,
+                    err.code().name,
+                    err.details(),
+                )
+                self._down.add(address)
+            return
+        if address in self._down:
+            log.info("%s/%s: registered with name server %s again", reg.group, reg.node_id, address)
+            self._down.discard(address)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        reg = self._registration()
+        request = pb.UnregisterBrokerRequest(cluster=reg.cluster, group=reg.group, node_id=reg.node_id)
+        for _address, stub in self._stubs.items():
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.UnregisterBroker(request, timeout=RPC_TIMEOUT_S)
+        await asyncio.gather(*(c.close() for c in self._channels.values()))

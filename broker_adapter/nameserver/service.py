@@ -1,0 +1,183 @@
+"""The name server process: ``Registry`` behind the ``NameServer`` gRPC service (proto/dledger/v1/nameserver.proto).
+
+Every request carries all it needs (a registration is the whole node's picture), so a name server that restarts
+is correct again after one heartbeat period, and several run side by side without coordination. Input is
+checked here, at the edge: an empty group or node id, or an address that is not host:port, is INVALID_ARGUMENT
+naming the field, and the registry never holds it. See docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+
+import grpc
+
+from broker_adapter.nameserver.registry import BrokerNode, Registry
+from dledger.errors import ConfigError
+from dledger.nodeconfig import parse_address
+from dledger.transport.grpc import SERVER_OPTIONS
+from dledger.v1 import nameserver_pb2 as pb
+from dledger.v1 import nameserver_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9876  # RocketMQ's name server port
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+async def _invalid(context: grpc.aio.ServicerContext, message: str) -> None:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _check_name(value: str, what: str) -> str | None:
+    if not value:
+        return f"{what} is empty"
+    if len(value) > 255 or any(c.isspace() for c in value):
+        return f"{what} {value[:64]!r} is invalid: 1-255 characters, no spaces"
+    return None
+
+
+class NameServerServicer(pb_grpc.NameServerServicer):
+    def __init__(self, registry: Registry, clock: Callable[[], int] = _now_ms):
+        self.registry = registry
+        self.clock = clock
+
+    async def RegisterBroker(self, request: pb.BrokerRegistration, context):
+        for value, what in (
+            (request.group, "group"),
+            (request.node_id, "node_id"),
+            (request.cluster, "cluster"),
+        ):
+            problem = _check_name(value, what)
+            if problem:
+                await _invalid(context, f"RegisterBroker: {problem}")
+        try:
+            parse_address(request.address, "RegisterBroker: address")
+        except ConfigError as err:
+            await _invalid(context, str(err))
+        topics = {}
+        for t in request.topics:
+            if not t.topic or t.queues <= 0:
+                await _invalid(
+                    context, f"RegisterBroker: topic {t.topic!r} with {t.queues} queues is invalid"
+                )
+            topics[t.topic] = t.queues
+        known = {(n.group, n.node_id) for n in self.registry.live_brokers(self.clock())}
+        if (request.group, request.node_id) not in known:
+            log.info("broker %s/%s registered at %s", request.group, request.node_id, request.address)
+        self.registry.register(
+            BrokerNode(
+                request.cluster,
+                request.group,
+                request.node_id,
+                request.address,
+                request.leader,
+                request.term,
+                topics,
+                self.clock(),
+            )
+        )
+        return pb.RegisterBrokerResponse(expire_after_ms=self.registry.broker_expiry_ms)
+
+    async def UnregisterBroker(self, request, context):
+        self.registry.unregister(request.group, request.node_id)
+        log.info("broker %s/%s unregistered", request.group, request.node_id)
+        return pb.UnregisterBrokerResponse()
+
+    async def QueryRoute(self, request, context):
+        routes = self.registry.route(request.topic, self.clock())
+        if request.topic and not routes:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no live broker group serves topic {request.topic!r} (create it, or wait for the brokers' "
+                "next heartbeat)",
+            )
+        return pb.QueryRouteResponse(
+            topic=request.topic,
+            groups=[
+                pb.GroupRoute(
+                    group=r.group,
+                    cluster=r.cluster,
+                    leader_address=r.leader_address,
+                    addresses=r.addresses,
+                    queues=r.queues,
+                )
+                for r in routes
+            ],
+        )
+
+    async def ClusterInfo(self, request, context):
+        now = self.clock()
+        brokers = [
+            pb.RegisteredBroker(
+                registration=pb.BrokerRegistration(
+                    cluster=n.cluster,
+                    group=n.group,
+                    node_id=n.node_id,
+                    address=n.address,
+                    leader=n.leader,
+                    term=n.term,
+                    topics=[pb.TopicQueues(topic=t, queues=q) for t, q in sorted(n.topics.items())],
+                ),
+                age_ms=now - n.seen_ms,
+            )
+            for n in self.registry.live_brokers(now)
+        ]
+        groups = [
+            pb.ConsumerGroupMembers(group=g, client_ids=m)
+            for g, m in self.registry.consumer_groups(now).items()
+        ]
+        return pb.ClusterInfoResponse(brokers=brokers, consumer_groups=groups)
+
+    async def ConsumerHeartbeat(self, request, context):
+        for value, what in ((request.group, "group"), (request.client_id, "client_id")):
+            problem = _check_name(value, what)
+            if problem:
+                await _invalid(context, f"ConsumerHeartbeat: {problem}")
+        self.registry.consumer_heartbeat(request.group, request.client_id, self.clock())
+        return pb.ConsumerHeartbeatResponse(expire_after_ms=self.registry.consumer_expiry_ms)
+
+    async def UnregisterConsumer(self, request, context):
+        self.registry.unregister_consumer(request.group, request.client_id)
+        return pb.UnregisterConsumerResponse()
+
+    async def ListConsumers(self, request, context):
+        return pb.ConsumerGroupMembers(
+            group=request.group, client_ids=self.registry.consumers(request.group, self.clock())
+        )
+
+
+async def serve(
+    listen: str,
+    registry: Registry | None = None,
+    ready: Callable[[int], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (or ``stop`` is set); ``ready(port)`` is called once the port is bound."""
+    registry = registry or Registry()
+    server = grpc.aio.server(options=list(SERVER_OPTIONS))
+    pb_grpc.add_NameServerServicer_to_server(NameServerServicer(registry), server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot bind {listen}: address in use or not allowed")
+    await server.start()
+    log.info("name server listening on %s", listen)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread (tests)
+            loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready(port)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop(1.0)

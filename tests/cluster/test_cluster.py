@@ -1,0 +1,198 @@
+"""A real local cluster: two name servers and two three-node broker groups, each a separate process.
+
+Covers what a user of several groups relies on: every name server learns every group without talking to the
+others, producers spread over the groups and survive a group's leader kill, a consumer group's members split
+the queues and rebalance when one joins, leaves or dies, a restarted name server is whole again after one
+heartbeat, bad registrations are refused, and the Spark audit of the whole cluster passes with the acks.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+
+from broker_adapter import cluster as cl
+from broker_adapter.cluster_client import ClusterConsumer, ClusterProducer
+from broker_adapter.nameserver.client import NameServerClient, NoRouteError
+from dledger import group as grp
+from dledger.errors import UnavailableError
+from dledger.v1 import nameserver_pb2 as pb
+from dledger.v1 import nameserver_pb2_grpc as pb_grpc
+
+CONSUMER_EXPIRY_MS = 1_500
+
+# Every acknowledged send of this module: the audit at the end checks each is in its group's log exactly once,
+# and that the log holds nothing no one sent.
+ACKS: list[dict] = []
+
+
+def send(p: ClusterProducer, body: bytes) -> dict:
+    group, r = p.send("T", body)
+    ack = {
+        "group": group,
+        "msg_id": r.msg_id,
+        "topic": r.topic,
+        "queue_id": r.queue_id,
+        "queue_offset": r.queue_offset,
+        "commitlog_offset": r.commitlog_offset,
+    }
+    ACKS.append(ack)
+    return ack
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cluster")
+    c = cl.up(d, groups=2, nodes=3, nameservers=2, heartbeat_ms=300, consumer_expiry_ms=CONSUMER_EXPIRY_MS)
+    try:
+        cl.create_topic(c, "T", 2)
+        yield c
+    finally:
+        cl.down(c)
+
+
+def wait_for(predicate, timeout_s=15.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def both_groups(ns: NameServerClient):
+    """T's route once both groups registered it (a registration follows the topic's creation within a beat)."""
+    try:
+        routes = ns.route("T")
+    except NoRouteError:
+        return None
+    return routes if len(routes) == 2 else None
+
+
+def test_every_name_server_knows_every_group_and_topic(cluster):
+    for address in cluster.nameserver_addresses:
+        with NameServerClient([address]) as ns:
+            routes = wait_for(lambda ns=ns: both_groups(ns), what="topic T in both groups' routes")
+            assert [(r.group, r.queues, len(r.addresses)) for r in routes] == [("g0", 2, 3), ("g1", 2, 3)]
+            assert all(r.leader_address in r.addresses for r in routes)
+
+
+def test_bad_requests_are_refused_with_a_reason(cluster):
+    with grpc.insecure_channel(cluster.nameserver_addresses[0]) as ch:
+        stub = pb_grpc.NameServerStub(ch)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.RegisterBroker(
+                pb.BrokerRegistration(cluster="c", group="", node_id="n0", address="127.0.0.1:1")
+            )
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "group is empty" in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            stub.RegisterBroker(
+                pb.BrokerRegistration(cluster="c", group="g9", node_id="n0", address="nowhere")
+            )
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "host:port" in e.value.details()
+        info = stub.ClusterInfo(pb.ClusterInfoRequest())
+        assert {b.registration.group for b in info.brokers} == {"g0", "g1"}  # nothing bad was registered
+    with NameServerClient(cluster.nameserver_addresses) as ns, pytest.raises(NoRouteError, match="no live"):
+        ns.route("no-such-topic")
+
+
+def test_producer_spreads_over_groups_and_two_consumers_split_the_queues(cluster, tmp_path):
+    ns = cluster.nameserver_addresses
+    with ClusterProducer(ns) as p:
+        acks = [send(p, f"m{i}".encode()) for i in range(200)]
+    assert {a["group"] for a in acks} == {"g0", "g1"}
+    a = ClusterConsumer(ns, "split", "T", client_id="a")
+    b = ClusterConsumer(ns, "split", "T", client_id="b")
+    try:
+        a.rebalance()
+        b.rebalance()
+        wait_for(lambda: len(a.rebalance()) == 2 and len(b.rebalance()) == 2, what="two queues each")
+        assert set(a.assigned).isdisjoint(b.assigned)
+        got: dict[str, list[str]] = {"a": [], "b": []}
+
+        def read(c, name):
+            got[name] = [m.msg_id for _, m in c.messages(idle_s=1.0)]
+
+        threads = [threading.Thread(target=read, args=(c, n)) for c, n in ((a, "a"), (b, "b"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(got["a"] + got["b"]) == sorted(x["msg_id"] for x in acks)  # each once, none lost
+    finally:
+        a.close()
+        b.close()
+
+
+def test_members_rebalance_when_one_joins_leaves_or_dies(cluster):
+    ns = cluster.nameserver_addresses
+    a = ClusterConsumer(ns, "rebal", "T", client_id="a")
+    b = ClusterConsumer(ns, "rebal", "T", client_id="b")
+    c = ClusterConsumer(ns, "rebal", "T", client_id="c")
+    try:
+        assert len(a.rebalance()) == 4  # alone: every queue of both groups
+        b.rebalance()
+        wait_for(lambda: len(a.rebalance()) == 2, what="a to give up half on b's arrival")
+        b.close()  # a clean leave unregisters at once
+        wait_for(lambda: len(a.rebalance()) == 4, what="a to take everything back")
+        c.rebalance()
+        wait_for(lambda: len(a.rebalance()) == 2, what="a to share with c")
+        # c dies without a word: it stops heartbeating and expires on the name servers
+        wait_for(
+            lambda: len(a.rebalance()) == 4, timeout_s=CONSUMER_EXPIRY_MS / 1000 + 10, what="c to expire"
+        )
+        assert a.rebalances >= 4
+    finally:
+        a.close()
+        c.nameservers.close()
+
+
+def test_a_group_leader_kill_does_not_stop_the_producer(cluster, tmp_path):
+    g0 = cluster.group("g0")
+    leader = grp.wait_for_leader(g0)
+    with ClusterProducer(cluster.nameserver_addresses) as p:
+        send(p, b"warm-up")
+        grp.kill_node(g0.node(leader.id))
+        try:
+            acks = [send(p, f"k{i}".encode()) for i in range(60)]
+        finally:
+            grp.start_node(g0.node(leader.id))
+    assert len(acks) == 60 and {a["group"] for a in acks} == {"g0", "g1"}
+    grp.wait_for_leader(g0)
+    cl.wait_registered(cluster)
+    # The audit of the whole cluster: every group's nodes agree and every acknowledged message is there.
+    ack_log = tmp_path / "acks.jsonl"
+    ack_log.write_text("".join(json.dumps(a) + "\n" for a in ACKS))
+    grp.wait_for_all(g0)
+    out = subprocess.run(
+        [sys.executable, "-m", "dledger", "audit", cluster.directory, "--ack-log", str(ack_log)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "group g0: passed" in out.stdout and "group g1: passed" in out.stdout
+
+
+def test_a_restarted_name_server_is_whole_again_after_one_heartbeat(cluster):
+    spec = cluster.nameservers[0]
+    assert cl.stop_nameserver(spec)
+    with NameServerClient([spec.address], timeout_s=0.3) as ns, pytest.raises(UnavailableError):
+        ns.route("T")
+    cl.start_nameserver(spec)
+    with NameServerClient([spec.address], timeout_s=1.0) as ns:
+
+        def whole():
+            try:
+                return len(ns.route("T")) == 2
+            except Exception:
+                return False
+
+        wait_for(whole, what="the restarted name server to know both groups")
