@@ -66,6 +66,10 @@ bench-broker: $(STAMP)
 	$(BIN)/python -m bench.broker
 
 # The blocking clients shared by 64 threads against the async clients with 64 tasks, on one broker group.
+.PHONY: bench-cluster
+bench-cluster: $(STAMP)
+	$(BIN)/python -m bench.cluster_scale
+
 .PHONY: bench-clients
 bench-clients: $(STAMP)
 	$(BIN)/python -m bench.clients
