@@ -32,8 +32,19 @@ CONSUMER_EXPIRY_MS = 1_500
 ACKS: list[dict] = []
 
 
-def send(p: ClusterProducer, body: bytes) -> dict:
-    group, r = p.send("T", body)
+def _groups_with(ns: NameServerClient, topic: str) -> int:
+    try:
+        return len(ns.route(topic))
+    except NoRouteError:
+        return 0
+
+
+def send_to(p: ClusterProducer, topic: str, body: bytes) -> str:
+    return send(p, body, topic)["msg_id"]
+
+
+def send(p: ClusterProducer, body: bytes, topic: str = "T") -> dict:
+    group, r = p.send(topic, body)
     ack = {
         "group": group,
         "msg_id": r.msg_id,
@@ -154,7 +165,7 @@ def test_members_rebalance_when_one_joins_leaves_or_dies(cluster):
         c.nameservers.close()
 
 
-def test_a_group_leader_kill_does_not_stop_the_producer(cluster, tmp_path):
+def test_a_group_leader_kill_does_not_stop_the_producer(cluster):
     g0 = cluster.group("g0")
     leader = grp.wait_for_leader(g0)
     with ClusterProducer(cluster.nameserver_addresses) as p:
@@ -167,18 +178,6 @@ def test_a_group_leader_kill_does_not_stop_the_producer(cluster, tmp_path):
     assert len(acks) == 60 and {a["group"] for a in acks} == {"g0", "g1"}
     grp.wait_for_leader(g0)
     cl.wait_registered(cluster)
-    # The audit of the whole cluster: every group's nodes agree and every acknowledged message is there.
-    ack_log = tmp_path / "acks.jsonl"
-    ack_log.write_text("".join(json.dumps(a) + "\n" for a in ACKS))
-    grp.wait_for_all(g0)
-    out = subprocess.run(
-        [sys.executable, "-m", "dledger", "audit", cluster.directory, "--ack-log", str(ack_log)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "group g0: passed" in out.stdout and "group g1: passed" in out.stdout
 
 
 def test_a_restarted_name_server_is_whole_again_after_one_heartbeat(cluster):
@@ -196,3 +195,47 @@ def test_a_restarted_name_server_is_whole_again_after_one_heartbeat(cluster):
                 return False
 
         wait_for(whole, what="the restarted name server to know both groups")
+
+
+def test_consuming_through_a_rebalance_loses_nothing(cluster):
+    """A reads part of the topic, B joins and both finish it, then A dies mid-read and B takes over: every
+    acknowledged message is consumed (duplicates across a rebalance are allowed, loss is not)."""
+    ns = cluster.nameserver_addresses
+    cl.create_topic(cluster, "R", 2)
+    with NameServerClient(ns) as nsc:
+        wait_for(lambda: _groups_with(nsc, "R") == 2, what="topic R in both groups' routes")
+    with ClusterProducer(ns) as p:
+        sent = {send_to(p, "R", f"r{i}".encode()) for i in range(300)}
+    seen: list[str] = []
+    a = ClusterConsumer(ns, "through", "R", client_id="a", rebalance_s=0.2)
+    b = ClusterConsumer(ns, "through", "R", client_id="b", rebalance_s=0.2)
+    try:
+        seen += [m.msg_id for _, m in a.messages(batch=16, limit=80)]
+        b.rebalance()
+        wait_for(lambda: len(a.rebalance()) == 2, what="a to share with b")
+        seen += [m.msg_id for _, m in a.messages(batch=16, limit=40)]
+        # a dies: no unregister, no more heartbeats; b must take a's queues from their committed offsets
+        wait_for(
+            lambda: len(b.rebalance()) == 4, timeout_s=CONSUMER_EXPIRY_MS / 1000 + 10, what="a to expire"
+        )
+        seen += [m.msg_id for _, m in b.messages(batch=16, idle_s=1.5)]
+    finally:
+        b.close()
+        a.nameservers.close()
+    assert sent <= set(seen), f"lost {len(sent - set(seen))} acknowledged messages"
+
+
+def test_the_audit_of_the_whole_cluster_finds_every_acknowledged_message_once(cluster, tmp_path):
+    """Last in this file (pytest-xdist's loadfile keeps the order): every send of the module is in ACKS."""
+    ack_log = tmp_path / "acks.jsonl"
+    ack_log.write_text("".join(json.dumps(a) + "\n" for a in ACKS))
+    for gname in cluster.groups:
+        grp.wait_for_all(cluster.group(gname))
+    out = subprocess.run(
+        [sys.executable, "-m", "dledger", "audit", cluster.directory, "--ack-log", str(ack_log)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "group g0: passed" in out.stdout and "group g1: passed" in out.stdout
