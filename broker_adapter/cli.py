@@ -92,12 +92,16 @@ def produce(
     ] = None,
     dir: DirOpt = None,
     addresses: AddressesOpt = None,
+    nameservers: NameServersOpt = None,
 ) -> None:
     """Send messages; each acknowledged one is committed and dispatched (and recorded in --ack-log)."""
     if (body is None) == (count <= 0):
         fail("give either --body TEXT or --count N", 2)
     if not 1 <= batch <= 1024:
         fail("--batch must be in 1..1024", 2)
+    if nameservers:
+        _produce_cluster(nameservers, topic, body, count, size, tags, ack_log)
+        return
     total = 1 if body is not None else count
     ack = open(ack_log, "a") if ack_log else None  # noqa: SIM115 - closed in finally
     sent = 0
@@ -134,6 +138,73 @@ def produce(
     console.print(f"acknowledged {sent} messages in {dt:.2f} s ({sent / max(dt, 1e-9):.0f} msg/s)")
 
 
+NameServersOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--nameservers",
+        help="name servers of a cluster (host:port,...): every group serving the topic (docs/cluster.md)",
+    ),
+]
+
+
+def _nameserver_list(text: str) -> list[str]:
+    from dledger.nodeconfig import parse_address
+
+    out = [a.strip() for a in text.split(",") if a.strip()]
+    try:
+        for a in out:
+            parse_address(a, "--nameservers")
+    except DLedgerError as e:
+        fail(str(e), 2)
+    if not out:
+        fail("--nameservers is empty: give host:port,...", 2)
+    return out
+
+
+def _produce_cluster(
+    nameservers: str,
+    topic: str,
+    body: str | None,
+    count: int,
+    size: int,
+    tags: str | None,
+    ack_log: Path | None,
+) -> None:
+    """``produce --nameservers``: one message per call through ``ClusterProducer``, spread over the groups; the
+    ack log records each message's group (the cluster audit splits it by group)."""
+    from broker_adapter.cluster_client import ClusterProducer
+
+    total = 1 if body is not None else count
+    ack = open(ack_log, "a") if ack_log else None  # noqa: SIM115 - closed in finally
+    sent = 0
+    t0 = time.monotonic()
+    try:
+        with ClusterProducer(_nameserver_list(nameservers)) as p, _progress() as bar:
+            task = bar.add_task(f"produce {topic}", total=total, visible=total >= PROGRESS_FROM)
+            while sent < total:
+                data = body.encode() if body is not None else _generated(sent, size)
+                try:
+                    group, r = p.send(topic, data, tags)
+                except DLedgerError as e:
+                    fail(f"{type(e).__name__} after {sent} acknowledged messages: {e}")
+                if ack is not None:
+                    ack.write(json.dumps({"group": group, **ack_record(r)}) + "\n")
+                sent += 1
+                bar.update(task, advance=1)
+                if total == 1:
+                    console.print(
+                        f"group {group} msg_id {r.msg_id} queue {r.queue_id} offset {r.queue_offset} "
+                        f"commitlog_offset {r.commitlog_offset}"
+                    )
+    finally:
+        if ack is not None:
+            ack.flush()
+            os.fsync(ack.fileno())
+            ack.close()
+    dt = time.monotonic() - t0
+    console.print(f"acknowledged {sent} messages in {dt:.2f} s ({sent / max(dt, 1e-9):.0f} msg/s)")
+
+
 def _generated(i: int, size: int) -> bytes:
     head = f"msg-{i:010d}-".encode()
     return (head * (size // len(head) + 1))[:size] if size > 0 else b""
@@ -151,8 +222,14 @@ def consume(
     quiet: Annotated[bool, typer.Option("--quiet", help="no line per message")] = False,
     dir: DirOpt = None,
     addresses: AddressesOpt = None,
+    nameservers: NameServersOpt = None,
 ) -> None:
-    """Consume every queue of a topic as a group, committing offsets as it goes."""
+    """Consume every queue of a topic as a group, committing offsets as it goes. With --nameservers: this
+    process is one member of the group and reads its share of every group's queues, rebalancing as members come
+    and go (a new group starts at each queue's committed offset, or at 0)."""
+    if nameservers:
+        _consume_cluster(nameservers, topic, group, count, idle_s, out, quiet)
+        return
     sink = open(out, "a") if out else None  # noqa: SIM115 - closed in finally
     n = 0
     t0 = time.monotonic()
@@ -175,6 +252,43 @@ def consume(
                     if not quiet:
                         text = m.body[:60].decode(errors="replace")
                         console.print(f"{m.queue_id}:{m.queue_offset} {m.msg_id} {m.tags or ''} {text}")
+            except DLedgerError as e:
+                fail(f"{type(e).__name__} after {n} messages: {e}")
+    finally:
+        if sink is not None:
+            sink.close()
+    dt = time.monotonic() - t0
+    console.print(f"consumed {n} messages in {dt:.2f} s")
+
+
+def _consume_cluster(
+    nameservers: str, topic: str, group: str, count: int, idle_s: float, out: Path | None, quiet: bool
+) -> None:
+    from broker_adapter.cluster_client import ClusterConsumer
+
+    sink = open(out, "a") if out else None  # noqa: SIM115 - closed in finally
+    n = 0
+    t0 = time.monotonic()
+    try:
+        with ClusterConsumer(_nameserver_list(nameservers), group, topic) as c:
+            try:
+                for q, m in c.messages(idle_s=idle_s, limit=count or None):
+                    n += 1
+                    if sink is not None:
+                        rec = {
+                            "group": q.group,
+                            "msg_id": m.msg_id,
+                            "topic": m.topic,
+                            "queue_id": m.queue_id,
+                            "queue_offset": m.queue_offset,
+                            "commitlog_offset": m.commitlog_offset,
+                        }
+                        sink.write(json.dumps(rec) + "\n")
+                    if not quiet:
+                        text = m.body[:60].decode(errors="replace")
+                        console.print(
+                            f"{q.group}/{m.queue_id}:{m.queue_offset} {m.msg_id} {m.tags or ''} {text}"
+                        )
             except DLedgerError as e:
                 fail(f"{type(e).__name__} after {n} messages: {e}")
     finally:

@@ -225,6 +225,51 @@ def test_consuming_through_a_rebalance_loses_nothing(cluster):
     assert sent <= set(seen), f"lost {len(sent - set(seen))} acknowledged messages"
 
 
+def test_the_cli_produces_and_consumes_through_the_name_servers(cluster, tmp_path):
+    ns = ",".join(cluster.nameserver_addresses)
+    acks = tmp_path / "acks.jsonl"
+    cli = [sys.executable, "-m", "dledger"]
+    r = subprocess.run(
+        [*cli, "produce", "--nameservers", ns, "--topic", "T", "--count", "20", "--ack-log", str(acks)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    records = [json.loads(line) for line in acks.read_text().splitlines()]
+    ACKS.extend(records)
+    assert len(records) == 20 and {a["group"] for a in records} == {"g0", "g1"}
+    out = tmp_path / "consumed.jsonl"
+    r = subprocess.run(
+        [
+            *cli,
+            "consume",
+            "--nameservers",
+            ns,
+            "--topic",
+            "T",
+            "--group",
+            "cli",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    consumed = {json.loads(line)["msg_id"] for line in out.read_text().splitlines()}
+    assert {a["msg_id"] for a in ACKS if a["topic"] == "T"} <= consumed
+    r = subprocess.run(
+        [*cli, "produce", "--nameservers", "nowhere", "--topic", "T", "--body", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "not host:port" in r.stderr
+
+
 def test_the_audit_of_the_whole_cluster_finds_every_acknowledged_message_once(cluster, tmp_path):
     """Last in this file (pytest-xdist's loadfile keeps the order): every send of the module is in ACKS."""
     ack_log = tmp_path / "acks.jsonl"
