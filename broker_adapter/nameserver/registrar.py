@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import grpc
 
+from broker_adapter.nameserver.registry import GroupRoute
 from dledger.transport.grpc import open_channel
 from dledger.v1 import nameserver_pb2 as pb
 from dledger.v1 import nameserver_pb2_grpc as pb_grpc
@@ -39,6 +40,9 @@ class Registrar:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._down: set[str] = set()  # name servers whose last registration failed (logged once)
+        # The cluster as the name servers last described it (every live node of every group, with its topics),
+        # refreshed at every beat: what the RocketMQ face adds to a route for the topic's other groups.
+        self.cluster: list[pb.RegisteredBroker] = []
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="nameserver-registrar")
@@ -57,6 +61,35 @@ class Registrar:
     async def register_once(self) -> None:
         reg = self._registration()
         await asyncio.gather(*(self._register(a, reg) for a in self._stubs))
+        await self._refresh_cluster()
+
+    async def _refresh_cluster(self) -> None:
+        for address, stub in self._stubs.items():
+            if address in self._down:
+                continue
+            try:
+                info = await stub.ClusterInfo(pb.ClusterInfoRequest(), timeout=RPC_TIMEOUT_S)
+            except grpc.aio.AioRpcError:
+                continue
+            self.cluster = list(info.brokers)
+            return
+
+    def other_groups(self, topic: str, own_group: str) -> list[GroupRoute]:
+        """The topic's route in the cluster's other groups, from the last picture (sorted by group)."""
+        by_group: dict[str, list[pb.BrokerRegistration]] = {}
+        for b in self.cluster:
+            r = b.registration
+            if r.group != own_group:
+                by_group.setdefault(r.group, []).append(r)
+        routes = []
+        for group, nodes in sorted(by_group.items()):
+            queues = max((t.queues for n in nodes for t in n.topics if t.topic == topic), default=0)
+            if queues == 0:
+                continue
+            leaders = [n for n in nodes if n.leader]
+            leader = max(leaders, key=lambda n: n.term).address if leaders else ""
+            routes.append(GroupRoute(group, nodes[0].cluster, leader, tuple(n.address for n in nodes), queues))
+        return routes
 
     async def _register(self, address: str, reg: pb.BrokerRegistration) -> None:
         try:
