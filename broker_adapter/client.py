@@ -35,6 +35,8 @@ from dledger.combiner import AsyncCombiner, Combiner
 from dledger.errors import DLedgerError
 from dledger.routing import Router
 from dledger.transport import convert
+from dledger.security.config import ClientSecurity
+from dledger.security.tls import client_credentials, sync_channel
 from dledger.transport.grpc import CHANNEL_OPTIONS, open_channel
 from dledger.v1 import broker_pb2, broker_pb2_grpc
 
@@ -131,9 +133,17 @@ def _start_offsets(info: TopicInfo | None, topic: str, committed: list[int | Non
 class BrokerConnection:
     """Channels to the group's nodes and the retry rules every broker call shares; thread-safe."""
 
-    def __init__(self, servers: Sequence[str], timeout_s: float = 10.0, retry_for_s: float = 20.0):
+    def __init__(
+        self,
+        servers: Sequence[str],
+        timeout_s: float = 10.0,
+        retry_for_s: float = 20.0,
+        security: ClientSecurity | None = None,
+    ):
+        """``security``: CA and access keys of a secure group (default: from the environment, docs/security.md)."""
         if not servers:
             raise ValueError("at least one server address is needed")
+        self._credentials = client_credentials(security)
         self.servers = list(servers)
         self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
@@ -148,7 +158,7 @@ class BrokerConnection:
             with self._lock:
                 s = self._stubs.get(address)
                 if s is None:
-                    ch = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                    ch = self._channels[address] = sync_channel(address, self._credentials, CHANNEL_OPTIONS)
                     s = self._stubs[address] = broker_pb2_grpc.BrokerStub(ch)
         return s
 
@@ -337,9 +347,17 @@ class Consumer(BrokerConnection):
 class AsyncBrokerConnection:
     """asyncio: one channel per node, concurrent calls multiplexed over it; the same retry rules."""
 
-    def __init__(self, servers: Sequence[str], timeout_s: float = 10.0, retry_for_s: float = 20.0):
+    def __init__(
+        self,
+        servers: Sequence[str],
+        timeout_s: float = 10.0,
+        retry_for_s: float = 20.0,
+        security: ClientSecurity | None = None,
+    ):
+        """``security``: CA and access keys of a secure group (default: from the environment, docs/security.md)."""
         if not servers:
             raise ValueError("at least one server address is needed")
+        self._credentials = client_credentials(security)
         self.servers = list(servers)
         self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
@@ -350,7 +368,7 @@ class AsyncBrokerConnection:
     def stub(self, address: str) -> broker_pb2_grpc.BrokerStub:
         s = self._stubs.get(address)
         if s is None:
-            ch = self._channels[address] = open_channel(address)
+            ch = self._channels[address] = open_channel(address, credentials=self._credentials)
             s = self._stubs[address] = broker_pb2_grpc.BrokerStub(ch)
         return s
 

@@ -41,6 +41,32 @@ app = typer.Typer(
 group_app = typer.Typer(no_args_is_help=True, help="Run a local group of node processes on 127.0.0.1.")
 app.add_typer(group_app, name="group")
 
+@app.callback()
+def _security_options(
+    security: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="DLEDGER_SECURITY", help="client settings of a secure group: TOML with ca, access_key, secret_key"
+        ),
+    ] = None,
+    ca_file: Annotated[Path | None, typer.Option(envvar="DLEDGER_CA_FILE", help="CA certificate (TLS)")] = None,
+    access_key: Annotated[str | None, typer.Option(envvar="DLEDGER_ACCESS_KEY", help="access key")] = None,
+    secret_key: Annotated[
+        str | None, typer.Option(envvar="DLEDGER_SECRET_KEY", help="secret key", show_default=False)
+    ] = None,
+) -> None:
+    """Every client of this process (the commands' and the libraries') takes these from the environment
+    (dledger.security.config.ClientSecurity.from_env), so each command gets them without a flag of its own."""
+    for name, value in (
+        ("DLEDGER_SECURITY", security),
+        ("DLEDGER_CA_FILE", ca_file),
+        ("DLEDGER_ACCESS_KEY", access_key),
+        ("DLEDGER_SECRET_KEY", secret_key),
+    ):
+        if value:
+            os.environ[name] = str(value)
+
+
 DirOption = Annotated[
     Path, typer.Option("--dir", help="the group directory (holds group.json and one dir per node)")
 ]
@@ -215,11 +241,19 @@ def group_up(
     state_machine: Annotated[
         str, typer.Option(help="node plugin for a new group: kv, counter, broker or module:factory")
     ] = "",
+    secure: Annotated[
+        bool, typer.Option("--secure", help="a new group with TLS, peer identity, users and permissions")
+    ] = False,
 ) -> None:
     """Start a local group in the background; return once a leader is elected."""
     try:
         g, leader = grp.up(
-            dir, nodes, None if base_port == 0 else base_port, flush=flush, state_machine=state_machine
+            dir,
+            nodes,
+            None if base_port == 0 else base_port,
+            flush=flush,
+            state_machine=state_machine,
+            secure=secure,
         )
     except DLedgerError as e:
         _fail(str(e))
@@ -349,10 +383,14 @@ def snapshot(dir: DirOption) -> None:
 async def _snapshot_all(g: grp.GroupSpec) -> list[tuple[grp.NodeSpec, object]]:
     import grpc
 
+    from dledger.security.tls import client_credentials
+    from dledger.transport.grpc import open_channel
     from dledger.v1 import client_pb2, client_pb2_grpc
 
+    credentials = client_credentials(grp.client_security(g.security).get("security"))
+
     async def one(spec: grp.NodeSpec):
-        async with grpc.aio.insecure_channel(spec.address) as channel:
+        async with open_channel(spec.address, credentials=credentials) as channel:
             stub = client_pb2_grpc.DLedgerStub(channel)
             try:
                 return await stub.TakeSnapshot(client_pb2.TakeSnapshotRequest(group=g.name), timeout=60)
@@ -483,6 +521,9 @@ def register_extensions(target: typer.Typer) -> list[str]:
 
 
 def main() -> None:
+    from dledger.security.cli import register as register_security  # same layer: no entry point needed
+
+    register_security(app)
     register_extensions(app)
     app()
 

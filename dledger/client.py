@@ -36,6 +36,8 @@ import grpc
 from dledger.combiner import Combiner
 from dledger.errors import DLedgerError, OutcomeUnknownError, UnavailableError
 from dledger.routing import DEFAULT_BACKOFF_S, Router
+from dledger.security.config import ClientSecurity
+from dledger.security.tls import client_credentials, sync_channel
 from dledger.transport import convert
 from dledger.transport.base import AppendedRun, AppendResult, NodeInfo, PeerInfo
 from dledger.transport.grpc import CHANNEL_OPTIONS, open_channel
@@ -200,8 +202,11 @@ class AsyncDLedgerClient:
         use_stream: bool = True,
         max_pack: int = 1000,
         rng: random.Random | None = None,
+        security: ClientSecurity | None = None,
     ):
+        """``security``: CA and access keys of a secure group (default: from the environment, docs/security.md)."""
         self._router = Router(addresses, backoff_s=backoff_s, rng=rng)
+        self._credentials = client_credentials(security)
         self.group = group
         self.timeout_s = timeout_s
         self.rpc_timeout_s = rpc_timeout_s
@@ -227,7 +232,7 @@ class AsyncDLedgerClient:
     def _stub(self, address: str) -> client_pb2_grpc.DLedgerStub:
         stub = self._stubs.get(address)
         if stub is None:
-            ch = open_channel(address)
+            ch = open_channel(address, credentials=self._credentials)
             self._channels[address] = ch
             stub = self._stubs[address] = client_pb2_grpc.DLedgerStub(ch)
         return stub
@@ -392,8 +397,10 @@ class DLedgerClient:
         max_pack: int = 1000,
         max_inflight: int = 1,
         rng: random.Random | None = None,
+        security: ClientSecurity | None = None,
     ):
         self._router = Router(addresses, backoff_s=backoff_s, rng=rng)
+        self._credentials = client_credentials(security)
         self.group = group
         self.timeout_s = timeout_s
         self.rpc_timeout_s = rpc_timeout_s
@@ -422,7 +429,7 @@ class DLedgerClient:
             with self._lock:
                 stub = self._stubs.get(address)
                 if stub is None:
-                    ch = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                    ch = self._channels[address] = sync_channel(address, self._credentials, CHANNEL_OPTIONS)
                     stub = self._stubs[address] = client_pb2_grpc.DLedgerStub(ch)
         return stub
 

@@ -6,6 +6,7 @@ without reaching into ``dledger.cli``'s private helpers.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -38,5 +39,8 @@ def addresses_of(dir: Path | None, addresses: str | None, state_machine: str | N
         if g is None:
             hint = f" --state-machine {state_machine}" if state_machine else ""
             fail(f"no group in {dir} (start one with: dledger group up --dir {dir}{hint})", 2)
+        if g.security and not (os.environ.get("DLEDGER_SECURITY") or os.environ.get("DLEDGER_CA_FILE")):
+            # A secure local group: its commands use the group's CA and bootstrap admin (docs/security.md).
+            os.environ["DLEDGER_SECURITY"] = g.security
         return g.addresses
     fail("give --dir (a local group) or --addresses host:port,...", 2)

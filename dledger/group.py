@@ -50,6 +50,8 @@ class GroupSpec:
     # Proxied groups only (``create(..., proxied=True)``): (src, dst, port) for every ordered pair; node src
     # reaches dst through 127.0.0.1:port, where a fault-injecting proxy (dledger.chaos.proxy) must listen.
     links: tuple[tuple[str, str, int], ...] = ()
+    # A secure group (``create(..., secure=True)``): the client settings file (CA, admin's keys) its commands use.
+    security: str = ""
 
     @property
     def addresses(self) -> list[str]:
@@ -117,6 +119,16 @@ def _node_toml(spec: NodeSpec, group: GroupSpec, raft: dict[str, int]) -> str:
     ]
     if raft:
         lines += ["", "[raft]", *[f"{k} = {v}" for k, v in raft.items()]]
+    if group.security:
+        tls_dir = Path(group.security).parent / "tls"
+        lines += [
+            "",
+            "[security]",
+            f'cert = "{tls_dir / spec.id}.pem"',
+            f'key = "{tls_dir / spec.id}.key"',
+            f'ca = "{tls_dir / "ca.pem"}"',
+            f'admin = "{Path(group.security).parent / "admin.toml"}"',
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -130,6 +142,7 @@ def create(
     raft: dict[str, int] | None = None,
     state_machine: str = "",
     proxied: bool = False,
+    secure: bool = False,
 ) -> GroupSpec:
     """Write the manifest and node configs (default 3 nodes). An existing group in ``directory`` is reused as
     it is; asking for a different size is an error rather than a silent surprise.
@@ -167,8 +180,13 @@ def create(
         if len(link_ports) < len(pairs):
             raise ConfigError("could not find free ports for the proxy links")
         links = tuple((a, b, p) for (a, b), p in zip(pairs, link_ports, strict=True))
-    group = GroupSpec(name, flush, specs, state_machine, links)
+    security = ""
     directory.mkdir(parents=True, exist_ok=True)
+    if secure:  # TLS + authentication: certificates, the bootstrap admin, the CLI's settings (docs/security.md)
+        from dledger.security.bootstrap import write_secure_group
+
+        security = str(write_secure_group(directory, [s.id for s in specs]))
+    group = GroupSpec(name, flush, specs, state_machine, links, security)
     for spec in specs:
         Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
         Path(spec.config).write_text(_node_toml(spec, group, raft or {}))
@@ -178,6 +196,7 @@ def create(
         "state_machine": state_machine,
         "nodes": [asdict(s) for s in specs],
         **({"links": [list(lk) for lk in links]} if links else {}),
+        **({"security": security} if security else {}),
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return group
@@ -198,6 +217,7 @@ def load(directory: Path, missing_ok: bool = False) -> GroupSpec | None:
         tuple(NodeSpec(**n) for n in raw["nodes"]),
         raw.get("state_machine", ""),
         tuple((str(a), str(b), int(p)) for a, b, p in raw.get("links", ())),
+        raw.get("security", ""),
     )
 
 
@@ -348,10 +368,12 @@ def stop_group(group: GroupSpec, timeout_s: float = 10.0) -> list[str]:
 # -- observing ---------------------------------------------------------------------------------------------------
 
 
-async def _metadata(address: str, timeout_s: float) -> NodeInfo | None:
+async def _metadata(address: str, timeout_s: float, security: str = "") -> NodeInfo | None:
     from dledger.client import AsyncDLedgerClient
 
-    client = AsyncDLedgerClient([address], timeout_s=timeout_s, rpc_timeout_s=timeout_s)
+    client = AsyncDLedgerClient(
+        [address], timeout_s=timeout_s, rpc_timeout_s=timeout_s, **client_security(security)
+    )
     try:
         return await client.metadata(address)
     except DLedgerError:
@@ -361,7 +383,7 @@ async def _metadata(address: str, timeout_s: float) -> NodeInfo | None:
 
 
 async def status_async(group: GroupSpec, timeout_s: float = 0.5) -> list[NodeStatus]:
-    infos = await asyncio.gather(*[_metadata(n.address, timeout_s) for n in group.nodes])
+    infos = await asyncio.gather(*[_metadata(n.address, timeout_s, group.security) for n in group.nodes])
     rows = []
     for spec, info in zip(group.nodes, infos, strict=True):
         pid = read_pid(spec)
@@ -387,6 +409,15 @@ async def status_async(group: GroupSpec, timeout_s: float = 0.5) -> list[NodeSta
 
 def status(group: GroupSpec, timeout_s: float = 0.5) -> list[NodeStatus]:
     return asyncio.run(status_async(group, timeout_s))
+
+
+def client_security(path: str) -> dict:
+    """``security=`` for a client of a secure group (its settings file), or nothing for a plain one."""
+    if not path:
+        return {}
+    from dledger.security.config import ClientSecurity
+
+    return {"security": ClientSecurity.from_file(Path(path))}
 
 
 def leader_of(rows: list[NodeStatus]) -> NodeStatus | None:
@@ -471,7 +502,8 @@ async def kill_leader_async(group: GroupSpec, timeout_s: float = 15.0) -> Failov
     spec = group.node(leader.id)
     survivors = [n.address for n in group.nodes if n.id != leader.id]
     client = AsyncDLedgerClient(
-        survivors, group.name, timeout_s=timeout_s, rpc_timeout_s=0.5, backoff_s=(0.005, 0.02)
+        survivors, group.name, timeout_s=timeout_s, rpc_timeout_s=0.5, backoff_s=(0.005, 0.02),
+        **client_security(group.security),
     )
     try:
         t0 = time.monotonic()

@@ -30,6 +30,12 @@ Example file (all keys optional except ``id``, ``data_dir`` and ``peers``)::
     max_pending_entries = 20000
     max_body_bytes = 4194304
 
+    [security]                # TLS + authentication + permissions; see dledger/security/config.py
+    cert = "tls/n0.pem"
+    key = "tls/n0.key"
+    ca = "tls/ca.pem"
+    admin = "admin.toml"
+
     [snapshot]                # when the state machine's state is saved and the log before it compacted
     entries = 100000          # entries applied since the last snapshot
     bytes = 268435456         # or body bytes applied since the last snapshot, whichever comes first
@@ -47,6 +53,7 @@ from typing import Any
 
 from dledger.core.config import RaftConfig
 from dledger.errors import ConfigError
+from dledger.security.config import SecurityConfig
 
 FLUSH_POLICIES = ("sync", "async")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -64,6 +71,7 @@ _TOP_KEYS = {
     "snapshot",
     "metrics_listen",
     "broker",
+    "security",
 }
 _BROKER_KEYS = {"auto_create_topic_queues", "nameservers", "cluster", "nameserver_heartbeat_ms"}
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
@@ -96,6 +104,8 @@ class NodeConfig:
     nameservers: tuple[str, ...] = ()
     cluster: str = "DefaultCluster"  # the cluster name it registers under (RocketMQ's brokerClusterName)
     nameserver_heartbeat_ms: int = 2_000  # re-registration period; the name server expires a node after 120 s
+    # [security] TLS on the port, peer identity, users and permissions; None (no table): off (docs/security.md)
+    security: SecurityConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
@@ -286,4 +296,8 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
     for name in ("flush_interval_ms", "max_pending_entries", "max_body_bytes"):
         if name in kwargs and not isinstance(kwargs[name], int):
             raise ConfigError(f"{name} must be an integer, got {kwargs[name]!r}")
+    if overrides.get("security") is not None:
+        kwargs["security"] = overrides["security"]
+    elif raw.get("security"):
+        kwargs["security"] = SecurityConfig.from_table(raw["security"], Path(path).resolve().parent)
     return NodeConfig(**kwargs)

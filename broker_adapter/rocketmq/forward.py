@@ -54,6 +54,9 @@ def forwarded(context: grpc.aio.ServicerContext) -> bool:
     return any(k == FORWARDED for k, _ in context.invocation_metadata() or ())
 
 
+SIGNED_HEADERS = ("authorization", "x-mq-date-time")  # dledger.security.auth's two headers
+
+
 class Forwarder:
     """One channel per leader address (created on first use); the leader is the one the node knows of. Calls
     go out and answers come back as bytes (``request`` may be the client's bytes or a message)."""
@@ -87,17 +90,30 @@ class Forwarder:
         if hit is None:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = grpc.aio.insecure_channel(
-                    address,
-                    options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
+                options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+                creds = self._credentials()
+                channel = self._channels[address] = (
+                    grpc.aio.secure_channel(address, creds, options=options)
+                    if creds is not None
+                    else grpc.aio.insecure_channel(address, options=options)
                 )
             path = f"/{_SERVICE.full_name}/{method}"
             make = channel.unary_stream if method in _STREAMING else channel.unary_unary
             hit = self._calls[(address, method)] = make(path, request_serializer=_encode)
         return hit
 
+    def _credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS to the leader in a secure group (docs/security.md): the call carries the client's signature."""
+        security = self._node.config.security
+        return grpc.ssl_channel_credentials(security.ca.read_bytes()) if security is not None else None
+
     def _metadata(self, context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
-        return ((FORWARDED, self._node.id), (CLIENT_ID, client_id(context)))
+        md = ((FORWARDED, self._node.id), (CLIENT_ID, client_id(context)))
+        if self._node.config.security is None:
+            return md
+        # The leader authenticates and authorizes the client again: its signature goes along as received.
+        signed = tuple((k, v) for k, v in context.invocation_metadata() or () if k in SIGNED_HEADERS)
+        return md + signed
 
     async def unary(
         self,

@@ -90,6 +90,10 @@ class Node:
         self._seen_role_term: tuple[Role, int] = (Role.FOLLOWER, -1)
         if plugin is None and config.state_machine:
             plugin = resolve_plugin(config.state_machine)(config)
+        if config.security is not None:  # TLS, peer identity, users and permissions (docs/security.md)
+            from dledger.security.node import SecuredPlugin
+
+            plugin = SecuredPlugin(config, plugin, state_machine)
         self.plugin = plugin
         self.state_machine = plugin.state_machine if plugin is not None else state_machine
         self._apply: ApplyLoop | None = None
@@ -186,11 +190,20 @@ class Node:
                 self.group,
                 {p: a for p, a in cfg.peers.items() if p != self.id},
                 control_timeout_s=control_timeout,
+                credentials=self.plugin.peer_credentials() if cfg.security is not None else None,
             )
         self.peers.transport.set_reply_handler(self.peers.step_all)
         if self._serve:
             attach = (lambda server: self.plugin.attach(self, server)) if self.plugin is not None else None
-            self._server = NodeServer(self, self, cfg.bind, attach)
+            secure = cfg.security is not None
+            self._server = NodeServer(
+                self,
+                self,
+                cfg.bind,
+                attach,
+                credentials=self.plugin.server_credentials() if secure else None,
+                interceptors=(self.plugin.interceptor(self),) if secure else (),
+            )
             self.port = self._server.port
             await self._server.start()
         if cfg.metrics_listen:

@@ -78,20 +78,25 @@ SERVER_OPTIONS: tuple[tuple[str, int | str], ...] = (
 )
 
 
-def open_channel(address: str, *, dedicated: bool = False) -> grpc.aio.Channel:
-    """An insecure channel to ``address``; ``dedicated`` gives it its own connection (subchannel pool)."""
+def open_channel(
+    address: str, *, dedicated: bool = False, credentials: grpc.ChannelCredentials | None = None
+) -> grpc.aio.Channel:
+    """A channel to ``address``: TLS with ``credentials`` (docs/security.md), else plaintext; ``dedicated``
+    gives it its own connection (subchannel pool)."""
     options = list(CHANNEL_OPTIONS)
     if dedicated:
         options.append(("grpc.use_local_subchannel_pool", 1))
+    if credentials is not None:
+        return grpc.aio.secure_channel(address, credentials, options=options)
     return grpc.aio.insecure_channel(address, options=options)
 
 
 class _Peer:
-    def __init__(self, peer_id: str, address: str):
+    def __init__(self, peer_id: str, address: str, credentials: grpc.ChannelCredentials | None = None):
         self.id = peer_id
         self.address = address
-        self.data = open_channel(address, dedicated=True)
-        self.control = open_channel(address, dedicated=True)
+        self.data = open_channel(address, dedicated=True, credentials=credentials)
+        self.control = open_channel(address, dedicated=True, credentials=credentials)
         self.data_stub = raft_pb2_grpc.RaftPeerStub(self.data)
         self.control_stub = raft_pb2_grpc.RaftPeerStub(self.control)
 
@@ -142,9 +147,11 @@ class GrpcPeerTransport:
         append_timeout_s: float = 2.0,
         control_timeout_s: float = 0.5,
         snapshot_timeout_s: float = 60.0,
+        credentials: grpc.ChannelCredentials | None = None,
     ):
+        """``credentials``: the node's peer TLS credentials and identity proof (dledger.security.tls)."""
         self.group = group
-        self._peers = {pid: _Peer(pid, addr) for pid, addr in addresses.items()}
+        self._peers = {pid: _Peer(pid, addr, credentials) for pid, addr in addresses.items()}
         self._append_timeout = append_timeout_s
         self._control_timeout = control_timeout_s
         self._snapshot_timeout = snapshot_timeout_s
@@ -553,9 +560,12 @@ class NodeServer:
         client: ClientHandler,
         bind: str,
         attach: Callable[[grpc.aio.Server], Sequence[str]] | None = None,
+        credentials: grpc.ServerCredentials | None = None,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ):
-        """``attach(server)`` registers a plugin's servicers and returns their full names (health, reflection)."""
-        self.server = grpc.aio.server(options=list(SERVER_OPTIONS))
+        """``attach(server)`` registers a plugin's servicers and returns their full names (health, reflection).
+        ``credentials`` serve TLS instead of plaintext; ``interceptors`` see every call first (security)."""
+        self.server = grpc.aio.server(options=list(SERVER_OPTIONS), interceptors=list(interceptors) or None)
         raft_pb2_grpc.add_RaftPeerServicer_to_server(RaftPeerServicer(peer), self.server)
         client_pb2_grpc.add_DLedgerServicer_to_server(DLedgerServicer(client), self.server)
         extra = tuple(attach(self.server)) if attach is not None else ()
@@ -569,7 +579,10 @@ class NodeServer:
             reflection.SERVICE_NAME,
         )
         reflection.enable_server_reflection(names, self.server)
-        self.port = self.server.add_insecure_port(bind)
+        if credentials is not None:
+            self.port = self.server.add_secure_port(bind, credentials)
+        else:
+            self.port = self.server.add_insecure_port(bind)
         if self.port == 0:
             raise OSError(f"cannot bind {bind}: address in use or not allowed")
         self._service_names = names[: 2 + len(extra)]

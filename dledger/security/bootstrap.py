@@ -1,0 +1,43 @@
+"""The files a secure local group starts from (``dledger group up --secure``; docs/security.md, "Bootstrap").
+
+    DIR/tls/ca.pem, ca.key           the group's CA (``certs.write_group``)
+    DIR/tls/<id>.pem, <id>.key       each node's certificate, naming its node id
+    DIR/admin.toml                   the bootstrap admin: access_key and a random secret_key (mode 0600); every
+                                     node's [security] admin names it
+    DIR/client.toml                  what the CLI uses for this group: ca, access_key, secret_key (mode 0600)
+
+An existing file is kept (a restarted group keeps its keys); a new node gets its certificate from the same CA.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from dledger.security import certs
+
+BOOTSTRAP_ADMIN = "admin"
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def write_secure_group(directory: Path, node_ids: list[str]) -> Path:
+    """Certificates, the bootstrap admin and the CLI's settings under ``directory``; returns ``client.toml``."""
+    tls_dir = directory / "tls"
+    missing = [n for n in node_ids if not (tls_dir / f"{n}.pem").exists()]
+    if missing or not (tls_dir / "ca.pem").exists():
+        certs.write_group(tls_dir, missing or node_ids, clients=())
+    admin, client = directory / "admin.toml", directory / "client.toml"
+    if not admin.exists():
+        secret = secrets.token_urlsafe(24)
+        _write_private(admin, f'access_key = "{BOOTSTRAP_ADMIN}"\nsecret_key = "{secret}"\n')
+        _write_private(
+            client,
+            f'ca = "{tls_dir / "ca.pem"}"\naccess_key = "{BOOTSTRAP_ADMIN}"\nsecret_key = "{secret}"\n',
+        )
+    return client

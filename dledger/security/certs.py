@@ -1,0 +1,148 @@
+"""Certificates for a local group: one CA, a certificate per node naming its node id, and client certificates.
+
+A node's identity is its certificate's: the common name is the node id and the subject alternative names carry
+it again as ``URI:dledger:node:<id>`` (beside ``DNS:localhost`` and ``IP:127.0.0.1`` so that TLS host checks pass
+on a local group). A peer proves it is that node by signing with the certificate's key (docs/security.md,
+"Peers"), so a certificate is only as secret as its ``.key`` file: ``write_group`` makes key files 0600.
+
+EC P-256 keys: small, fast handshakes, supported by every gRPC TLS stack.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+NODE_URI_PREFIX = "dledger:node:"
+VALIDITY = dt.timedelta(days=825)
+
+
+@dataclass(frozen=True, slots=True)
+class Issued:
+    cert_pem: bytes
+    key_pem: bytes
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "dledger-py"), x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+    )
+
+
+def make_ca(name: str = "dledger local CA") -> Issued:
+    key = _key()
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(name))
+        .issuer_name(_name(name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                key_encipherment=False, data_encipherment=False, key_agreement=False,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def _issue(ca: Issued, cn: str, sans: list[x509.GeneralName], server: bool) -> Issued:
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, None)
+    key = _key()
+    now = dt.datetime.now(dt.UTC)
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def make_node_cert(ca: Issued, node_id: str, hosts: tuple[str, ...] = ("localhost", "127.0.0.1")) -> Issued:
+    """A node's server-and-client certificate: CN and ``URI:dledger:node:<id>`` name the node id."""
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(NODE_URI_PREFIX + node_id)]
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    return _issue(ca, node_id, sans, server=True)
+
+
+def make_client_cert(ca: Issued, name: str) -> Issued:
+    """A client certificate (for tools that want one; clients authenticate with access keys, docs/security.md)."""
+    return _issue(ca, name, [x509.DNSName(name)], server=False)
+
+
+def node_identity(cert: x509.Certificate) -> str | None:
+    """The node id a certificate names (its ``URI:dledger:node:<id>``), or None for a non-node certificate."""
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    ids = [u.removeprefix(NODE_URI_PREFIX) for u in sans.get_values_for_type(x509.UniformResourceIdentifier)
+           if u.startswith(NODE_URI_PREFIX)]
+    return ids[0] if len(ids) == 1 else None
+
+
+def _write(path: Path, data: bytes, private: bool) -> None:
+    path.write_bytes(data)
+    if private:
+        os.chmod(path, 0o600)
+
+
+def write_group(directory: Path, node_ids: list[str], clients: tuple[str, ...] = ("client",)) -> dict[str, Path]:
+    """``ca.pem``/``ca.key``, ``<id>.pem``/``<id>.key`` per node and per client name, under ``directory``.
+    An existing CA there is reused (so certificates can be added to a group later); returns the file map."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_cert, ca_key = directory / "ca.pem", directory / "ca.key"
+    if ca_cert.exists() and ca_key.exists():
+        ca = Issued(ca_cert.read_bytes(), ca_key.read_bytes())
+    else:
+        ca = make_ca()
+        _write(ca_cert, ca.cert_pem, False)
+        _write(ca_key, ca.key_pem, True)
+    out = {"ca": ca_cert}
+    for name, issued in [(n, make_node_cert(ca, n)) for n in node_ids] + [
+        (c, make_client_cert(ca, c)) for c in clients
+    ]:
+        _write(directory / f"{name}.pem", issued.cert_pem, False)
+        _write(directory / f"{name}.key", issued.key_pem, True)
+        out[name] = directory / f"{name}.pem"
+    return out

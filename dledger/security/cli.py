@@ -1,0 +1,99 @@
+"""``dledger certs`` and ``dledger user add|remove|grant|revoke|list`` (docs/security.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, console, fail
+from dledger.errors import DLedgerError
+
+user_app = typer.Typer(no_args_is_help=True, help="Users and permissions of a secure group (replicated).")
+
+
+def certs(
+    dir: Annotated[Path, typer.Option("--dir", help="where to write ca.pem/.key and one .pem/.key per name")],
+    nodes: Annotated[str, typer.Option(help="node ids, comma separated (their certificates name them)")] = "n0,n1,n2",
+    clients: Annotated[str, typer.Option(help="client certificate names, comma separated")] = "",
+) -> None:
+    """Create a CA (or reuse the one in --dir) and certificates for nodes and clients of a local group."""
+    from dledger.security.certs import write_group
+
+    node_ids = [n.strip() for n in nodes.split(",") if n.strip()]
+    out = write_group(dir, node_ids, tuple(c.strip() for c in clients.split(",") if c.strip()))
+    for name, path in out.items():
+        console.print(f"{name:>8}  {path}")
+
+
+def _call(dir, addresses, method: str, request: dict) -> object:
+    from dledger.security.client import SecurityClient
+
+    async def run() -> object:
+        client = SecurityClient(addresses_of(dir, addresses))
+        try:
+            return await client.call(method, request)
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(run())
+    except DLedgerError as e:
+        fail(str(e))
+
+
+@user_app.command("add")
+def user_add(
+    access_key: Annotated[str, typer.Argument(help="the user's access key (its name)")],
+    secret_key: Annotated[str, typer.Option(help="the user's secret key (8-256 printable characters)")],
+    permission: Annotated[
+        list[str] | None, typer.Option("--permission", "-p", help="admin, publish:TOPIC, subscribe:TOPIC:GROUP")
+    ] = None,
+    dir: DirOpt = None,
+    addresses: AddressesOpt = None,
+) -> None:
+    """Add a user (through the log: every node knows it once this returns)."""
+    r = {"access_key": access_key, "secret_key": secret_key, "permissions": permission or []}
+    console.print(json.dumps(_call(dir, addresses, "AddUser", r)))
+
+
+@user_app.command("remove")
+def user_remove(access_key: str, dir: DirOpt = None, addresses: AddressesOpt = None) -> None:
+    """Remove a user."""
+    console.print(json.dumps(_call(dir, addresses, "RemoveUser", {"access_key": access_key})))
+
+
+@user_app.command("grant")
+def user_grant(
+    access_key: str,
+    permission: Annotated[str, typer.Argument(help="admin, publish:TOPIC or subscribe:TOPIC:GROUP ('*': any)")],
+    dir: DirOpt = None,
+    addresses: AddressesOpt = None,
+) -> None:
+    """Grant a user a permission."""
+    r = {"access_key": access_key, "permission": permission}
+    console.print(json.dumps(_call(dir, addresses, "Grant", r)))
+
+
+@user_app.command("revoke")
+def user_revoke(access_key: str, permission: str, dir: DirOpt = None, addresses: AddressesOpt = None) -> None:
+    """Take a permission back."""
+    r = {"access_key": access_key, "permission": permission}
+    console.print(json.dumps(_call(dir, addresses, "Revoke", r)))
+
+
+@user_app.command("list")
+def user_list(dir: DirOpt = None, addresses: AddressesOpt = None) -> None:
+    """Every user and its permissions (never a secret)."""
+    out = _call(dir, addresses, "ListUsers", {})
+    console.print(f"bootstrap admin (from the nodes' config): {out['bootstrap_admin']}")
+    for u in out["users"]:
+        console.print(f"{u['access_key']:<24} {', '.join(u['permissions']) or '-'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("certs")(certs)
+    app.add_typer(user_app, name="user")

@@ -1,0 +1,331 @@
+"""Who may call what: the server interceptor that authenticates every call and authorizes it before any
+servicer runs, so a refused call writes nothing (docs/security.md).
+
+- ``dledger.v1.RaftPeer``: only a member proving its node id (``tls.PeerVerifier``); every Raft message in the
+  call must come from that node (``src``), so a member cannot speak for another.
+- Health checking and reflection: open (they reveal no data).
+- Everything else: a signed user (``auth.verify``), then the permission the method and request need (``RULES``;
+  a method not listed needs ``admin``, so a service added later is closed until someone opens it).
+
+Missing or bad credentials: UNAUTHENTICATED; a forbidden action: PERMISSION_DENIED. On RocketMQ 5's face the
+answer is its own: the response's Status carries UNAUTHORIZED (40100) or FORBIDDEN (40300), which the official
+clients turn into their exceptions. Refusals are logged with the access key or node id and the reason, never a
+secret.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+import grpc
+
+from dledger.security import auth
+from dledger.security.tls import PeerIdentityError, PeerVerifier
+from dledger.security.users import User, is_user_command
+
+log = logging.getLogger("dledger.security")
+
+RAFT: Final = "dledger.v1.RaftPeer"
+ROCKETMQ: Final = "apache.rocketmq.v2.MessagingService"
+OPEN_SERVICES: Final = frozenset({"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"})
+UNAUTHORIZED: Final = 40100  # apache.rocketmq.v2.Code
+FORBIDDEN: Final = 40300
+
+# A need: ("user",) any authenticated user; ("admin",); ("publish", topic); ("subscribe", topic, group or None
+# for any group). The raw log counts as admin's: it can hold anything, a broker's messages included.
+Need = tuple[str, ...]
+KV_TOPIC: Final = "%KV"
+
+
+def _name(msg: Any, *path: str) -> str:
+    for p in path:
+        msg = getattr(msg, p)
+    return str(msg)
+
+
+def _rmq_topic(r: Any) -> str:
+    return r.message_queue.topic.name if r.HasField("message_queue") else r.topic.name
+
+
+RULES: Final[dict[str, Callable[[Any], list[Need]]]] = {
+    "/dledger.v1.DLedger/Metadata": lambda r: [("user",)],
+    "/dledger.v1.KV/Put": lambda r: [("publish", KV_TOPIC)],
+    "/dledger.v1.KV/Delete": lambda r: [("publish", KV_TOPIC)],
+    "/dledger.v1.KV/CompareAndSwap": lambda r: [("publish", KV_TOPIC)],
+    "/dledger.v1.KV/Get": lambda r: [("subscribe", KV_TOPIC, None)],
+    "/dledger.v1.Broker/Send": lambda r: [("publish", r.topic)],
+    "/dledger.v1.Broker/Pull": lambda r: [("subscribe", r.topic, None)],
+    "/dledger.v1.Broker/ListTopics": lambda r: [("user",)],
+    "/dledger.v1.Broker/Route": lambda r: [("user",)],
+    "/dledger.v1.Broker/CommitOffset": lambda r: [("subscribe", r.topic, r.group)],
+    "/dledger.v1.Broker/QueryOffset": lambda r: [("subscribe", r.topic, r.group)],
+    "/dledger.v1.Security/ListUsers": lambda r: [("admin",)],
+    f"/{ROCKETMQ}/QueryRoute": lambda r: [("user",)],
+    f"/{ROCKETMQ}/Heartbeat": lambda r: [("user",)],
+    f"/{ROCKETMQ}/QueryAssignment": lambda r: [("user",)],
+    f"/{ROCKETMQ}/Telemetry": lambda r: [("user",)],
+    f"/{ROCKETMQ}/NotifyClientTermination": lambda r: [("user",)],
+    f"/{ROCKETMQ}/SendMessage": lambda r: [("publish", m.topic.name) for m in r.messages] or [("user",)],
+    f"/{ROCKETMQ}/EndTransaction": lambda r: [("publish", r.topic.name)],
+    f"/{ROCKETMQ}/RecallMessage": lambda r: [("publish", r.topic.name)],
+    f"/{ROCKETMQ}/ReceiveMessage": lambda r: [("subscribe", _rmq_topic(r), r.group.name)],
+    f"/{ROCKETMQ}/AckMessage": lambda r: [("subscribe", r.topic.name, r.group.name)],
+    f"/{ROCKETMQ}/ChangeInvisibleDuration": lambda r: [("subscribe", r.topic.name, r.group.name)],
+    f"/{ROCKETMQ}/ForwardMessageToDeadLetterQueue": lambda r: [("subscribe", r.topic.name, r.group.name)],
+    f"/{ROCKETMQ}/PullMessage": lambda r: [("subscribe", _rmq_topic(r), r.group.name)],
+    f"/{ROCKETMQ}/UpdateOffset": lambda r: [("subscribe", _rmq_topic(r), r.group.name)],
+    f"/{ROCKETMQ}/GetOffset": lambda r: [("subscribe", _rmq_topic(r), r.group.name)],
+    f"/{ROCKETMQ}/QueryOffset": lambda r: [("subscribe", _rmq_topic(r), None)],
+    f"/{ROCKETMQ}/SyncLiteSubscription": lambda r: [("subscribe", r.topic.name, r.group.name)],
+}
+_ADMIN: Final[list[Need]] = [("admin",)]
+
+
+def allowed(user: User, need: Need) -> bool:
+    if need == ("user",):
+        return True
+    if need[0] == "subscribe" and need[2] is None:  # a group-less read: any group of the topic will do
+        return "admin" in user.permissions or any(
+            p.split(":")[1] in ("*", need[1]) for p in user.permissions if p.startswith("subscribe:")
+        )
+    return user.allows(":".join(need))
+
+
+def describe(need: Need) -> str:
+    return ":".join(x if x is not None else "*" for x in need)
+
+
+def _rocketmq_classes(method: str) -> tuple[Any, Any] | None:
+    """(request class, response class) of a RocketMQ 5 method, or None when the package is not installed."""
+    try:
+        from rocketmq.grpc_protocol import service_pb2
+    except ImportError:
+        return None
+    m = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods_by_name.get(method.rsplit("/", 1)[1])
+    if m is None:
+        return None
+    return getattr(service_pb2, m.input_type.name), getattr(service_pb2, m.output_type.name)
+
+
+class SecurityInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(
+        self,
+        node_id: str,
+        user_of: Callable[[str], User | None],
+        peers: PeerVerifier,
+        skew_s: int = auth.DEFAULT_SKEW_S,
+    ):
+        self._id = node_id
+        self._user_of = user_of
+        self._peers = peers
+        self._skew = skew_s
+
+    def _secret_of(self, access_key: str) -> str | None:
+        user = self._user_of(access_key)
+        return user.secret_key if user is not None else None
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        method = details.method
+        service = method.split("/")[1] if method.count("/") == 2 else ""
+        if handler is None or service in OPEN_SERVICES:
+            return handler
+        md = details.invocation_metadata or ()
+        if service == RAFT:
+            try:
+                node = self._peers.verify(md)
+            except PeerIdentityError as e:
+                log.warning("%s: refused %s: %s", self._id, method, e)
+                return _refused(handler, method, grpc.StatusCode.UNAUTHENTICATED, str(e))
+            return _peer_checked(handler, node, self._id)
+        try:
+            access_key = auth.verify(md, self._secret_of, skew_s=self._skew)
+        except auth.AuthenticationError as e:
+            log.warning("%s: refused %s: %s", self._id, method, e)
+            return _refused(handler, method, grpc.StatusCode.UNAUTHENTICATED, f"unauthenticated: {e}")
+        user = self._user_of(access_key)
+        rule = RULES.get(method)
+        if handler.request_streaming:
+            needs = _ADMIN if rule is None else rule(None)
+            return self._check_streaming(handler, method, user, needs)
+        return self._authorized(handler, method, user, rule or (lambda r: _ADMIN))
+
+    def _forbidden(self, user: User, method: str, needs: list[Need]) -> str | None:
+        missing = [describe(n) for n in needs if not allowed(user, n)]
+        if not missing:
+            return None
+        why = f"user {user.access_key!r} may not call {method}: it needs {', '.join(missing)}"
+        log.warning("%s: refused %s", self._id, why)
+        return why
+
+    def _check_streaming(self, handler, method: str, user: User, needs: list[Need]):
+        why = self._forbidden(user, method, needs)
+        if why is not None:
+            return _refused(handler, method, grpc.StatusCode.PERMISSION_DENIED, why)
+        if method == "/dledger.v1.DLedger/AppendStream":
+            inner = handler.stream_stream
+
+            async def guarded(requests: AsyncIterator[Any], context):
+                async def checked():
+                    async for r in requests:
+                        if any(is_user_command(b) for b in r.bodies):
+                            await context.abort(grpc.StatusCode.PERMISSION_DENIED, _USER_COMMAND)
+                        yield r
+
+                async for out in inner(checked(), context):
+                    yield out
+
+            return _same_kind(handler, guarded)
+        return handler
+
+    def _authorized(self, handler, method: str, user: User, rule: Callable[[Any], list[Need]]):
+        rocketmq = _rocketmq_classes(method) if method.startswith(f"/{ROCKETMQ}/") else None
+        raw_append = method == "/dledger.v1.DLedger/Append"
+
+        def check(request: Any) -> str | None:
+            if rocketmq is not None and isinstance(request, bytes | bytearray | memoryview):
+                request = rocketmq[0].FromString(bytes(request))
+            if raw_append and any(is_user_command(b) for b in request.bodies):
+                return _USER_COMMAND
+            try:
+                needs = rule(request)
+            except (AttributeError, ValueError) as e:  # a request that is not the method's: let it fail there
+                log.debug("%s: no rule input for %s: %s", self._id, method, e)
+                needs = _ADMIN
+            return self._forbidden(user, method, needs)
+
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(request, context):
+                try:
+                    why = check(request)
+                except Exception as e:  # unparsable: the servicer's own parser answers INVALID_ARGUMENT
+                    log.debug("%s: %s: %s", self._id, method, e)
+                    why = None
+                if why is not None:
+                    if rocketmq is not None:
+                        return rocketmq[1](status={"code": FORBIDDEN, "message": why})
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                return await inner(request, context)
+
+            return _same_kind(handler, unary)
+        inner_stream = handler.unary_stream
+
+        async def unary_stream(request, context):
+            try:
+                why = check(request)
+            except Exception as e:
+                log.debug("%s: %s: %s", self._id, method, e)
+                why = None
+            if why is not None:
+                if rocketmq is not None:
+                    yield rocketmq[1](status={"code": FORBIDDEN, "message": why})
+                    return
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+            async for out in inner_stream(request, context):
+                yield out
+
+        return _same_kind(handler, unary_stream)
+
+
+_USER_COMMAND: Final = "a body shaped like a user command cannot be appended: use `dledger user` (docs/security.md)"
+
+
+def _same_kind(handler, behavior):
+    """A method handler like ``handler`` (same streaming kind and (de)serializers) running ``behavior``."""
+    kw = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(behavior, **kw)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(behavior, **kw)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(behavior, **kw)
+    return grpc.unary_unary_rpc_method_handler(behavior, **kw)
+
+
+def _refused(handler, method: str, code: grpc.StatusCode, why: str):
+    """A handler that answers the refusal without running the servicer (RocketMQ: a Status in the response)."""
+    rocketmq = _rocketmq_classes(method) if method.startswith(f"/{ROCKETMQ}/") else None
+    rmq_code = UNAUTHORIZED if code == grpc.StatusCode.UNAUTHENTICATED else FORBIDDEN
+    if handler.request_streaming or rocketmq is None:
+        if handler.response_streaming:
+
+            async def refuse_stream(request, context):
+                await context.abort(code, why)
+                yield  # pragma: no cover  (makes this an async generator)
+
+            return _same_kind(handler, refuse_stream)
+
+        async def refuse(request, context):
+            await context.abort(code, why)
+
+        return _same_kind(handler, refuse)
+    if handler.response_streaming:
+
+        async def status_stream(request, context):
+            yield rocketmq[1](status={"code": rmq_code, "message": why})
+
+        return _same_kind(handler, status_stream)
+
+    async def status_unary(request, context):
+        return rocketmq[1](status={"code": rmq_code, "message": why})
+
+    return _same_kind(handler, status_unary)
+
+
+def _peer_checked(handler, node: str, me: str):
+    """Every Raft message of the call must come from the node the caller proved to be."""
+
+    def sources(request: Any) -> list[str]:
+        if hasattr(request, "messages"):  # DeliverRequest
+            return [getattr(m, m.WhichOneof("kind")).src for m in request.messages if m.WhichOneof("kind")]
+        return [request.src] if getattr(request, "src", "") else []
+
+    def check(request: Any) -> str | None:
+        bad = [s for s in sources(request) if s != node]
+        if bad:
+            why = f"peer {node!r} sent messages claiming to come from {sorted(set(bad))}: refused"
+            log.warning("%s: %s", me, why)
+            return why
+        return None
+
+    if handler.request_streaming:
+        inner = handler.stream_stream or handler.stream_unary
+
+        async def checked(requests):
+            async for r in requests:
+                why = check(r)
+                if why is not None:
+                    raise PeerIdentityError(why)
+                yield r
+
+        if handler.response_streaming:
+
+            async def stream_stream(requests, context):
+                try:
+                    async for out in inner(checked(requests), context):
+                        yield out
+                except PeerIdentityError as e:
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+
+            return _same_kind(handler, stream_stream)
+
+        async def stream_unary(requests, context):
+            try:
+                return await inner(checked(requests), context)
+            except PeerIdentityError as e:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+
+        return _same_kind(handler, stream_unary)
+    inner_unary = handler.unary_unary
+
+    async def unary(request, context):
+        why = check(request)
+        if why is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+        return await inner_unary(request, context)
+
+    return _same_kind(handler, unary)

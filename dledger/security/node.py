@@ -1,0 +1,58 @@
+"""Security on a node: what ``Node`` asks for when its config has a ``[security]`` table.
+
+``SecuredPlugin`` wraps the node's plugin (or bare state machine): its state machine gains the replicated user
+store (``users.SecuredStateMachine``), its services gain the Security service, and it hands the node the
+server's TLS credentials and the interceptor (``guard``), and the peer channels' credentials (``tls``). A node
+without a state machine has no replicated users: only the bootstrap admin (docs/security.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from dledger.security import guard, service, tls
+from dledger.security.users import SecuredStateMachine, User, UserStore
+
+
+class SecuredPlugin:
+    def __init__(self, config: Any, inner: Any | None, state_machine: Any | None):
+        self.config = config
+        self.inner = inner
+        self.users = UserStore()
+        base = inner.state_machine if inner is not None else state_machine
+        self.state_machine = SecuredStateMachine(base, self.users) if base is not None else None
+        sec = config.security
+        self._cert, self._key, self._ca, (ak, sk) = sec.load()
+        self.admin = User(ak, sk, {"admin"})
+
+    def __getattr__(self, attr: str) -> Any:  # the wrapped plugin's own members (e.g. the broker's)
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(attr)
+        return getattr(inner, attr)
+
+    def user_of(self, access_key: str) -> User | None:
+        if access_key == self.admin.access_key:
+            return self.admin
+        return self.users.users.get(access_key)
+
+    def attach(self, node: Any, server: grpc.aio.Server) -> Sequence[str]:
+        names = tuple(self.inner.attach(node, server)) if self.inner is not None else ()
+        if self.state_machine is None:
+            return names
+        return (*names, *service.attach(node, server, self.users, self.admin.access_key))
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        return tls.server_credentials(self._cert, self._key)
+
+    def interceptor(self, node: Any) -> guard.SecurityInterceptor:
+        cfg = self.config
+        verifier = tls.PeerVerifier(cfg.group, self._ca, lambda: node.config.peers, cfg.security.skew_s)
+        return guard.SecurityInterceptor(cfg.node_id, self.user_of, verifier, cfg.security.skew_s)
+
+    def peer_credentials(self) -> grpc.ChannelCredentials:
+        cfg = self.config
+        return tls.peer_channel_credentials(cfg.group, cfg.node_id, self._cert, self._key, self._ca)

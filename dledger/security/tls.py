@@ -1,0 +1,180 @@
+"""gRPC credentials for every port and channel, and how a peer proves which node it is.
+
+Servers: TLS with the node's certificate. Clients: TLS trusting the group's CA, plus call credentials that sign
+every call (``auth.SignaturePlugin``). Peers: TLS both ways is the aim, but gRPC Python's server credentials can
+either require a client certificate on every connection or request none (there is no "request, optional"), and
+one port serves peers and clients alike, including the official RocketMQ clients, which present none. So a
+peer proves its identity with its certificate's key on every call instead (docs/decisions/0012-peer-identity.md):
+
+    x-dledger-node:          the node id it declares
+    x-dledger-node-cert-bin: its certificate (DER), which must chain to the group's CA and name that node id
+    x-dledger-node-sig-bin:  ECDSA-SHA256 by the certificate's key over "<group>|<node id>|<x-mq-date-time>"
+    x-mq-date-time:          within the skew of the receiver's clock
+
+The channel itself is TLS that checks the receiver's certificate against the CA, so a peer only ever sends this
+to a member of its group; ``PeerVerifier`` refuses another node's certificate, another CA's, a stale proof and
+a bad signature, and logs who and why.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Iterable
+
+import grpc
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from dledger.security import auth
+from dledger.security.certs import node_identity
+from dledger.security.config import ClientSecurity
+
+log = logging.getLogger("dledger.security")
+
+NODE = "x-dledger-node"
+NODE_CERT = "x-dledger-node-cert-bin"
+NODE_SIG = "x-dledger-node-sig-bin"
+# The CA names nodes 'localhost'/127.0.0.1; a channel to 127.0.0.1 checks the certificate against that.
+
+
+class PeerIdentityError(Exception):
+    """A peer's proof of identity failed: the message says who it claimed to be and why it was refused."""
+
+
+def server_credentials(cert_pem: bytes, key_pem: bytes) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials([(key_pem, cert_pem)])
+
+
+def _proof_payload(group: str, node_id: str, when: str) -> bytes:
+    return f"{group}|{node_id}|{when}".encode()
+
+
+class PeerProofPlugin(grpc.AuthMetadataPlugin):
+    """Call credentials of a node's outbound peer channels: its id, certificate and a fresh signature (one per
+    second of date-time, reused within it: signing per call would cost the replication path for nothing)."""
+
+    def __init__(self, group: str, node_id: str, cert_pem: bytes, key_pem: bytes):
+        self._group = group
+        self._id = node_id
+        self._der = x509.load_pem_x509_certificate(cert_pem).public_bytes(serialization.Encoding.DER)
+        self._key = serialization.load_pem_private_key(key_pem, None)
+        self._cached: tuple[str, tuple] = ("", ())
+
+    def metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        when = auth.date_time()
+        if self._cached[0] != when:
+            sig = self._key.sign(_proof_payload(self._group, self._id, when), ec.ECDSA(hashes.SHA256()))
+            self._cached = (when, ((NODE, self._id), (NODE_CERT, self._der), (NODE_SIG, sig), (auth.DATE_TIME, when)))
+        return self._cached[1]
+
+    def __call__(self, context, callback) -> None:
+        callback(self.metadata(), None)
+
+
+def peer_channel_credentials(group: str, node_id: str, cert_pem: bytes, key_pem: bytes, ca_pem: bytes):
+    """TLS trusting only the group's CA, presenting the node's certificate, with the peer proof on every call."""
+    tls = grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
+    return grpc.composite_channel_credentials(
+        tls, grpc.metadata_call_credentials(PeerProofPlugin(group, node_id, cert_pem, key_pem))
+    )
+
+
+def client_channel_credentials(security: ClientSecurity) -> grpc.ChannelCredentials:
+    """TLS trusting ``security.ca_file``; with an access key, every call signed (``auth.SignaturePlugin``)."""
+    tls = grpc.ssl_channel_credentials(security.ca_file.read_bytes())
+    if not security.access_key:
+        return tls
+    return grpc.composite_channel_credentials(
+        tls, grpc.metadata_call_credentials(auth.SignaturePlugin(security.access_key, security.secret_key))
+    )
+
+
+class PeerVerifier:
+    """Checks a peer's proof against the group's CA and members; remembers certificates it has verified."""
+
+    def __init__(
+        self, group: str, ca_pem: bytes, members: Callable[[], Iterable[str]], skew_s: int = auth.DEFAULT_SKEW_S
+    ):
+        """``members()`` is asked on every new proof, so a membership change is seen at once."""
+        self._group = group
+        self._ca = x509.load_pem_x509_certificate(ca_pem)
+        self._members = members
+        self._skew = skew_s
+        self._certs: dict[bytes, tuple[str, object]] = {}  # DER -> (node id it names, public key)
+        self._proofs: dict[bytes, tuple[str, bytes]] = {}  # signatures verified: (node id, certificate)
+
+    def _certificate(self, der: bytes, claimed: str) -> tuple[str, object]:
+        hit = self._certs.get(der)
+        if hit is not None:
+            return hit
+        try:
+            cert = x509.load_der_x509_certificate(der)
+        except ValueError as e:
+            raise PeerIdentityError(f"peer claiming to be {claimed!r} sent an unreadable certificate: {e}") from None
+        try:
+            cert.verify_directly_issued_by(self._ca)
+        except (ValueError, TypeError, InvalidSignature):
+            raise PeerIdentityError(
+                f"peer claiming to be {claimed!r} presented a certificate ({cert.subject.rfc4514_string()}) "
+                "not issued by this group's CA"
+            ) from None
+        now = dt.datetime.now(dt.UTC)
+        if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+            raise PeerIdentityError(f"peer claiming to be {claimed!r} presented an expired certificate")
+        identity = node_identity(cert)
+        if identity is None:
+            raise PeerIdentityError(f"peer claiming to be {claimed!r} presented a certificate that names no node")
+        hit = self._certs[der] = (identity, cert.public_key())
+        return hit
+
+    def verify(self, metadata: Iterable[tuple[str, str | bytes]]) -> str:
+        """The node id a call's metadata proves; PeerIdentityError saying who and why otherwise."""
+        md = dict(metadata)
+        claimed, der, sig, when = md.get(NODE), md.get(NODE_CERT), md.get(NODE_SIG), md.get(auth.DATE_TIME)
+        if not claimed or not der or not sig or not when:
+            raise PeerIdentityError(
+                f"a peer call without a node proof (node {claimed!r}): only members with the group's "
+                "certificates may speak the peer protocol"
+            )
+        try:
+            stamp = dt.datetime.strptime(when, auth.DATE_FORMAT).replace(tzinfo=dt.UTC)
+        except ValueError:
+            raise PeerIdentityError(f"peer {claimed!r}: bad {auth.DATE_TIME} {when[:32]!r}") from None
+        if abs((dt.datetime.now(dt.UTC) - stamp).total_seconds()) > self._skew:
+            raise PeerIdentityError(f"peer {claimed!r}: proof dated {when} is outside the allowed clock skew")
+        if self._proofs.get(sig) == (claimed, der):  # verified before, and still within the skew
+            return claimed
+        identity, key = self._certificate(der, claimed)
+        if identity != claimed:
+            raise PeerIdentityError(
+                f"peer claiming to be {claimed!r} presented the certificate of node {identity!r}: refused"
+            )
+        if claimed not in self._members():
+            raise PeerIdentityError(f"node {claimed!r} has a valid certificate but is not a member of this group")
+        try:
+            key.verify(sig, _proof_payload(self._group, claimed, when), ec.ECDSA(hashes.SHA256()))
+        except InvalidSignature:
+            raise PeerIdentityError(
+                f"peer claiming to be {claimed!r}: the signature does not match its certificate's key"
+            ) from None
+        if len(self._proofs) > 4096:
+            self._proofs.clear()
+        self._proofs[sig] = (claimed, der)
+        return claimed
+
+
+def client_credentials(security: ClientSecurity | None = None) -> grpc.ChannelCredentials | None:
+    """A client's channel credentials: from ``security``, else from the environment (``ClientSecurity.from_env``);
+    None means plaintext (a group without security)."""
+    security = security if security is not None else ClientSecurity.from_env()
+    return client_channel_credentials(security) if security is not None else None
+
+
+def sync_channel(address: str, credentials: grpc.ChannelCredentials | None, options) -> grpc.Channel:
+    """A blocking channel: TLS with ``credentials``, else plaintext."""
+    if credentials is not None:
+        return grpc.secure_channel(address, credentials, options=options)
+    return grpc.insecure_channel(address, options=options)
