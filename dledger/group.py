@@ -185,7 +185,7 @@ def create(
     if secure:  # TLS + authentication: certificates, the bootstrap admin, the CLI's settings (docs/security.md)
         from dledger.security.bootstrap import write_secure_group
 
-        security = str(write_secure_group(directory, [s.id for s in specs]))
+        security = str(write_secure_group(directory, [s.id for s in specs], [s.address for s in specs]))
     group = GroupSpec(name, flush, specs, state_machine, links, security)
     for spec in specs:
         Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
@@ -521,6 +521,7 @@ async def kill_leader_async(group: GroupSpec, timeout_s: float = 15.0) -> Failov
                         group.flush,
                         tuple(n for n in group.nodes if n.id != leader.id),
                         group.state_machine,
+                        security=group.security,
                     ),
                     0.2,
                 )

@@ -26,12 +26,12 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def write_secure_group(directory: Path, node_ids: list[str]) -> Path:
+def write_secure_group(directory: Path, node_ids: list[str], addresses: list[str]) -> Path:
     """Certificates, the bootstrap admin and the CLI's settings under ``directory``; returns ``client.toml``."""
     tls_dir = directory / "tls"
     missing = [n for n in node_ids if not (tls_dir / f"{n}.pem").exists()]
     if missing or not (tls_dir / "ca.pem").exists():
-        certs.write_group(tls_dir, missing or node_ids, clients=())
+        certs.write_group(tls_dir, missing or node_ids, clients=(), addresses=addresses)
     admin, client = directory / "admin.toml", directory / "client.toml"
     if not admin.exists():
         secret = secrets.token_urlsafe(24)

@@ -127,9 +127,22 @@ def _write(path: Path, data: bytes, private: bool) -> None:
         os.chmod(path, 0o600)
 
 
-def write_group(directory: Path, node_ids: list[str], clients: tuple[str, ...] = ("client",)) -> dict[str, Path]:
+def rocketmq_host(addresses: list[str]) -> str:
+    """The host name the official RocketMQ 5 clients check a node's certificate against when their target (or a
+    route's endpoints) names several addresses: gRPC's ``ipv4:a:p,b:q`` target has the sorted list, joined by
+    ',', as its authority. A node certificate that names it lets those clients verify TLS against a group."""
+    return ",".join(sorted(addresses))
+
+
+def write_group(
+    directory: Path,
+    node_ids: list[str],
+    clients: tuple[str, ...] = ("client",),
+    addresses: list[str] | None = None,
+) -> dict[str, Path]:
     """``ca.pem``/``ca.key``, ``<id>.pem``/``<id>.key`` per node and per client name, under ``directory``.
-    An existing CA there is reused (so certificates can be added to a group later); returns the file map."""
+    ``addresses`` (the group's client addresses) adds ``rocketmq_host`` to the node certificates. An existing
+    CA there is reused (so certificates can be added to a group later); returns the file map."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_cert, ca_key = directory / "ca.pem", directory / "ca.key"
     if ca_cert.exists() and ca_key.exists():
@@ -139,7 +152,8 @@ def write_group(directory: Path, node_ids: list[str], clients: tuple[str, ...] =
         _write(ca_cert, ca.cert_pem, False)
         _write(ca_key, ca.key_pem, True)
     out = {"ca": ca_cert}
-    for name, issued in [(n, make_node_cert(ca, n)) for n in node_ids] + [
+    hosts = ("localhost", "127.0.0.1", *([rocketmq_host(addresses)] if addresses else []))
+    for name, issued in [(n, make_node_cert(ca, n, hosts)) for n in node_ids] + [
         (c, make_client_cert(ca, c)) for c in clients
     ]:
         _write(directory / f"{name}.pem", issued.cert_pem, False)

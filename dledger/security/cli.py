@@ -19,12 +19,16 @@ def certs(
     dir: Annotated[Path, typer.Option("--dir", help="where to write ca.pem/.key and one .pem/.key per name")],
     nodes: Annotated[str, typer.Option(help="node ids, comma separated (their certificates name them)")] = "n0,n1,n2",
     clients: Annotated[str, typer.Option(help="client certificate names, comma separated")] = "",
+    addresses: Annotated[
+        str, typer.Option(help="the nodes' client addresses, comma separated (for the official RocketMQ clients)")
+    ] = "",
 ) -> None:
     """Create a CA (or reuse the one in --dir) and certificates for nodes and clients of a local group."""
     from dledger.security.certs import write_group
 
     node_ids = [n.strip() for n in nodes.split(",") if n.strip()]
-    out = write_group(dir, node_ids, tuple(c.strip() for c in clients.split(",") if c.strip()))
+    addrs = [a.strip() for a in addresses.split(",") if a.strip()] or None
+    out = write_group(dir, node_ids, tuple(c.strip() for c in clients.split(",") if c.strip()), addrs)
     for name, path in out.items():
         console.print(f"{name:>8}  {path}")
 
