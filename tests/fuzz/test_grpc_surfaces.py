@@ -13,15 +13,22 @@ oversized bytes, random raw frames). After every call:
   calls it judged and skipped, prints both, and fails if most refused calls went unjudged);
 - peer-service calls from a node id that is not a member are refused with INVALID_ARGUMENT.
 
+Every test runs twice: on plain groups, and on secure ones (``group up --secure``, docs/security.md) where the
+fuzzed calls are signed by the admin, peer calls carry a member's proof, and each call is sent again without a
+signature (refused: UNAUTHENTICATED, or RocketMQ's UNAUTHORIZED) and by a user without permissions (never a
+write), neither of which may write anything.
+
 The last test of each module checks the group is whole: every node runs and answers, a write commits, and
 every node holds the same committed log.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import time
+from pathlib import Path
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -34,6 +41,9 @@ from rocketmq.grpc_protocol import Code, service_pb2
 from broker_adapter.client import BrokerConnection
 from dledger import group as grp
 from dledger.client import DLedgerClient
+from dledger.security import tls
+from dledger.security.client import SecurityClient
+from dledger.security.config import ClientSecurity
 from dledger.v1 import broker_pb2, client_pb2, kv_pb2, raft_pb2
 from tests.fuzz import protofuzz as pf
 
@@ -97,9 +107,21 @@ class Target:
     group: grp.GroupSpec
     channels: dict[str, grpc.Channel]
     writes: WriteChecks = dataclasses.field(default_factory=WriteChecks)
+    # secure groups only: per node, a channel with a member's peer proof, one unsigned, one of a user who may
+    # do nothing but look
+    peers: list[grpc.Channel] = dataclasses.field(default_factory=list)
+    unsigned: list[grpc.Channel] = dataclasses.field(default_factory=list)
+    powerless: list[grpc.Channel] = dataclasses.field(default_factory=list)
+
+    @property
+    def secure(self) -> bool:
+        return bool(self.group.security)
 
     def any_channel(self, i: int) -> grpc.Channel:
         return list(self.channels.values())[i % len(self.channels)]
+
+    def peer_channel(self, i: int) -> grpc.Channel:
+        return self.peers[i % len(self.peers)] if self.peers else self.any_channel(i)
 
     def state(self) -> tuple[int, int]:
         """(highest term, highest last index) over the nodes that answer."""
@@ -109,30 +131,74 @@ class Target:
         return max(terms, default=-1), max(lasts, default=-1)
 
 
-def _start(tmp: pytest.TempPathFactory, name: str, state_machine: str) -> Iterator[Target]:
-    g, _ = grp.up(tmp.mktemp(name), 3, None, state_machine=state_machine)
+POWERLESS = ("looker", "looker-secret-1")
+
+
+def _secure_channels(g: grp.GroupSpec, opts) -> tuple[dict[str, grpc.Channel], dict[str, list[grpc.Channel]]]:
+    admin = ClientSecurity.from_file(Path(g.security))
+    ca = admin.ca_file.read_bytes()
+    tls_dir = admin.ca_file.parent
+
+    def proof(i: int):  # node i is called by the next member, with that member's certificate
+        who = MEMBERS[(i + 1) % 3]
+        cert, key = (tls_dir / f"{who}.pem").read_bytes(), (tls_dir / f"{who}.key").read_bytes()
+        return tls.peer_channel_credentials(GROUP, who, cert, key, ca)
+
+    looker = ClientSecurity(admin.ca_file, *POWERLESS)
+    signed = {a: grpc.secure_channel(a, tls.client_channel_credentials(admin), options=opts) for a in g.addresses}
+    others = {
+        "peers": [grpc.secure_channel(a, proof(i), options=opts) for i, a in enumerate(g.addresses)],
+        "unsigned": [grpc.secure_channel(a, grpc.ssl_channel_credentials(ca), options=opts) for a in g.addresses],
+        "powerless": [
+            grpc.secure_channel(a, tls.client_channel_credentials(looker), options=opts) for a in g.addresses
+        ],
+    }
+    return signed, others
+
+
+def _start(tmp: pytest.TempPathFactory, name: str, state_machine: str, mode: str) -> Iterator[Target]:
+    secure = mode == "secure"
+    g, _ = grp.up(tmp.mktemp(f"{name}-{mode}"), 3, None, state_machine=state_machine, secure=secure)
     grp.wait_for_all(g, 30)  # up() returns once two nodes elected a leader; fuzz all three
     opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
-    channels = {a: grpc.insecure_channel(a, options=opts) for a in g.addresses}
+    others: dict[str, list[grpc.Channel]] = {}
+    if secure:
+        channels, others = _secure_channels(g, opts)
+    else:
+        channels = {a: grpc.insecure_channel(a, options=opts) for a in g.addresses}
     try:
+        security = {"security": ClientSecurity.from_file(Path(g.security))} if secure else {}
         if state_machine == "broker":
-            with BrokerConnection(g.addresses) as c:
+            with BrokerConnection(g.addresses, **security) as c:
                 c.create_topic(TOPIC, 2)
-        yield Target(g, channels)
+        if secure:
+
+            async def add_looker() -> None:
+                sc = SecurityClient(g.addresses, security["security"])
+                try:
+                    await sc.call("AddUser", {"access_key": POWERLESS[0], "secret_key": POWERLESS[1]})
+                finally:
+                    await sc.close()
+
+            asyncio.run(add_looker())
+        yield Target(g, channels, **others)
     finally:
-        for ch in channels.values():
+        for ch in [*channels.values(), *(c for chs in others.values() for c in chs)]:
             ch.close()
         grp.stop_group(g)
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory) -> Iterator[Target]:
-    yield from _start(tmp_path_factory, "fuzz-broker", "broker")
+MODES = ["plain", "secure"]
 
 
-@pytest.fixture(scope="module")
-def kv(tmp_path_factory) -> Iterator[Target]:
-    yield from _start(tmp_path_factory, "fuzz-kv", "kv")
+@pytest.fixture(scope="module", params=MODES)
+def broker(tmp_path_factory, request) -> Iterator[Target]:
+    yield from _start(tmp_path_factory, "fuzz-broker", "broker", request.param)
+
+
+@pytest.fixture(scope="module", params=MODES)
+def kv(tmp_path_factory, request) -> Iterator[Target]:
+    yield from _start(tmp_path_factory, "fuzz-kv", "kv", request.param)
 
 
 def calls(methods: list[pf.Method], hints=HINTS) -> st.SearchStrategy:
@@ -147,12 +213,42 @@ def calls(methods: list[pf.Method], hints=HINTS) -> st.SearchStrategy:
 
 
 def judge(
-    target: Target, method: pf.Method, reqs: list, node: int, *, check_writes: bool = True
+    target: Target,
+    method: pf.Method,
+    reqs: list,
+    node: int,
+    *,
+    check_writes: bool = True,
+    channel: grpc.Channel | None = None,
 ) -> pf.Outcome:
     before = target.state() if check_writes else None
     timeout = 3.0 if method.name in MAY_WAIT else 10.0
-    out = pf.call(target.any_channel(node), method, reqs, timeout, META)
+    out = pf.call(channel or target.any_channel(node), method, reqs, timeout, META)
     where = f"{method!r} on node {node} with {[str(r)[:300] for r in reqs]}"
+    outcome = _judged(target, out, where, method, timeout, before)
+    if target.secure:
+        _judge_refusals(target, method, reqs, node, timeout, where)
+    return outcome
+
+
+UNAUTHORIZED_STATUS = 40100  # RocketMQ's Code.UNAUTHORIZED
+
+
+def _judge_refusals(target: Target, method: pf.Method, reqs: list, node: int, timeout: float, where: str) -> None:
+    """The same call unsigned is refused; by a user without permissions it writes nothing."""
+    before = target.state()
+    out = pf.call(target.unsigned[node % 3], method, reqs, timeout, META)
+    statuses = [r.status.code for r in out.responses if getattr(r, "status", None) is not None]
+    assert out.code is grpc.StatusCode.UNAUTHENTICATED or (
+        out.code is grpc.StatusCode.OK and statuses and set(statuses) == {UNAUTHORIZED_STATUS}
+    ), f"unsigned {where}: {out.code.name} {out.details!r} {statuses}"
+    looked = pf.call(target.powerless[node % 3], method, reqs, timeout, META)
+    assert looked.code not in NEVER, f"powerless {where}: {looked.code.name} {looked.details!r}"
+    after = target.state()
+    assert target.writes.unchanged(before, after), f"unsigned or powerless {where} wrote: {before} -> {after}"
+
+
+def _judged(target, out, where, method, timeout, before) -> pf.Outcome:
     assert out.code not in NEVER, f"{where}: {out.code.name} {out.details!r}"
     if out.code is grpc.StatusCode.DEADLINE_EXCEEDED:
         assert method.name in MAY_WAIT, f"{where}: no answer within {timeout} s"
@@ -240,9 +336,11 @@ def test_peer_service_refuses_non_members(broker, c, intruder):
     method, reqs, node = c
     for r in reqs:
         _rewrite(r, src=intruder, group=GROUP)
-    out = judge(broker, method, reqs, node)
+    out = judge(broker, method, reqs, node, channel=broker.peer_channel(node))
     if sum(_senders(r) for r in reqs):  # (an empty stream or batch names no sender: nothing to refuse)
-        assert out.code is grpc.StatusCode.INVALID_ARGUMENT, f"{method!r} from {intruder!r}: {out.code.name}"
+        # A secure group refuses a member whose messages name another sender before the node sees them.
+        codes = {grpc.StatusCode.INVALID_ARGUMENT} | ({grpc.StatusCode.PERMISSION_DENIED} if broker.secure else set())
+        assert out.code in codes, f"{method!r} from {intruder!r}: {out.code.name}"
 
 
 @EXAMPLES
@@ -253,7 +351,7 @@ def test_peer_service_from_a_member_with_a_stale_term_writes_nothing(broker, c):
     for r in reqs:
         _rewrite(r, src=MEMBERS[(node + 1) % 3], dst=MEMBERS[node], term=0, group=GROUP)
     before = broker.state()
-    judge(broker, method, reqs, node)
+    judge(broker, method, reqs, node, channel=broker.peer_channel(node))
     after = broker.state()
     assert broker.writes.unchanged(before, after), f"a stale {method!r} wrote entries: {before} -> {after}"
 
@@ -276,7 +374,8 @@ def _whole(target: Target) -> None:
     g = target.group
     rows = grp.wait_for_all(g, 30)
     assert all(r.role != "down" for r in rows), f"a node stopped under fuzzing: {rows}"
-    with DLedgerClient(g.addresses, GROUP) as c:
+    security = {"security": ClientSecurity.from_file(Path(g.security))} if target.secure else {}
+    with DLedgerClient(g.addresses, GROUP, **security) as c:
         last = c.append(b"after the fuzz").index
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
