@@ -74,6 +74,10 @@ bench-cluster: $(STAMP)
 bench-clients: $(STAMP)
 	$(BIN)/python -m bench.clients
 
+.PHONY: bench-security
+bench-security: $(STAMP)
+	$(BIN)/python -m bench.security
+
 # The official RocketMQ 5 client against ours, on one broker group.
 bench-rocketmq: $(STAMP)
 	$(BIN)/python -m bench.rocketmq_client
