@@ -34,7 +34,9 @@ QUEUES = 4
 PUBLISHER = ("bench-publisher", "bench-publisher-secret")
 
 
-async def _append(addresses: list[str], callers: int, seconds: float, security: ClientSecurity | None) -> float:
+async def _append(
+    addresses: list[str], callers: int, seconds: float, security: ClientSecurity | None
+) -> float:
     async with AsyncDLedgerClient(addresses, security=security) as c:
         return await _tasks(callers, seconds, lambda: c.append(BODY))
 
@@ -74,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=3.0, help="length of one measurement")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every case, alternating")
     ap.add_argument("--callers", type=int, default=64)
-    ap.add_argument("--dir", type=Path, default=None, help="where the two groups live (default: a temporary dir)")
+    ap.add_argument(
+        "--dir", type=Path, default=None, help="where the two groups live (default: a temporary dir)"
+    )
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
         d = args.dir or Path(tmp)

@@ -34,9 +34,9 @@ from broker_adapter.pulled import decode as decode_pulled
 from dledger.combiner import AsyncCombiner, Combiner
 from dledger.errors import DLedgerError
 from dledger.routing import Router
-from dledger.transport import convert
 from dledger.security.config import ClientSecurity
 from dledger.security.tls import client_credentials, sync_channel
+from dledger.transport import convert
 from dledger.transport.grpc import CHANNEL_OPTIONS, open_channel
 from dledger.v1 import broker_pb2, broker_pb2_grpc
 

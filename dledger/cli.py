@@ -41,15 +41,19 @@ app = typer.Typer(
 group_app = typer.Typer(no_args_is_help=True, help="Run a local group of node processes on 127.0.0.1.")
 app.add_typer(group_app, name="group")
 
+
 @app.callback()
 def _security_options(
     security: Annotated[
         Path | None,
         typer.Option(
-            envvar="DLEDGER_SECURITY", help="client settings of a secure group: TOML with ca, access_key, secret_key"
+            envvar="DLEDGER_SECURITY",
+            help="client settings of a secure group: TOML with ca, access_key, secret_key",
         ),
     ] = None,
-    ca_file: Annotated[Path | None, typer.Option(envvar="DLEDGER_CA_FILE", help="CA certificate (TLS)")] = None,
+    ca_file: Annotated[
+        Path | None, typer.Option(envvar="DLEDGER_CA_FILE", help="CA certificate (TLS)")
+    ] = None,
     access_key: Annotated[str | None, typer.Option(envvar="DLEDGER_ACCESS_KEY", help="access key")] = None,
     secret_key: Annotated[
         str | None, typer.Option(envvar="DLEDGER_SECRET_KEY", help="secret key", show_default=False)

@@ -182,7 +182,7 @@ def create(
         links = tuple((a, b, p) for (a, b), p in zip(pairs, link_ports, strict=True))
     security = ""
     directory.mkdir(parents=True, exist_ok=True)
-    if secure:  # TLS + authentication: certificates, the bootstrap admin, the CLI's settings (docs/security.md)
+    if secure:  # TLS + authentication: certificates, the bootstrap admin, the CLI's settings (security.md)
         from dledger.security.bootstrap import write_secure_group
 
         security = str(write_secure_group(directory, [s.id for s in specs], [s.address for s in specs]))
@@ -502,7 +502,11 @@ async def kill_leader_async(group: GroupSpec, timeout_s: float = 15.0) -> Failov
     spec = group.node(leader.id)
     survivors = [n.address for n in group.nodes if n.id != leader.id]
     client = AsyncDLedgerClient(
-        survivors, group.name, timeout_s=timeout_s, rpc_timeout_s=0.5, backoff_s=(0.005, 0.02),
+        survivors,
+        group.name,
+        timeout_s=timeout_s,
+        rpc_timeout_s=0.5,
+        backoff_s=(0.005, 0.02),
         **client_security(group.security),
     )
     try:

@@ -43,7 +43,10 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def _name(cn: str) -> x509.Name:
     return x509.Name(
-        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "dledger-py"), x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "dledger-py"),
+            x509.NameAttribute(NameOID.COMMON_NAME, cn),
+        ]
     )
 
 
@@ -61,9 +64,15 @@ def make_ca(name: str = "dledger local CA") -> Issued:
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False,
-                encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -116,8 +125,11 @@ def node_identity(cert: x509.Certificate) -> str | None:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return None
-    ids = [u.removeprefix(NODE_URI_PREFIX) for u in sans.get_values_for_type(x509.UniformResourceIdentifier)
-           if u.startswith(NODE_URI_PREFIX)]
+    ids = [
+        u.removeprefix(NODE_URI_PREFIX)
+        for u in sans.get_values_for_type(x509.UniformResourceIdentifier)
+        if u.startswith(NODE_URI_PREFIX)
+    ]
     return ids[0] if len(ids) == 1 else None
 
 

@@ -17,10 +17,13 @@ user_app = typer.Typer(no_args_is_help=True, help="Users and permissions of a se
 
 def certs(
     dir: Annotated[Path, typer.Option("--dir", help="where to write ca.pem/.key and one .pem/.key per name")],
-    nodes: Annotated[str, typer.Option(help="node ids, comma separated (their certificates name them)")] = "n0,n1,n2",
+    nodes: Annotated[
+        str, typer.Option(help="node ids, comma separated (their certificates name them)")
+    ] = "n0,n1,n2",
     clients: Annotated[str, typer.Option(help="client certificate names, comma separated")] = "",
     addresses: Annotated[
-        str, typer.Option(help="the nodes' client addresses, comma separated (for the official RocketMQ clients)")
+        str,
+        typer.Option(help="the nodes' client addresses, comma separated (for the official RocketMQ clients)"),
     ] = "",
 ) -> None:
     """Create a CA (or reuse the one in --dir) and certificates for nodes and clients of a local group."""
@@ -54,7 +57,8 @@ def user_add(
     access_key: Annotated[str, typer.Argument(help="the user's access key (its name)")],
     secret_key: Annotated[str, typer.Option(help="the user's secret key (8-256 printable characters)")],
     permission: Annotated[
-        list[str] | None, typer.Option("--permission", "-p", help="admin, publish:TOPIC, subscribe:TOPIC:GROUP")
+        list[str] | None,
+        typer.Option("--permission", "-p", help="admin, publish:TOPIC, subscribe:TOPIC:GROUP"),
     ] = None,
     dir: DirOpt = None,
     addresses: AddressesOpt = None,
@@ -73,7 +77,9 @@ def user_remove(access_key: str, dir: DirOpt = None, addresses: AddressesOpt = N
 @user_app.command("grant")
 def user_grant(
     access_key: str,
-    permission: Annotated[str, typer.Argument(help="admin, publish:TOPIC or subscribe:TOPIC:GROUP ('*': any)")],
+    permission: Annotated[
+        str, typer.Argument(help="admin, publish:TOPIC or subscribe:TOPIC:GROUP ('*': any)")
+    ],
     dir: DirOpt = None,
     addresses: AddressesOpt = None,
 ) -> None:

@@ -22,7 +22,9 @@ from dledger.transport.grpc import open_channel
 
 
 class SecurityClient:
-    def __init__(self, addresses: Sequence[str], security: ClientSecurity | None = None, timeout_s: float = 10.0):
+    def __init__(
+        self, addresses: Sequence[str], security: ClientSecurity | None = None, timeout_s: float = 10.0
+    ):
         self._addresses = list(addresses)
         self._credentials = client_credentials(security)
         self._timeout = timeout_s

@@ -57,7 +57,11 @@ class SecurityConfig:
     skew_s: int = DEFAULT_SKEW_S
 
     def __post_init__(self) -> None:
-        if isinstance(self.skew_s, bool) or not isinstance(self.skew_s, int) or not 1 <= self.skew_s <= 86_400:
+        if (
+            isinstance(self.skew_s, bool)
+            or not isinstance(self.skew_s, int)
+            or not 1 <= self.skew_s <= 86_400
+        ):
             raise ConfigError(f"[security] skew_s must be an integer in 1..86400, got {self.skew_s!r}")
 
     @classmethod
@@ -113,6 +117,8 @@ class ClientSecurity:
             return cls.from_file(Path(env["DLEDGER_SECURITY"]))
         if env.get("DLEDGER_CA_FILE"):
             return cls(
-                Path(env["DLEDGER_CA_FILE"]), env.get("DLEDGER_ACCESS_KEY", ""), env.get("DLEDGER_SECRET_KEY", "")
+                Path(env["DLEDGER_CA_FILE"]),
+                env.get("DLEDGER_ACCESS_KEY", ""),
+                env.get("DLEDGER_SECRET_KEY", ""),
             )
         return None

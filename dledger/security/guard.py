@@ -103,7 +103,9 @@ def _rocketmq_classes(method: str) -> tuple[Any, Any] | None:
         from rocketmq.grpc_protocol import service_pb2
     except ImportError:
         return None
-    m = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods_by_name.get(method.rsplit("/", 1)[1])
+    m = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods_by_name.get(
+        method.rsplit("/", 1)[1]
+    )
     if m is None:
         return None
     return getattr(service_pb2, m.input_type.name), getattr(service_pb2, m.output_type.name)
@@ -231,12 +233,17 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         return _same_kind(handler, unary_stream)
 
 
-_USER_COMMAND: Final = "a body shaped like a user command cannot be appended: use `dledger user` (docs/security.md)"
+_USER_COMMAND: Final = (
+    "a body shaped like a user command cannot be appended: use `dledger user` (docs/security.md)"
+)
 
 
 def _same_kind(handler, behavior):
     """A method handler like ``handler`` (same streaming kind and (de)serializers) running ``behavior``."""
-    kw = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    kw = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(behavior, **kw)
     if handler.request_streaming:

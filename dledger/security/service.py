@@ -60,7 +60,9 @@ class SecurityServicer:
         if req["access_key"] == self._admin:
             raise InvalidRequestError(f"{self._admin!r} is the bootstrap admin from the nodes' config")
         perms = [u.parse_permission(p) for p in req.get("permissions", [])]
-        return await self._propose(u.OP_ADD, {"access_key": req["access_key"], "secret_key": sk, "permissions": perms})
+        return await self._propose(
+            u.OP_ADD, {"access_key": req["access_key"], "secret_key": sk, "permissions": perms}
+        )
 
     async def remove(self, req: dict[str, Any]) -> Any:
         return await self._propose(u.OP_REMOVE, {"access_key": req.get("access_key", "")})
@@ -76,7 +78,10 @@ class SecurityServicer:
     async def list(self, req: dict[str, Any]) -> Any:
         if not self._node.is_leader():  # the leader's view includes every acknowledged change
             raise NotLeaderError(self._node.leader_id)
-        return {"users": [x.public() for _, x in sorted(self._store.users.items())], "bootstrap_admin": self._admin}
+        return {
+            "users": [x.public() for _, x in sorted(self._store.users.items())],
+            "bootstrap_admin": self._admin,
+        }
 
 
 def _method(node: Any, fn: Callable) -> Callable:
@@ -93,9 +98,13 @@ def _method(node: Any, fn: Callable) -> Callable:
 
 def attach(node: Any, server: grpc.aio.Server, store: u.UserStore, bootstrap_admin: str) -> tuple[str, ...]:
     s = SecurityServicer(node, store, bootstrap_admin)
-    table = {"AddUser": s.add, "RemoveUser": s.remove, "Grant": s.grant, "Revoke": s.revoke, "ListUsers": s.list}
-    handlers = {
-        name: grpc.unary_unary_rpc_method_handler(_method(node, fn)) for name, fn in table.items()
+    table = {
+        "AddUser": s.add,
+        "RemoveUser": s.remove,
+        "Grant": s.grant,
+        "Revoke": s.revoke,
+        "ListUsers": s.list,
     }
+    handlers = {name: grpc.unary_unary_rpc_method_handler(_method(node, fn)) for name, fn in table.items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     return (SERVICE_NAME,)

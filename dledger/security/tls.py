@@ -67,7 +67,10 @@ class PeerProofPlugin(grpc.AuthMetadataPlugin):
         when = auth.date_time()
         if self._cached[0] != when:
             sig = self._key.sign(_proof_payload(self._group, self._id, when), ec.ECDSA(hashes.SHA256()))
-            self._cached = (when, ((NODE, self._id), (NODE_CERT, self._der), (NODE_SIG, sig), (auth.DATE_TIME, when)))
+            self._cached = (
+                when,
+                ((NODE, self._id), (NODE_CERT, self._der), (NODE_SIG, sig), (auth.DATE_TIME, when)),
+            )
         return self._cached[1]
 
     def __call__(self, context, callback) -> None:
@@ -96,7 +99,11 @@ class PeerVerifier:
     """Checks a peer's proof against the group's CA and members; remembers certificates it has verified."""
 
     def __init__(
-        self, group: str, ca_pem: bytes, members: Callable[[], Iterable[str]], skew_s: int = auth.DEFAULT_SKEW_S
+        self,
+        group: str,
+        ca_pem: bytes,
+        members: Callable[[], Iterable[str]],
+        skew_s: int = auth.DEFAULT_SKEW_S,
     ):
         """``members()`` is asked on every new proof, so a membership change is seen at once."""
         self._group = group
@@ -113,7 +120,9 @@ class PeerVerifier:
         try:
             cert = x509.load_der_x509_certificate(der)
         except ValueError as e:
-            raise PeerIdentityError(f"peer claiming to be {claimed!r} sent an unreadable certificate: {e}") from None
+            raise PeerIdentityError(
+                f"peer claiming to be {claimed!r} sent an unreadable certificate: {e}"
+            ) from None
         try:
             cert.verify_directly_issued_by(self._ca)
         except (ValueError, TypeError, InvalidSignature):
@@ -126,7 +135,9 @@ class PeerVerifier:
             raise PeerIdentityError(f"peer claiming to be {claimed!r} presented an expired certificate")
         identity = node_identity(cert)
         if identity is None:
-            raise PeerIdentityError(f"peer claiming to be {claimed!r} presented a certificate that names no node")
+            raise PeerIdentityError(
+                f"peer claiming to be {claimed!r} presented a certificate that names no node"
+            )
         hit = self._certs[der] = (identity, cert.public_key())
         return hit
 
@@ -153,7 +164,9 @@ class PeerVerifier:
                 f"peer claiming to be {claimed!r} presented the certificate of node {identity!r}: refused"
             )
         if claimed not in self._members():
-            raise PeerIdentityError(f"node {claimed!r} has a valid certificate but is not a member of this group")
+            raise PeerIdentityError(
+                f"node {claimed!r} has a valid certificate but is not a member of this group"
+            )
         try:
             key.verify(sig, _proof_payload(self._group, claimed, when), ec.ECDSA(hashes.SHA256()))
         except InvalidSignature:

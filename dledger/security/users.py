@@ -66,7 +66,11 @@ class User:
         for p in self.permissions:
             pk, _, prest = p.partition(":")
             have = prest.split(":")
-            if pk == kind and len(have) == len(want) and all(h in ("*", w) for h, w in zip(have, want)):
+            if (
+                pk == kind
+                and len(have) == len(want)
+                and all(h in ("*", w) for h, w in zip(have, want, strict=True))
+            ):
                 return True
         return False
 
@@ -98,7 +102,9 @@ class UserStore:
             if op == OP_ADD:
                 if ak in self.users:
                     return UserError(f"user {ak!r} exists; remove it first to change its secret")
-                self.users[ak] = User(ak, p["secret_key"], {parse_permission(x) for x in p.get("permissions", [])})
+                self.users[ak] = User(
+                    ak, p["secret_key"], {parse_permission(x) for x in p.get("permissions", [])}
+                )
                 return self.users[ak].public()
             user = self.users.get(ak)
             if user is None:

@@ -28,9 +28,9 @@ import asyncio
 import dataclasses
 import os
 import time
-from pathlib import Path
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import pytest
@@ -145,10 +145,14 @@ def _secure_channels(g: grp.GroupSpec, opts) -> tuple[dict[str, grpc.Channel], d
         return tls.peer_channel_credentials(GROUP, who, cert, key, ca)
 
     looker = ClientSecurity(admin.ca_file, *POWERLESS)
-    signed = {a: grpc.secure_channel(a, tls.client_channel_credentials(admin), options=opts) for a in g.addresses}
+    signed = {
+        a: grpc.secure_channel(a, tls.client_channel_credentials(admin), options=opts) for a in g.addresses
+    }
     others = {
         "peers": [grpc.secure_channel(a, proof(i), options=opts) for i, a in enumerate(g.addresses)],
-        "unsigned": [grpc.secure_channel(a, grpc.ssl_channel_credentials(ca), options=opts) for a in g.addresses],
+        "unsigned": [
+            grpc.secure_channel(a, grpc.ssl_channel_credentials(ca), options=opts) for a in g.addresses
+        ],
         "powerless": [
             grpc.secure_channel(a, tls.client_channel_credentials(looker), options=opts) for a in g.addresses
         ],
@@ -234,7 +238,9 @@ def judge(
 UNAUTHORIZED_STATUS = 40100  # RocketMQ's Code.UNAUTHORIZED
 
 
-def _judge_refusals(target: Target, method: pf.Method, reqs: list, node: int, timeout: float, where: str) -> None:
+def _judge_refusals(
+    target: Target, method: pf.Method, reqs: list, node: int, timeout: float, where: str
+) -> None:
     """The same call unsigned is refused; by a user without permissions it writes nothing."""
     before = target.state()
     out = pf.call(target.unsigned[node % 3], method, reqs, timeout, META)
@@ -339,7 +345,9 @@ def test_peer_service_refuses_non_members(broker, c, intruder):
     out = judge(broker, method, reqs, node, channel=broker.peer_channel(node))
     if sum(_senders(r) for r in reqs):  # (an empty stream or batch names no sender: nothing to refuse)
         # A secure group refuses a member whose messages name another sender before the node sees them.
-        codes = {grpc.StatusCode.INVALID_ARGUMENT} | ({grpc.StatusCode.PERMISSION_DENIED} if broker.secure else set())
+        codes = {grpc.StatusCode.INVALID_ARGUMENT} | (
+            {grpc.StatusCode.PERMISSION_DENIED} if broker.secure else set()
+        )
         assert out.code in codes, f"{method!r} from {intruder!r}: {out.code.name}"
 
 

@@ -25,7 +25,7 @@ from dledger import group as grp
 from dledger.security import auth, certs, tls
 from dledger.security.client import SecurityClient
 from dledger.security.config import ClientSecurity
-from dledger.v1 import broker_pb2, broker_pb2_grpc, raft_pb2, raft_pb2_grpc
+from dledger.v1 import raft_pb2, raft_pb2_grpc
 from tests.rocketmq.conftest import new_message, running
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -58,7 +58,11 @@ def secure(tmp_path_factory) -> Iterator[grp.GroupSpec]:
         _security_call(
             g,
             "AddUser",
-            {"access_key": ALICE, "secret_key": ALICE_SK, "permissions": ["publish:sec-a", "subscribe:sec-a:ga"]},
+            {
+                "access_key": ALICE,
+                "secret_key": ALICE_SK,
+                "permissions": ["publish:sec-a", "subscribe:sec-a:ga"],
+            },
         )
         _security_call(g, "AddUser", {"access_key": BOB, "secret_key": BOB_SK, "permissions": []})
         _security_call(g, "Grant", {"access_key": BOB, "permission": "publish:sec-b"})
@@ -89,7 +93,9 @@ def test_the_official_client_with_credentials_over_tls_produces_and_consumes(sec
         ids = {p.send(new_message("sec-a", f"m{i}".encode(), tag="t")).message_id for i in range(5)}
     assert len(ids) == 5
     got = []
-    with running(SimpleConsumer(cfg, "ga", {"sec-a": FilterExpression()}, await_duration=1, tls_enable=True)) as c:
+    with running(
+        SimpleConsumer(cfg, "ga", {"sec-a": FilterExpression()}, await_duration=1, tls_enable=True)
+    ) as c:
         deadline = time.monotonic() + 30
         while len(got) < 5 and time.monotonic() < deadline:
             for m in c.receive(16, 20):
@@ -107,7 +113,9 @@ def _raw_send(address: str, ca: Path, topic: str, metadata) -> definition_pb2.St
                     topic=definition_pb2.Resource(name=topic),
                     body=b"intruder",
                     system_properties=definition_pb2.SystemProperties(
-                        message_id="01INTRUDER", body_encoding=definition_pb2.IDENTITY, message_type=definition_pb2.NORMAL
+                        message_id="01INTRUDER",
+                        body_encoding=definition_pb2.IDENTITY,
+                        message_type=definition_pb2.NORMAL,
                     ),
                 )
             ]
@@ -136,13 +144,21 @@ def test_wrong_secret_missing_header_stale_date_and_another_users_topic_are_refu
             assert status.message, what
             assert "not-alices-secret" not in status.message and ALICE_SK not in status.message
     # Our own face: UNAUTHENTICATED and PERMISSION_DENIED.
-    for sec, code in ((_as(g, ALICE, "wrong-secret"), "UNAUTHENTICATED"), (_as(g, ALICE, ALICE_SK), "PERMISSION_DENIED")):
-        with OurProducer(g.addresses, security=sec, timeout_s=3, retry_for_s=1) as p:
-            with pytest.raises(Exception, match=code):
-                p.send("sec-b", b"intruder")
-    with BrokerConnection(g.addresses, security=_as(g, BOB, BOB_SK), timeout_s=3, retry_for_s=1) as c:
-        with pytest.raises(Exception, match="PERMISSION_DENIED.*admin"):
-            c.create_topic("bobs-own", 1)
+    for sec, code in (
+        (_as(g, ALICE, "wrong-secret"), "UNAUTHENTICATED"),
+        (_as(g, ALICE, ALICE_SK), "PERMISSION_DENIED"),
+    ):
+        with (
+            OurProducer(g.addresses, security=sec, timeout_s=3, retry_for_s=1) as p,
+            pytest.raises(Exception, match=code),
+        ):
+            p.send("sec-b", b"intruder")
+    bob = _as(g, BOB, BOB_SK)
+    with (
+        BrokerConnection(g.addresses, security=bob, timeout_s=3, retry_for_s=1) as c,
+        pytest.raises(Exception, match=r"PERMISSION_DENIED.*admin"),
+    ):
+        c.create_topic("bobs-own", 1)
     assert _offsets(g) == before
     assert _last_indexes(g) == lasts, "a refused call wrote to the log"
     # The same calls with the right user succeed: the check refuses what it should, not everything.
@@ -150,9 +166,15 @@ def test_wrong_secret_missing_header_stale_date_and_another_users_topic_are_refu
 
 
 def _vote(address: str, credentials, src: str) -> grpc.RpcError | raft_pb2.PeerReply:
-    ch = grpc.secure_channel(address, credentials) if credentials is not None else grpc.insecure_channel(address)
+    ch = (
+        grpc.secure_channel(address, credentials)
+        if credentials is not None
+        else grpc.insecure_channel(address)
+    )
     try:
-        req = raft_pb2.VoteRequest(group="dledger", term=0, src=src, dst="n0", last_log_index=-1, last_log_term=0)
+        req = raft_pb2.VoteRequest(
+            group="dledger", term=0, src=src, dst="n0", last_log_index=-1, last_log_term=0
+        )
         return raft_pb2_grpc.RaftPeerStub(ch).Vote(req, timeout=5)
     except grpc.RpcError as e:
         return e
@@ -181,7 +203,9 @@ def test_peer_impersonation_another_ca_and_plaintext_are_refused_and_logged(secu
     plain = _vote(n0.address, None, "n1")
     assert plain.code() == grpc.StatusCode.UNAVAILABLE, plain
     # A signed client is no peer either.
-    client = _vote(n0.address, tls.client_channel_credentials(ClientSecurity.from_file(Path(g.security))), "n1")
+    client = _vote(
+        n0.address, tls.client_channel_credentials(ClientSecurity.from_file(Path(g.security))), "n1"
+    )
     assert client.code() == grpc.StatusCode.UNAUTHENTICATED, client
     log = (Path(n0.data_dir) / "node.log").read_text()
     assert "peer claiming to be 'n2' presented the certificate of node 'n1'" in log
@@ -200,7 +224,9 @@ def _cli(*args: str, env=None) -> subprocess.CompletedProcess:
 def test_user_commands_and_secrets_stay_out_of_logs_and_status(secure):
     g = secure
     d = str(Path(g.security).parent)
-    add = _cli("user", "add", "carol", "--secret-key", "carol-secret-333", "-p", "subscribe:sec-a:*", "--dir", d)
+    add = _cli(
+        "user", "add", "carol", "--secret-key", "carol-secret-333", "-p", "subscribe:sec-a:*", "--dir", d
+    )
     assert add.returncode == 0, add.stderr
     listed = _cli("user", "list", "--dir", d)
     assert listed.returncode == 0, listed.stderr

@@ -6,6 +6,7 @@ import datetime as dt
 import io
 
 import pytest
+from cryptography import x509
 
 from dledger.security import auth, certs, tls
 from dledger.security.users import (
@@ -94,7 +95,9 @@ def pki(tmp_path_factory):
 
 def _proof(pki, dir_name: str, cert_of: str, declared: str, group: str = "g"):
     d = pki / dir_name
-    plugin = tls.PeerProofPlugin(group, declared, (d / f"{cert_of}.pem").read_bytes(), (d / f"{cert_of}.key").read_bytes())
+    plugin = tls.PeerProofPlugin(
+        group, declared, (d / f"{cert_of}.pem").read_bytes(), (d / f"{cert_of}.key").read_bytes()
+    )
     return plugin.metadata()
 
 
@@ -103,9 +106,8 @@ def _verifier(pki, members=("n0", "n1", "n2")):
 
 
 def test_a_member_proves_its_node_id_with_its_certificate(pki):
-    assert certs.node_identity(
-        __import__("cryptography.x509", fromlist=["x"]).load_pem_x509_certificate((pki / "group" / "n1.pem").read_bytes())
-    ) == "n1"
+    cert = x509.load_pem_x509_certificate((pki / "group" / "n1.pem").read_bytes())
+    assert certs.node_identity(cert) == "n1"
     v = _verifier(pki)
     assert v.verify(_proof(pki, "group", "n1", "n1")) == "n1"
     assert v.verify(_proof(pki, "group", "n1", "n1")) == "n1"  # the cached path checks the same things
