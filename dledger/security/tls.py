@@ -4,7 +4,7 @@ Servers: TLS with the node's certificate. Clients: TLS trusting the group's CA, 
 every call (``auth.SignaturePlugin``). Peers: TLS both ways is the aim, but gRPC Python's server credentials can
 either require a client certificate on every connection or request none (there is no "request, optional"), and
 one port serves peers and clients alike, including the official RocketMQ clients, which present none. So a
-peer proves its identity with its certificate's key on every call instead (docs/decisions/0012-peer-identity.md):
+peer proves its identity with its certificate's key on every call instead (docs/decisions/0013-peer-identity-proofs.md):
 
     x-dledger-node:          the node id it declares
     x-dledger-node-cert-bin: its certificate (DER), which must chain to the group's CA and name that node id
