@@ -227,6 +227,10 @@ def demo(
         rc = run_demo(dir / "log", entries)
         if rc == 0:
             rc = run(dir / "broker", console)
+        if rc == 0:  # the same story's security, briefly (docs/security.md)
+            from dledger.security.demo import run as run_secure
+
+            rc = run_secure(dir / "secure", console)
         if rc == 0:
             console.rule("[bold]audit: Spark replays every node's files and checks that they agree")
             rc = subprocess.run([sys.executable, "-m", "dledger", "audit", str(dir / "broker")]).returncode
