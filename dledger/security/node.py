@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from dledger.security import guard, service, tls
-from dledger.security.users import SecuredStateMachine, User, UserStore
+from dledger.security.users import CommandVerifier, SecuredStateMachine, User, UserStore
 
 
 class SecuredPlugin:
@@ -22,10 +22,11 @@ class SecuredPlugin:
         self.config = config
         self.inner = inner
         self.users = UserStore()
-        base = inner.state_machine if inner is not None else state_machine
-        self.state_machine = SecuredStateMachine(base, self.users) if base is not None else None
         sec = config.security
         self._cert, self._key, self._ca, (ak, sk) = sec.load()
+        base = inner.state_machine if inner is not None else state_machine
+        verifier = CommandVerifier(config.group, self._ca)
+        self.state_machine = SecuredStateMachine(base, self.users, verifier) if base is not None else None
         self.admin = User(ak, sk, {"admin"})
 
     def __getattr__(self, attr: str) -> Any:  # the wrapped plugin's own members (e.g. the broker's)
@@ -43,7 +44,8 @@ class SecuredPlugin:
         names = tuple(self.inner.attach(node, server)) if self.inner is not None else ()
         if self.state_machine is None:
             return names
-        return (*names, *service.attach(node, server, self.users, self.admin.access_key))
+        signer = service.CommandSigner(node.group, self._cert, self._key)
+        return (*names, *service.attach(node, server, self.users, self.admin.access_key, signer))
 
     def server_credentials(self) -> grpc.ServerCredentials:
         return tls.server_credentials(self._cert, self._key)

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError
 from dledger.security import users as u
@@ -37,16 +39,26 @@ def _request(raw: bytes) -> dict[str, Any]:
     return req
 
 
+class CommandSigner:
+    """This node's certificate and the prepare that signs its user commands at their index (``users``)."""
+
+    def __init__(self, group: str, cert_pem: bytes, key_pem: bytes):
+        self.cert_der = x509.load_pem_x509_certificate(cert_pem).public_bytes(serialization.Encoding.DER)
+        self.prepare = u.signer(group, key_pem)
+
+
 class SecurityServicer:
-    def __init__(self, node: Any, store: u.UserStore, bootstrap_admin: str):
+    def __init__(self, node: Any, store: u.UserStore, bootstrap_admin: str, signer: CommandSigner):
         self._node = node
         self._store = store
         self._admin = bootstrap_admin
+        self._signer = signer
 
     async def _propose(self, op: int, payload: dict[str, Any]) -> Any:
         if not self._node.is_leader():
             raise NotLeaderError(self._node.leader_id)
-        outcome = (await self._node.submit([u.encode(op, payload)]))[0]
+        body = u.encode(op, payload, self._signer.cert_der)
+        outcome = (await self._node.submit([body], self._signer.prepare))[0]
         if isinstance(outcome, BaseException):
             raise outcome
         if isinstance(outcome.result, u.UserError):
@@ -96,8 +108,10 @@ def _method(node: Any, fn: Callable) -> Callable:
     return call
 
 
-def attach(node: Any, server: grpc.aio.Server, store: u.UserStore, bootstrap_admin: str) -> tuple[str, ...]:
-    s = SecurityServicer(node, store, bootstrap_admin)
+def attach(
+    node: Any, server: grpc.aio.Server, store: u.UserStore, bootstrap_admin: str, signer: CommandSigner
+) -> tuple[str, ...]:
+    s = SecurityServicer(node, store, bootstrap_admin, signer)
     table = {
         "AddUser": s.add,
         "RemoveUser": s.remove,

@@ -1,10 +1,22 @@
 """Users and their permissions, replicated through the log so that every node agrees and a failover keeps them.
 
-A user command is a log entry shaped like the broker's commands (docs/formats.md): TOTALSIZE, a magic at bytes
-4..8 (``DLSC``), an op byte and a UTF-8 JSON payload. ``SecuredStateMachine`` wraps the node's own state machine
-(broker, kv, counter or none): user commands go to the ``UserStore``, every other entry to the wrapped machine,
-in log order; a snapshot holds both. Only the Security service (``dledger.security.service``) proposes user
-commands: the raw Append API refuses a body that looks like one (``is_user_command``), so no client can forge one.
+A user command is a log entry shaped like the broker's commands (docs/formats.md)::
+
+    0   TOTALSIZE  4
+    4   MAGIC      4   0x444C5343 ("DLSC")
+    8   OP         1   1 add, 2 remove, 3 grant, 4 revoke
+    9   INDEX      8   the entry's own log index (filled in by the leader's prepare)
+    17  SIGNATURE  64  ECDSA P-256 r||s by the proposing node's certificate key over
+                       "DLSC1|<group>|" + INDEX + OP + CERT + PAYLOAD
+    81  CERTLEN    2
+    83  CERT       n   the proposing node's certificate (DER)
+    ..  PAYLOAD        UTF-8 JSON object
+
+Only a node can sign one (with its certificate's key, which chains to the group's CA and names a node), and the
+signature binds the entry's index, so bytes a client manages to place in an entry (a KV key, a raw append) can
+neither forge a command nor replay an old one. ``SecuredStateMachine`` wraps the node's own state machine
+(broker, kv, counter or none): a verified user command goes to the ``UserStore``, every other entry (an
+unverifiable one included) to the wrapped machine, in log order; a snapshot holds both.
 
 Permissions (docs/security.md, "Permissions"): ``admin`` (topics, users, snapshots, leadership, membership, the
 raw log), ``publish:<topic>`` and ``subscribe:<topic>:<group>``; ``*`` matches any topic or group.
@@ -20,6 +32,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Final
 
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
+
+from dledger.security.certs import node_identity
 from statemachine.api import CommittedEntry, StateMachine
 
 USER_MAGIC: Final = 0x444C5343  # b"DLSC"
@@ -55,7 +74,7 @@ def parse_permission(text: str) -> str:
 @dataclass
 class User:
     access_key: str
-    secret_key: str
+    secret_key: str = field(repr=False)
     permissions: set[str] = field(default_factory=set)
 
     def allows(self, permission: str) -> bool:
@@ -79,9 +98,84 @@ class User:
         return {"access_key": self.access_key, "permissions": sorted(self.permissions)}
 
 
-def encode(op: int, payload: dict[str, Any]) -> bytes:
+_INDEX: Final = struct.Struct(">q")
+_SIG_AT: Final = _HEAD.size + _INDEX.size  # 17
+_SIG_SIZE: Final = 64
+_CERT_AT: Final = _SIG_AT + _SIG_SIZE + 2  # 83
+
+
+def encode(op: int, payload: dict[str, Any], cert_der: bytes) -> bytes:
+    """An unsigned command (index and signature zero) proposed by the node whose certificate is ``cert_der``."""
     raw = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
-    return _HEAD.pack(_HEAD.size + len(raw), USER_MAGIC, op) + raw
+    body = _INDEX.pack(0) + bytes(_SIG_SIZE) + struct.pack(">H", len(cert_der)) + cert_der + raw
+    return _HEAD.pack(_HEAD.size + len(body), USER_MAGIC, op) + body
+
+
+def _signed_bytes(group: str, body: bytes | memoryview) -> bytes:
+    b = bytes(body)
+    return b"DLSC1|" + group.encode() + b"|" + b[_HEAD.size : _SIG_AT] + b[8:9] + b[_SIG_AT + _SIG_SIZE :]
+
+
+def signer(group: str, key_pem: bytes):
+    """The leader's ``prepare`` for user commands: writes the entry's index and signs it (same length)."""
+    key = serialization.load_pem_private_key(key_pem, None)
+
+    def prepare(index: int, pos: int, body: bytes) -> bytes:
+        b = bytearray(body)
+        _INDEX.pack_into(b, _HEAD.size, index)
+        r, s_ = decode_dss_signature(key.sign(_signed_bytes(group, b), ec.ECDSA(hashes.SHA256())))
+        b[_SIG_AT : _SIG_AT + _SIG_SIZE] = r.to_bytes(32, "big") + s_.to_bytes(32, "big")
+        return bytes(b)
+
+    return prepare
+
+
+class CommandVerifier:
+    """Is an entry a user command a node of this group signed for exactly this index? Deterministic: every node
+    answers alike for the same entry (same CA, same group), so every node routes it alike."""
+
+    def __init__(self, group: str, ca_pem: bytes):
+        self._group = group
+        self._ca = x509.load_pem_x509_certificate(ca_pem)
+        self._keys: dict[bytes, Any] = {}  # certificate DER -> public key, for certificates that passed
+
+    def _key(self, der: bytes) -> Any | None:
+        if der in self._keys:
+            return self._keys[der]
+        try:
+            cert = x509.load_der_x509_certificate(der)
+            cert.verify_directly_issued_by(self._ca)
+        except (ValueError, TypeError, InvalidSignature):
+            return None
+        if node_identity(cert) is None:
+            return None
+        self._keys[der] = key = cert.public_key()
+        return key
+
+    def verify(self, body: bytes | memoryview, index: int) -> bool:
+        if not is_user_command(body) or len(body) < _CERT_AT:
+            return False
+        b = bytes(body)
+        if _INDEX.unpack_from(b, _HEAD.size)[0] != index:
+            return False
+        (n,) = struct.unpack_from(">H", b, _CERT_AT - 2)
+        key = self._key(b[_CERT_AT : _CERT_AT + n])
+        if key is None:
+            return False
+        sig = b[_SIG_AT : _SIG_AT + _SIG_SIZE]
+        der = encode_dss_signature(int.from_bytes(sig[:32], "big"), int.from_bytes(sig[32:], "big"))
+        try:
+            key.verify(der, _signed_bytes(self._group, b), ec.ECDSA(hashes.SHA256()))
+        except InvalidSignature:
+            return False
+        return True
+
+
+def payload(body: bytes | memoryview) -> tuple[int, dict[str, Any]]:
+    """(op, payload) of a user command."""
+    b = bytes(body)
+    (n,) = struct.unpack_from(">H", b, _CERT_AT - 2)
+    return b[8], json.loads(b[_CERT_AT + n :])
 
 
 def is_user_command(body: bytes | memoryview) -> bool:
@@ -95,9 +189,9 @@ class UserStore:
         self.users: dict[str, User] = {}
 
     def apply_one(self, body: bytes | memoryview) -> Any:
+        """Apply a verified user command (``CommandVerifier``); its result, or a ``UserError``."""
         try:
-            _, _, op = _HEAD.unpack_from(body, 0)
-            p = json.loads(bytes(body[_HEAD.size :]))
+            op, p = payload(body)
             ak = p["access_key"]
             if op == OP_ADD:
                 if ak in self.users:
@@ -134,9 +228,10 @@ class UserStore:
 class SecuredStateMachine:
     """The node's state machine with the user store beside it (same name, so existing snapshots still load)."""
 
-    def __init__(self, inner: StateMachine | None, users: UserStore):
+    def __init__(self, inner: StateMachine | None, users: UserStore, verifier: CommandVerifier):
         self.inner = inner
         self.users = users
+        self.verifier = verifier
         self.name = inner.name if inner is not None else "users"
 
     def __getattr__(self, attr: str) -> Any:  # e.g. the broker's applied_index, read by tools
@@ -149,7 +244,7 @@ class SecuredStateMachine:
         results: list[Any] = []
         run: list[CommittedEntry] = []
         for e in entries:
-            if is_user_command(e.body):
+            if is_user_command(e.body) and self.verifier.verify(e.body, e.index):
                 if run:
                     results.extend(self._inner(run))
                     run = []

@@ -13,6 +13,7 @@ from dledger.security.users import (
     OP_ADD,
     OP_GRANT,
     OP_REMOVE,
+    CommandVerifier,
     SecuredStateMachine,
     User,
     UserError,
@@ -20,6 +21,7 @@ from dledger.security.users import (
     encode,
     is_user_command,
     parse_permission,
+    signer,
 )
 from statemachine.api import CommittedEntry
 from statemachine.counter import _DELTA, Counter
@@ -147,6 +149,35 @@ def test_permissions_parse_and_match_with_wildcards():
     assert User("root", "s" * 8, {"admin"}).allows("publish:anything")
 
 
+@pytest.fixture(scope="module")
+def node_pki():
+    ca = certs.make_ca()
+    other_ca = certs.make_ca()
+    return (
+        ca,
+        certs.make_node_cert(ca, "n0"),
+        certs.make_node_cert(other_ca, "n0"),
+        certs.make_client_cert(ca, "c"),
+    )
+
+
+def _der(issued) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return x509.load_pem_x509_certificate(issued.cert_pem).public_bytes(serialization.Encoding.DER)
+
+
+def _command(issued, op, payload, index, group="g") -> bytes:
+    """A user command as the leader's prepare leaves it at ``index``."""
+    return signer(group, issued.key_pem)(index, 0, encode(op, payload, _der(issued)))
+
+
+def _secured(ca, inner=None) -> SecuredStateMachine:
+    return SecuredStateMachine(
+        inner if inner is not None else Counter(), UserStore(), CommandVerifier("g", ca.cert_pem)
+    )
+
+
 def _delta(n: int) -> bytes:
     return _DELTA.pack(n)
 
@@ -155,30 +186,55 @@ def _entries(bodies):
     return [CommittedEntry(i, 1, i * 100, b) for i, b in enumerate(bodies)]
 
 
-def test_user_commands_and_the_wrapped_machine_share_the_log_and_the_snapshot():
-    store = UserStore()
-    sm = SecuredStateMachine(Counter(), store)
-    add = encode(OP_ADD, {"access_key": "bob", "secret_key": "bob-secret", "permissions": ["publish:t"]})
-    assert is_user_command(add) and not is_user_command(b"\x00\x00\x00\x09DLBC\x01")
-    results = sm.apply(
-        _entries([add, _delta(5), encode(OP_GRANT, {"access_key": "bob", "permission": "admin"}), _delta(2)])
+def test_user_commands_and_the_wrapped_machine_share_the_log_and_the_snapshot(node_pki):
+    ca, node, _, _ = node_pki
+    sm = _secured(ca)
+    store = sm.users
+    add = _command(
+        node, OP_ADD, {"access_key": "bob", "secret_key": "bob-secret", "permissions": ["publish:t"]}, 0
     )
+    grant = _command(node, OP_GRANT, {"access_key": "bob", "permission": "admin"}, 2)
+    assert is_user_command(add) and not is_user_command(b"\x00\x00\x00\x09DLBC\x01")
+    results = sm.apply(_entries([add, _delta(5), grant, _delta(2)]))
     assert (results[1], results[3], sm.inner.value) == (5, 7, 7)  # the counter saw its own entries, in order
     assert results[0] == {"access_key": "bob", "permissions": ["publish:t"]}
     assert results[2]["permissions"] == ["admin", "publish:t"]
-    assert isinstance(sm.apply(_entries([add]))[0], UserError)  # added twice: refused alike on every node
+    again = _command(node, OP_ADD, {"access_key": "bob", "secret_key": "x" * 8}, 0)
+    assert isinstance(sm.apply(_entries([again]))[0], UserError)  # added twice: refused alike on every node
     buf = io.BytesIO()
     sm.save_snapshot(buf)
     assert b"bob-secret" in buf.getvalue()  # the snapshot is the state: data dirs must stay private
-    other = SecuredStateMachine(Counter(), UserStore())
+    other = _secured(ca)
     other.load_snapshot(io.BytesIO(buf.getvalue()))
     assert other.users.users["bob"].permissions == {"admin", "publish:t"}
     buf2, buf3 = io.BytesIO(), io.BytesIO()
     sm.inner.save_snapshot(buf2)
     other.inner.save_snapshot(buf3)
     assert buf2.getvalue() == buf3.getvalue()
-    assert sm.apply(_entries([encode(OP_REMOVE, {"access_key": "bob"})]))[0]["removed"]
+    assert sm.apply(_entries([_command(node, OP_REMOVE, {"access_key": "bob"}, 0)]))[0]["removed"]
     assert "bob" not in store.users
+
+
+def test_only_a_command_a_node_signed_for_its_own_index_changes_users(node_pki):
+    """Bytes a client can place in an entry (a KV key, a raw append) can neither forge nor replay a command:
+    an unverifiable one goes to the wrapped machine like any other entry."""
+    ca, node, foreign_node, client = node_pki
+    grant = {"access_key": "mallory", "secret_key": "mallory-secret", "permissions": ["admin"]}
+    unsigned = encode(OP_ADD, grant, _der(node))
+    forged_elsewhere = _command(foreign_node, OP_ADD, grant, 0)  # another CA's node
+    by_a_client = _command(client, OP_ADD, grant, 0)  # the group's CA, but no node certificate
+    other_group = _command(node, OP_ADD, grant, 0, group="other")
+    replayed = _command(node, OP_ADD, grant, 7)  # signed for index 7, placed at 0
+    tampered = bytearray(_command(node, OP_ADD, grant, 0))
+    tampered[-3] ^= 1
+    for body in (unsigned, forged_elsewhere, by_a_client, other_group, replayed, bytes(tampered)):
+        sm = _secured(ca)
+        result = sm.apply(_entries([body]))[0]
+        assert sm.users.users == {}
+        assert isinstance(result, ValueError)  # the counter's own refusal: not its kind of entry
+    sm = _secured(ca)
+    sm.apply(_entries([_command(node, OP_ADD, grant, 0)]))
+    assert sm.users.users["mallory"].permissions == {"admin"}
 
 
 def test_a_snapshot_from_before_security_was_on_loads_into_the_wrapped_machine():
@@ -186,7 +242,7 @@ def test_a_snapshot_from_before_security_was_on_loads_into_the_wrapped_machine()
     plain.apply(_entries([_delta(7)]))
     buf = io.BytesIO()
     plain.save_snapshot(buf)
-    sm = SecuredStateMachine(Counter(), UserStore())
+    sm = _secured(certs.make_ca())
     sm.load_snapshot(io.BytesIO(buf.getvalue()))
     out = io.BytesIO()
     sm.inner.save_snapshot(out)
