@@ -88,7 +88,9 @@ class Registrar:
                 continue
             leaders = [n for n in nodes if n.leader]
             leader = max(leaders, key=lambda n: n.term).address if leaders else ""
-            routes.append(GroupRoute(group, nodes[0].cluster, leader, tuple(n.address for n in nodes), queues))
+            routes.append(
+                GroupRoute(group, nodes[0].cluster, leader, tuple(n.address for n in nodes), queues)
+            )
         return routes
 
     async def _register(self, address: str, reg: pb.BrokerRegistration) -> None:
