@@ -8,6 +8,13 @@ shell)::
     DIR/<group>/             one broker group, exactly as ``dledger group`` lays it out (dledger/group.py),
                              with ``[broker] nameservers`` and ``cluster`` in every node's config
 
+A secure cluster (``secure=True``, ``cluster up --secure``) adds, from one CA (docs/cluster.md, "Security")::
+
+    DIR/tls/ca.pem, ca.key   the cluster's CA; DIR/tls/ns<i>.pem/.key each name server's certificate
+    DIR/admin.toml           the bootstrap admin, the same in every group and on every name server
+    DIR/client.toml          what clients and the CLI use for the whole cluster (ca, access_key, secret_key)
+    DIR/<group>/tls/         the group's node certificates, issued by the cluster's CA and naming their group
+
 Across machines nothing here is needed: run ``dledger nameserver`` on a few hosts and give every broker node
 the same ``[broker] nameservers`` list in its config (docs/cluster.md).
 """
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -25,6 +33,9 @@ from pathlib import Path
 from broker_adapter.nameserver.client import NameServerClient
 from dledger import group as grp
 from dledger.errors import ConfigError, DLedgerError, UnavailableError
+from dledger.security import certs
+from dledger.security.bootstrap import write_secure_group
+from dledger.security.config import ClientSecurity
 
 MANIFEST = "cluster.json"
 
@@ -35,10 +46,22 @@ class NameServerSpec:
     address: str
     dir: str
     consumer_expiry_ms: int = 10_000
+    secure: bool = False  # TLS with DIR/tls/<id>.pem, and every call checked (nameserver/guard.py)
 
     @property
     def pid_file(self) -> Path:
         return Path(self.dir) / "nameserver.pid"
+
+    def security_args(self) -> list[str]:
+        """``dledger nameserver`` options of a secure cluster's name server (its files are under DIR)."""
+        if not self.secure:
+            return []
+        base = Path(self.dir).parent
+        tls_dir = base / "tls"
+        return [
+            *("--cert", str(tls_dir / f"{self.id}.pem"), "--key", str(tls_dir / f"{self.id}.key")),
+            *("--ca", str(tls_dir / "ca.pem"), "--admin", str(base / "admin.toml")),
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +70,15 @@ class ClusterSpec:
     directory: str
     nameservers: tuple[NameServerSpec, ...]
     groups: tuple[str, ...]
+    security: str = ""  # a secure cluster: its client settings file (DIR/client.toml)
 
     @property
     def nameserver_addresses(self) -> list[str]:
         return [n.address for n in self.nameservers]
+
+    def client_security(self) -> ClientSecurity | None:
+        """The cluster's client settings (CA, bootstrap admin), or None for a plain cluster."""
+        return ClientSecurity.from_file(Path(self.security)) if self.security else None
 
     def group(self, name: str) -> grp.GroupSpec:
         g = grp.load(Path(self.directory) / name)
@@ -69,9 +97,11 @@ def create(
     raft: dict[str, int] | None = None,
     heartbeat_ms: int = 1_000,
     consumer_expiry_ms: int = 10_000,
+    secure: bool = False,
 ) -> ClusterSpec:
     """Write the manifest, the name servers' directories and every group (a group per ``g<i>``). An existing
-    cluster in ``directory`` is reused; asking for another shape is an error, not a silent surprise."""
+    cluster in ``directory`` is reused; asking for another shape is an error, not a silent surprise.
+    ``secure``: TLS and authentication everywhere, every certificate from one CA (``_secure``)."""
     directory = directory.resolve()
     existing = load(directory, missing_ok=True)
     if existing is not None:
@@ -80,6 +110,11 @@ def create(
                 f"the cluster in {directory} has {len(existing.groups)} groups and {len(existing.nameservers)} "
                 f"name servers: use another --dir (or `cluster down` and delete it) to change its shape"
             )
+        if bool(existing.security) != secure:
+            raise ConfigError(
+                f"the cluster in {directory} is {'secure' if existing.security else 'not secure'}: use another "
+                "--dir (or `cluster down` and delete it) to change that"
+            )
         return existing
     if not 1 <= groups <= 16:
         raise ConfigError(f"--groups must be in 1..16, got {groups}")
@@ -87,7 +122,7 @@ def create(
         raise ConfigError(f"--nameservers must be in 1..5, got {nameservers}")
     ns_ports = grp.free_ports(nameservers)
     ns = tuple(
-        NameServerSpec(f"ns{i}", f"127.0.0.1:{p}", str(directory / f"ns{i}"), consumer_expiry_ms)
+        NameServerSpec(f"ns{i}", f"127.0.0.1:{p}", str(directory / f"ns{i}"), consumer_expiry_ms, secure)
         for i, p in enumerate(ns_ports)
     )
     addresses = ", ".join(f'"{n.address}"' for n in ns)
@@ -95,10 +130,20 @@ def create(
     directory.mkdir(parents=True, exist_ok=True)
     for n in ns:
         Path(n.dir).mkdir(parents=True, exist_ok=True)
+    security = str(_secure_cluster(directory, ns)) if secure else ""
     for gname in names:
         g = grp.create(
-            directory / gname, nodes, None, name=gname, flush=flush, raft=raft, state_machine="broker"
+            directory / gname,
+            nodes,
+            None,
+            name=gname,
+            flush=flush,
+            raft=raft,
+            state_machine="broker",
+            secure=secure,
         )
+        if secure:
+            _join_cluster_ca(directory, g)
         for spec in g.nodes:
             with open(spec.config, "a") as f:
                 f.write(
@@ -108,13 +153,48 @@ def create(
     manifest = {
         "name": name,
         "nameservers": [
-            {"id": n.id, "address": n.address, "dir": n.dir, "consumer_expiry_ms": n.consumer_expiry_ms}
+            {
+                "id": n.id,
+                "address": n.address,
+                "dir": n.dir,
+                "consumer_expiry_ms": n.consumer_expiry_ms,
+                **({"secure": True} if n.secure else {}),
+            }
             for n in ns
         ],
         "groups": list(names),
+        **({"security": security} if security else {}),
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return ClusterSpec(name, str(directory), ns, names)
+    return ClusterSpec(name, str(directory), ns, names, security)
+
+
+def _secure_cluster(directory: Path, ns: tuple[NameServerSpec, ...]) -> Path:
+    """The cluster's CA, bootstrap admin and client settings (``bootstrap.write_secure_group`` with no node: the
+    same files ``group up --secure`` writes), and each name server's certificate; returns ``client.toml``."""
+    client = write_secure_group(directory, [], [])
+    ca = certs.load_or_make_ca(directory / "tls")
+    for n in ns:
+        host = n.address.rsplit(":", 1)[0]
+        hosts = tuple(dict.fromkeys(("localhost", "127.0.0.1", host)))
+        certs.write_issued(directory / "tls", n.id, certs.make_nameserver_cert(ca, n.id, hosts))
+    return client
+
+
+def _join_cluster_ca(directory: Path, g: grp.GroupSpec) -> None:
+    """Re-issue a secure group's files under the cluster's CA: node certificates that name their group too (one
+    CA signs every group, and node ids repeat across groups), the cluster's CA as the group's, and the cluster's
+    admin as its bootstrap admin (one set of client settings reaches every group). The group's own CA goes."""
+    ca = certs.load_or_make_ca(directory / "tls")
+    group_dir = directory / g.name
+    tls_dir = group_dir / "tls"
+    hosts = ("localhost", "127.0.0.1", certs.rocketmq_host(list(g.addresses)))
+    for spec in g.nodes:
+        certs.write_issued(tls_dir, spec.id, certs.make_node_cert(ca, spec.id, hosts, group=g.name))
+    shutil.copyfile(directory / "tls" / "ca.pem", tls_dir / "ca.pem")
+    (tls_dir / "ca.key").unlink(missing_ok=True)
+    for name in ("admin.toml", "client.toml"):
+        shutil.copy(directory / name, group_dir / name)  # keeps mode 0600
 
 
 def load(directory: Path, missing_ok: bool = False) -> ClusterSpec | None:
@@ -126,10 +206,18 @@ def load(directory: Path, missing_ok: bool = False) -> ClusterSpec | None:
     try:
         raw = json.loads(path.read_text())
         ns = tuple(
-            NameServerSpec(n["id"], n["address"], n["dir"], int(n.get("consumer_expiry_ms", 10_000)))
+            NameServerSpec(
+                n["id"],
+                n["address"],
+                n["dir"],
+                int(n.get("consumer_expiry_ms", 10_000)),
+                bool(n.get("secure", False)),
+            )
             for n in raw["nameservers"]
         )
-        return ClusterSpec(raw["name"], str(directory.resolve()), ns, tuple(raw["groups"]))
+        return ClusterSpec(
+            raw["name"], str(directory.resolve()), ns, tuple(raw["groups"]), str(raw.get("security", ""))
+        )
     except (ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"{path} is not a cluster manifest: {err}") from None
 
@@ -161,6 +249,7 @@ def start_nameserver(spec: NameServerSpec) -> int:
             spec.address,
             "--consumer-expiry-ms",
             str(spec.consumer_expiry_ms),
+            *spec.security_args(),
         ],
         Path(spec.dir) / "nameserver.log",
     )
@@ -204,12 +293,13 @@ def up(directory: Path, groups: int = 2, nodes: int = 3, nameservers: int = 1, *
 def wait_registered(cluster: ClusterSpec, timeout_s: float = 20.0) -> None:
     """Until every name server lists a leader for every group."""
     deadline = time.monotonic() + timeout_s
+    security = cluster.client_security()
     missing: set[str] = set(cluster.groups)
     while time.monotonic() < deadline:
         missing = set()
         for address in cluster.nameserver_addresses:
             try:
-                with NameServerClient([address], timeout_s=1.0) as ns:
+                with NameServerClient([address], timeout_s=1.0, security=security) as ns:
                     routes = {r.group: r for r in ns.route("")}
             except DLedgerError:
                 missing.add(address)
@@ -239,5 +329,5 @@ def create_topic(cluster: ClusterSpec, topic: str, queues_per_group: int) -> Non
     from broker_adapter.client import BrokerConnection
 
     for gname in cluster.groups:
-        with BrokerConnection(cluster.group(gname).addresses) as conn:
+        with BrokerConnection(cluster.group(gname).addresses, security=cluster.client_security()) as conn:
             conn.create_topic(topic, queues_per_group)

@@ -36,8 +36,25 @@ def nameserver(
     consumer_expiry_ms: Annotated[
         int, typer.Option(help="drop a consumer silent for this long; its queues move to the others")
     ] = 10_000,
+    cert: Annotated[
+        Path | None, typer.Option(help="TLS: this name server's certificate (`dledger certs --nameservers`)")
+    ] = None,
+    key: Annotated[Path | None, typer.Option(help="TLS: its private key")] = None,
+    ca: Annotated[
+        Path | None, typer.Option(help="the cluster's CA: brokers register with certificates it issued")
+    ] = None,
+    admin: Annotated[
+        Path | None, typer.Option(help="the bootstrap admin's keys (access_key, secret_key), as the nodes'")
+    ] = None,
+    users: Annotated[
+        Path | None,
+        typer.Option(help="more clients allowed to ask: [[user]] tables with access_key and secret_key"),
+    ] = None,
+    skew_s: Annotated[int, typer.Option(help="allowed clock distance of a signed call's date-time")] = 900,
 ) -> None:
-    """Run a name server: broker nodes register and heartbeat, clients ask where a topic lives."""
+    """Run a name server: broker nodes register and heartbeat, clients ask where a topic lives. With --cert,
+    --key, --ca and --admin: TLS, brokers prove who they are, clients sign (docs/cluster.md, "Security")."""
+    from broker_adapter.nameserver.guard import NameServerSecurity
     from broker_adapter.nameserver.registry import Registry
     from broker_adapter.nameserver.service import serve
     from dledger.nodeconfig import parse_address
@@ -48,10 +65,23 @@ def nameserver(
         fail(str(e))
     if broker_expiry_ms < 100 or consumer_expiry_ms < 100:
         fail("--broker-expiry-ms and --consumer-expiry-ms must be at least 100")
+    given = {"--cert": cert, "--key": key, "--ca": ca, "--admin": admin}
+    security = None
+    if any(v is not None for v in given.values()) or users is not None:
+        missing = [k for k, v in given.items() if v is None]
+        if missing:
+            fail(f"a secure name server needs --cert, --key, --ca and --admin: missing {', '.join(missing)}", 2)
+        if not 1 <= skew_s <= 86_400:
+            fail(f"--skew-s must be in 1..86400, got {skew_s}", 2)
+        security = NameServerSecurity(cert, key, ca, admin, users, skew_s)  # type: ignore[arg-type]
+        try:
+            security.load()
+        except DLedgerError as e:
+            fail(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = Registry(broker_expiry_ms, consumer_expiry_ms)
     try:
-        asyncio.run(serve(listen, registry))
+        asyncio.run(serve(listen, registry, security=security))
     except OSError as e:
         fail(str(e))
 
@@ -63,16 +93,26 @@ def cluster_up(
     nodes: Annotated[int, typer.Option(help="nodes per group")] = 3,
     nameservers: Annotated[int, typer.Option(help="name servers")] = 1,
     flush: Annotated[str, typer.Option(help="sync or async")] = "sync",
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure", help="TLS and authentication everywhere: one CA, node and name server certificates"
+        ),
+    ] = False,
 ) -> None:
     """Start name servers and broker groups in the background; return once every group is registered."""
     try:
-        c = cl.up(dir, groups, nodes, nameservers, flush=flush)
+        c = cl.up(dir, groups, nodes, nameservers, flush=flush, secure=secure)
     except DLedgerError as e:
         fail(str(e))
     console.print(
         f"cluster [bold]{c.name}[/bold] is up in {dir}: {len(c.groups)} groups, name servers "
         f"{','.join(c.nameserver_addresses)}"
     )
+    if c.security:
+        console.print(
+            f"secure: clients use {c.security} (dledger --security {c.security} produce --nameservers ...)"
+        )
     console.print(_table(c))
 
 
@@ -90,7 +130,7 @@ def cluster_down(dir: ClusterDir) -> None:
 def _rows(c: cl.ClusterSpec) -> list[dict]:
     registered: dict[tuple[str, str], int] = {}
     try:
-        with NameServerClient(c.nameserver_addresses, timeout_s=0.5) as ns:
+        with NameServerClient(c.nameserver_addresses, timeout_s=0.5, security=c.client_security()) as ns:
             for b in ns.cluster_info().brokers:
                 registered[(b.registration.group, b.registration.node_id)] = b.age_ms
     except DLedgerError:

@@ -29,6 +29,7 @@ from broker_adapter.nameserver.client import NameServerClient
 from broker_adapter.nameserver.registry import GroupRoute
 from broker_adapter.pulled import PulledMessage
 from dledger.errors import DLedgerError, InvalidRequestError
+from dledger.security.config import ClientSecurity
 
 ROUTE_TTL_S = 30.0  # RocketMQ's clients refresh routes every 30 s
 AVOID_S = 10.0  # how long a group that failed a send is skipped
@@ -92,10 +93,17 @@ class ClusterProducer:
     """Thread-safe; one per process, shared by threads, as with ``Producer``."""
 
     def __init__(
-        self, nameservers: Sequence[str], producer_id: str | None = None, route_ttl_s: float = ROUTE_TTL_S
+        self,
+        nameservers: Sequence[str],
+        producer_id: str | None = None,
+        route_ttl_s: float = ROUTE_TTL_S,
+        security: ClientSecurity | None = None,
     ):
+        """``security``: the cluster's CA and an access key, for the name servers and every group (default:
+        from the environment, docs/security.md)."""
         self.producer_id = producer_id or uuid.uuid4().hex
-        self.nameservers = NameServerClient(nameservers)
+        self.security = security
+        self.nameservers = NameServerClient(nameservers, security=security)
         self._routes = _Routes(self.nameservers, route_ttl_s)
         self._lock = threading.Lock()
         self._producers: dict[str, Producer] = {}
@@ -108,7 +116,7 @@ class ClusterProducer:
             if p is None:
                 # One producer id per group: sequences (the idempotence key) are per producer and per group.
                 p = self._producers[route.group] = Producer(
-                    _addresses(route), producer_id=f"{self.producer_id}@{route.group}"
+                    _addresses(route), producer_id=f"{self.producer_id}@{route.group}", security=self.security
                 )
             return p
 
@@ -177,14 +185,17 @@ class ClusterConsumer:
         strategy: str = "average",
         rebalance_s: float = 1.0,
         route_ttl_s: float = 5.0,
+        security: ClientSecurity | None = None,
     ):
+        """``security``: as ``ClusterProducer``'s."""
         allocate(strategy, [], [], "")  # reject an unknown strategy now, not at the first rebalance
+        self.security = security
         self.group = group
         self.topic = topic
         self.client_id = client_id or f"{uuid.uuid4().hex[:12]}"
         self.strategy = strategy
         self.rebalance_s = rebalance_s
-        self.nameservers = NameServerClient(nameservers)
+        self.nameservers = NameServerClient(nameservers, security=security)
         self._routes = _Routes(self.nameservers, route_ttl_s)
         self._consumers: dict[str, Consumer] = {}
         self._route_of: dict[str, GroupRoute] = {}
@@ -195,7 +206,9 @@ class ClusterConsumer:
     def _consumer(self, group: str) -> Consumer:
         c = self._consumers.get(group)
         if c is None:
-            c = self._consumers[group] = Consumer(_addresses(self._route_of[group]), self.group)
+            c = self._consumers[group] = Consumer(
+                _addresses(self._route_of[group]), self.group, security=self.security
+            )
         return c
 
     def rebalance(self) -> list[ClusterQueue]:

@@ -18,7 +18,7 @@ from broker_adapter import service
 from broker_adapter.allocator import QueueOffsetAllocator
 from broker_adapter.broker import Broker
 from broker_adapter.dispatcher import BrokerStateMachine
-from broker_adapter.nameserver.registrar import Registrar
+from broker_adapter.nameserver.registrar import Registrar, node_credentials
 from dledger.plugins import NodeHandle
 from dledger.v1 import broker_pb2_grpc, nameserver_pb2
 from storage.codec import MAGIC_NORMAL
@@ -69,6 +69,7 @@ class BrokerPlugin:
                 node.config.nameservers,
                 lambda: registration(node, self.state_machine),
                 node.config.nameserver_heartbeat_ms / 1000,
+                node_credentials(node.group, node.id, node.config.security),
             )
             node.add_role_listener(self.registrar.changed)
             self.registrar.start()

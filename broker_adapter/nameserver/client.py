@@ -15,7 +15,9 @@ from collections.abc import Sequence
 import grpc
 
 from broker_adapter.nameserver.registry import GroupRoute
-from dledger.errors import InvalidRequestError, NotFoundError, UnavailableError
+from dledger.errors import DLedgerError, InvalidRequestError, NotFoundError, UnavailableError
+from dledger.security.config import ClientSecurity
+from dledger.security.tls import client_credentials, sync_channel
 from dledger.transport.grpc import CHANNEL_OPTIONS
 from dledger.v1 import nameserver_pb2 as pb
 from dledger.v1 import nameserver_pb2_grpc as pb_grpc
@@ -27,13 +29,33 @@ class NoRouteError(NotFoundError):
     """No live broker group serves the topic (yet)."""
 
 
+class NameServerRefusedError(DLedgerError):
+    """A secure name server refused the call: missing or bad credentials (UNAUTHENTICATED) or an action this
+    caller may not take (PERMISSION_DENIED). Not retriable: every name server of a cluster would say the same."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+
+
+_REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
 class NameServerClient:
-    def __init__(self, nameservers: Sequence[str], timeout_s: float = RPC_TIMEOUT_S):
+    def __init__(
+        self,
+        nameservers: Sequence[str],
+        timeout_s: float = RPC_TIMEOUT_S,
+        security: ClientSecurity | None = None,
+    ):
+        """``security``: the cluster's CA and an access key (default: from the environment, as every client of
+        ours; docs/security.md): TLS to the name servers and every call signed (docs/cluster.md, "Security")."""
         if not nameservers:
             raise ValueError("at least one name server address is needed")
         self.nameservers = list(nameservers)
         self.timeout_s = timeout_s
-        self._channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for a in self.nameservers]
+        credentials = client_credentials(security)
+        self._channels = [sync_channel(a, credentials, CHANNEL_OPTIONS) for a in self.nameservers]
         self._stubs = [pb_grpc.NameServerStub(c) for c in self._channels]
         self._first = 0
         self._lock = threading.Lock()
@@ -51,6 +73,8 @@ class NameServerClient:
                     raise NoRouteError(err.details()) from None
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise InvalidRequestError(err.details()) from None
+                if code in _REFUSALS:
+                    raise NameServerRefusedError(code, f"{self.nameservers[i]}: {err.details()}") from None
                 errors.append(f"{self.nameservers[i]}: {code.name} {err.details()}")
                 continue
             with self._lock:
@@ -83,6 +107,8 @@ class NameServerClient:
             except grpc.RpcError as err:
                 if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     raise InvalidRequestError(err.details()) from None
+                if err.code() in _REFUSALS:
+                    raise NameServerRefusedError(err.code(), f"{address}: {err.details()}") from None
                 errors.append(f"{address}: {err.code().name}")
         if not answered:
             raise UnavailableError("no name server took the consumer heartbeat: " + "; ".join(errors))

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -26,16 +27,31 @@ log = logging.getLogger(__name__)
 RPC_TIMEOUT_S = 1.0
 
 
+def node_credentials(group: str, node_id: str, security: Any | None) -> grpc.ChannelCredentials | None:
+    """A node's channel credentials towards the name servers, from its ``[security]`` settings
+    (``dledger.security.config.SecurityConfig``); None for a node without security (plaintext). The same
+    certificate and per-call proof the node shows its peers (``tls.peer_channel_credentials``)."""
+    if security is None:
+        return None
+    from dledger.security import tls
+
+    cert, key, ca, _admin = security.load()
+    return tls.peer_channel_credentials(group, node_id, cert, key, ca)
+
+
 class Registrar:
     def __init__(
         self,
         nameservers: tuple[str, ...],
         registration: Callable[[], pb.BrokerRegistration],
         period_s: float,
+        credentials: grpc.ChannelCredentials | None = None,
     ):
+        """``credentials``: a secure node's (``node_credentials``): TLS to the name servers and a proof of the
+        node's identity on every call, as to its peers (docs/cluster.md, "Security")."""
         self._registration = registration
         self._period_s = period_s
-        self._channels = {a: open_channel(a) for a in nameservers}
+        self._channels = {a: open_channel(a, credentials=credentials) for a in nameservers}
         self._stubs = {a: pb_grpc.NameServerStub(c) for a, c in self._channels.items()}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None

@@ -17,9 +17,11 @@ from collections.abc import Callable
 
 import grpc
 
+from broker_adapter.nameserver.guard import NameServerGuard, NameServerSecurity
 from broker_adapter.nameserver.registry import BrokerNode, Registry
 from dledger.errors import ConfigError
 from dledger.nodeconfig import parse_address
+from dledger.security import tls
 from dledger.transport.grpc import SERVER_OPTIONS
 from dledger.v1 import nameserver_pb2 as pb
 from dledger.v1 import nameserver_pb2_grpc as pb_grpc
@@ -160,16 +162,25 @@ async def serve(
     registry: Registry | None = None,
     ready: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
+    security: NameServerSecurity | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT (or ``stop`` is set); ``ready(port)`` is called once the port is bound."""
+    """Serve until SIGTERM/SIGINT (or ``stop`` is set); ``ready(port)`` is called once the port is bound. With
+    ``security``: TLS only, and every call checked by ``guard.NameServerGuard`` (docs/cluster.md, "Security")."""
     registry = registry or Registry()
-    server = grpc.aio.server(options=list(SERVER_OPTIONS))
+    interceptors = []
+    if security is not None:
+        cert, key, ca, secrets = security.load()
+        interceptors.append(NameServerGuard(ca, secrets, security.skew_s))
+    server = grpc.aio.server(options=list(SERVER_OPTIONS), interceptors=interceptors)
     pb_grpc.add_NameServerServicer_to_server(NameServerServicer(registry), server)
-    port = server.add_insecure_port(listen)
+    if security is not None:
+        port = server.add_secure_port(listen, tls.server_credentials(cert, key))
+    else:
+        port = server.add_insecure_port(listen)
     if port == 0:
         raise OSError(f"cannot bind {listen}: address in use or not allowed")
     await server.start()
-    log.info("name server listening on %s", listen)
+    log.info("name server listening on %s%s", listen, " (TLS, authenticated)" if security else "")
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

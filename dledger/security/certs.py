@@ -22,6 +22,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 NODE_URI_PREFIX = "dledger:node:"
+# A cluster's node certificates also name their group (one CA signs every group's nodes, and node ids repeat
+# across groups: g0's n0 must not pass for g1's n0), and name servers carry their own kind of name, which names
+# no node (docs/cluster.md, "Security").
+GROUP_URI_PREFIX = "dledger:group:"
+NAMESERVER_URI_PREFIX = "dledger:nameserver:"
 VALIDITY = dt.timedelta(days=825)
 
 
@@ -103,15 +108,37 @@ def _issue(ca: Issued, cn: str, sans: list[x509.GeneralName], server: bool) -> I
     return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
-def make_node_cert(ca: Issued, node_id: str, hosts: tuple[str, ...] = ("localhost", "127.0.0.1")) -> Issued:
-    """A node's server-and-client certificate: CN and ``URI:dledger:node:<id>`` name the node id."""
-    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(NODE_URI_PREFIX + node_id)]
+def _host_sans(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
+    sans: list[x509.GeneralName] = []
     for h in hosts:
         try:
             sans.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             sans.append(x509.DNSName(h))
-    return _issue(ca, node_id, sans, server=True)
+    return sans
+
+
+def make_node_cert(
+    ca: Issued,
+    node_id: str,
+    hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
+    group: str | None = None,
+) -> Issued:
+    """A node's server-and-client certificate: CN and ``URI:dledger:node:<id>`` name the node id; with ``group``
+    (a cluster's nodes) ``URI:dledger:group:<group>`` binds it to its group as well."""
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(NODE_URI_PREFIX + node_id)]
+    if group is not None:
+        sans.append(x509.UniformResourceIdentifier(GROUP_URI_PREFIX + group))
+    return _issue(ca, node_id, sans + _host_sans(hosts), server=True)
+
+
+def make_nameserver_cert(
+    ca: Issued, name: str, hosts: tuple[str, ...] = ("localhost", "127.0.0.1")
+) -> Issued:
+    """A name server's TLS certificate: ``URI:dledger:nameserver:<name>``, and no node id, so its key cannot
+    register as a broker node or speak Raft."""
+    sans = [x509.UniformResourceIdentifier(NAMESERVER_URI_PREFIX + name), *_host_sans(hosts)]
+    return _issue(ca, name, sans, server=True)
 
 
 def make_client_cert(ca: Issued, name: str) -> Issued:
@@ -133,6 +160,41 @@ def node_identity(cert: x509.Certificate) -> str | None:
     return ids[0] if len(ids) == 1 else None
 
 
+def node_group(cert: x509.Certificate) -> str | None:
+    """The group a node certificate is bound to (its ``URI:dledger:group:<group>``), or None when it names none
+    (a single group's certificates, ``write_group``) or several."""
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    groups = [
+        u.removeprefix(GROUP_URI_PREFIX)
+        for u in sans.get_values_for_type(x509.UniformResourceIdentifier)
+        if u.startswith(GROUP_URI_PREFIX)
+    ]
+    return groups[0] if len(groups) == 1 else None
+
+
+def write_issued(directory: Path, name: str, issued: Issued) -> Path:
+    """``<name>.pem`` and ``<name>.key`` (0600) under ``directory``; the certificate's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    _write(directory / f"{name}.pem", issued.cert_pem, False)
+    _write(directory / f"{name}.key", issued.key_pem, True)
+    return directory / f"{name}.pem"
+
+
+def load_or_make_ca(directory: Path) -> Issued:
+    """The CA in ``directory`` (``ca.pem``, ``ca.key``), made there first if absent."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_cert, ca_key = directory / "ca.pem", directory / "ca.key"
+    if ca_cert.exists() and ca_key.exists():
+        return Issued(ca_cert.read_bytes(), ca_key.read_bytes())
+    ca = make_ca()
+    _write(ca_cert, ca.cert_pem, False)
+    _write(ca_key, ca.key_pem, True)
+    return ca
+
+
 def _write(path: Path, data: bytes, private: bool) -> None:
     path.write_bytes(data)
     if private:
@@ -151,10 +213,12 @@ def write_group(
     node_ids: list[str],
     clients: tuple[str, ...] = ("client",),
     addresses: list[str] | None = None,
+    group: str | None = None,
 ) -> dict[str, Path]:
     """``ca.pem``/``ca.key``, ``<id>.pem``/``<id>.key`` per node and per client name, under ``directory``.
     ``addresses`` (the group's client addresses) adds ``rocketmq_host`` to the node certificates. An existing
-    CA there is reused (so certificates can be added to a group later); returns the file map."""
+    CA there is reused (so certificates can be added to a group later); returns the file map. ``group`` binds the
+    node certificates to their group (a cluster under one CA, docs/cluster.md)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_cert, ca_key = directory / "ca.pem", directory / "ca.key"
     if ca_cert.exists() and ca_key.exists():
@@ -165,7 +229,7 @@ def write_group(
         _write(ca_key, ca.key_pem, True)
     out = {"ca": ca_cert}
     hosts = ("localhost", "127.0.0.1", *([rocketmq_host(addresses)] if addresses else []))
-    for name, issued in [(n, make_node_cert(ca, n, hosts)) for n in node_ids] + [
+    for name, issued in [(n, make_node_cert(ca, n, hosts, group)) for n in node_ids] + [
         (c, make_client_cert(ca, c)) for c in clients
     ]:
         _write(directory / f"{name}.pem", issued.cert_pem, False)

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from dledger.security import auth
-from dledger.security.certs import node_identity
+from dledger.security.certs import node_group, node_identity
 from dledger.security.config import ClientSecurity
 
 log = logging.getLogger("dledger.security")
@@ -138,6 +138,12 @@ class PeerVerifier:
             raise PeerIdentityError(
                 f"peer claiming to be {claimed!r} presented a certificate that names no node"
             )
+        bound = node_group(cert)
+        if bound is not None and bound != self._group:  # a cluster's CA signs every group: g0's n0 is not g1's
+            raise PeerIdentityError(
+                f"peer claiming to be {claimed!r} presented the certificate of {identity!r} of group {bound!r}, "
+                f"not of this group ({self._group!r}): refused"
+            )
         hit = self._certs[der] = (identity, cert.public_key())
         return hit
 
@@ -177,6 +183,53 @@ class PeerVerifier:
             self._proofs.clear()
         self._proofs[sig] = (claimed, der)
         return claimed
+
+
+class _AnyNode:
+    """Every node id is a "member" for a verifier outside the groups (``NodeProofVerifier``)."""
+
+    def __contains__(self, node_id: object) -> bool:
+        return True
+
+
+class NodeProofVerifier:
+    """Checks the same per-call proof as ``PeerVerifier``, outside any group: a cluster's name servers accept a
+    registration from any node of any group whose certificate chains to the cluster's CA and names its group
+    (``certs.node_group``). Membership is each group's business; what the caller may do with the proven
+    (group, node id) is the name server's (broker_adapter/nameserver/guard.py)."""
+
+    def __init__(self, ca_pem: bytes, skew_s: int = auth.DEFAULT_SKEW_S):
+        self._ca_pem = ca_pem
+        self._skew = skew_s
+        self._by_group: dict[str, PeerVerifier] = {}
+
+    def verify(self, metadata: Iterable[tuple[str, str | bytes]]) -> tuple[str, str]:
+        """(group, node id) that a call's metadata proves; PeerIdentityError saying who and why otherwise."""
+        md = list(metadata)
+        fields = dict(md)
+        claimed, der = fields.get(NODE), fields.get(NODE_CERT)
+        if not claimed or not isinstance(der, bytes):
+            raise PeerIdentityError(
+                f"a call without a node proof (node {claimed!r}): only broker nodes with a certificate from "
+                "the cluster's CA may do this"
+            )
+        try:
+            group = node_group(x509.load_der_x509_certificate(der))
+        except ValueError as e:
+            raise PeerIdentityError(
+                f"node claiming to be {claimed!r} sent an unreadable certificate: {e}"
+            ) from None
+        if group is None:
+            raise PeerIdentityError(
+                f"node claiming to be {claimed!r} presented a certificate that names no group (a cluster's "
+                "node certificates name theirs: `dledger cluster up --secure`, `dledger certs --group`)"
+            )
+        verifier = self._by_group.get(group)
+        if verifier is None:
+            if len(self._by_group) > 1024:
+                self._by_group.clear()
+            verifier = self._by_group[group] = PeerVerifier(group, self._ca_pem, _AnyNode, self._skew)
+        return group, verifier.verify(md)
 
 
 def client_credentials(security: ClientSecurity | None = None) -> grpc.ChannelCredentials | None:

@@ -1,0 +1,163 @@
+"""Who may ask a secure name server what: TLS, broker nodes that prove their identity, and signed clients.
+
+A name server has no log, so it cannot know the users a group replicates (docs/decisions/0014-name-server-trust.md).
+It trusts what its own configuration gives it, and checks both kinds of caller with dledger/security's code:
+
+- ``RegisterBroker`` / ``UnregisterBroker``: only a broker node proving its identity the way peers do
+  (``tls.NodeProofVerifier``: a certificate from the cluster's CA that names the node and its group, and a fresh
+  signature with its key), and only for itself: the registration's group and node id must be the certificate's.
+  No proof, or a bad one: UNAUTHENTICATED; a valid node speaking for another: PERMISSION_DENIED.
+- ``QueryRoute``, ``ClusterInfo``: a proven node (the registrar reads the cluster) or a signed client.
+- ``ConsumerHeartbeat``, ``ListConsumers``, ``UnregisterConsumer``: a signed client (``auth.verify``, RocketMQ's
+  HMAC signature) whose access key is the bootstrap admin or in the name server's users file.
+
+Every refusal is logged (logger ``dledger.security``, WARNING) with who asked and why, never a secret, and
+answered before the servicer runs, so a refused registration never reaches the registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import grpc
+
+from dledger.errors import ConfigError
+from dledger.security import auth, tls
+from dledger.security.config import read_credentials
+
+log = logging.getLogger("dledger.security")
+
+SERVICE: Final = "dledger.v1.NameServer"
+NODE_ONLY: Final = frozenset({"RegisterBroker", "UnregisterBroker"})
+NODE_OR_CLIENT: Final = frozenset({"QueryRoute", "ClusterInfo"})
+CLIENT_ONLY: Final = frozenset({"ConsumerHeartbeat", "ListConsumers", "UnregisterConsumer"})
+
+
+def read_users(path: Path) -> dict[str, str]:
+    """access key -> secret key from a users file: ``[[user]]`` tables with ``access_key`` and ``secret_key``."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"users file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"users file {path} is not valid TOML: {e}") from None
+    users: dict[str, str] = {}
+    for i, u in enumerate(raw.get("user", [])):
+        ak, sk = (u.get("access_key"), u.get("secret_key")) if isinstance(u, dict) else (None, None)
+        if not isinstance(ak, str) or not ak or not isinstance(sk, str) or not sk:
+            raise ConfigError(f"users file {path}: [[user]] #{i + 1} needs access_key and secret_key (strings)")
+        users[ak] = sk
+    return users
+
+
+@dataclass(frozen=True, slots=True)
+class NameServerSecurity:
+    """A secure name server's files: its certificate and key, the cluster's CA (brokers' certificates must chain
+    to it), the bootstrap admin's keys, and optionally more readers (``users``)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    admin: Path
+    users: Path | None = None
+    skew_s: int = auth.DEFAULT_SKEW_S
+
+    def load(self) -> tuple[bytes, bytes, bytes, dict[str, str]]:
+        """(cert, key, ca) PEM bytes and every access key it accepts with its secret; ConfigError naming a
+        missing or bad file."""
+        pems = []
+        for path, what in ((self.cert, "--cert"), (self.key, "--key"), (self.ca, "--ca")):
+            try:
+                pems.append(Path(path).read_bytes())
+            except OSError as e:
+                raise ConfigError(f"name server {what} {path}: {e.strerror or e}") from None
+        ak, sk = read_credentials(Path(self.admin))
+        users = read_users(Path(self.users)) if self.users else {}
+        return pems[0], pems[1], pems[2], {**users, ak: sk}
+
+
+def _method(full: str) -> tuple[str, str]:
+    service, _, method = full.lstrip("/").partition("/")
+    return service, method
+
+
+def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, why: str) -> grpc.RpcMethodHandler:
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, why)
+
+    return grpc.unary_unary_rpc_method_handler(
+        refuse,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def _only_itself(handler: grpc.RpcMethodHandler, method: str, group: str, node: str) -> grpc.RpcMethodHandler:
+    """The servicer runs only when the request's group and node id are those the caller proved."""
+    inner = handler.unary_unary
+
+    async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if (request.group, request.node_id) != (group, node):
+            why = (
+                f"node {group}/{node} may not {method} {request.group}/{request.node_id}: a node registers "
+                "only itself (its certificate names its group and node id)"
+            )
+            log.warning("name server: refused %s", why)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+        return await inner(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(
+        checked,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def _who(md: tuple) -> str:
+    """The caller as its headers name it, for a refusal's log line: a client's access key, or "a caller"."""
+    value = next((v for k, v in md if k == auth.AUTHORIZATION and isinstance(v, str)), None)
+    if value is None:
+        return "a caller with no credentials"
+    try:
+        return f"client {auth.parse_authorization(value)[0]!r}"
+    except auth.AuthenticationError:
+        return "a client with a malformed authorization header"
+
+
+class NameServerGuard(grpc.aio.ServerInterceptor):
+    def __init__(self, ca_pem: bytes, secrets: Mapping[str, str], skew_s: int = auth.DEFAULT_SKEW_S):
+        self._nodes = tls.NodeProofVerifier(ca_pem, skew_s)
+        self._secrets = dict(secrets)
+        self._skew = skew_s
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        service, method = _method(details.method)
+        if handler is None or service != SERVICE:
+            return handler  # unknown methods: gRPC's UNIMPLEMENTED; the name server serves nothing else
+        md = tuple(details.invocation_metadata or ())
+        if method in NODE_ONLY or (method in NODE_OR_CLIENT and any(k == tls.NODE for k, _ in md)):
+            try:
+                group, node = self._nodes.verify(md)
+            except tls.PeerIdentityError as e:
+                who = _who(md)
+                log.warning("name server: refused %s from %s: %s", method, who, e)
+                return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, f"unauthenticated: {e}")
+            if method in NODE_ONLY:
+                return _only_itself(handler, method, group, node)
+            return handler
+        if method not in NODE_OR_CLIENT and method not in CLIENT_ONLY:
+            why = f"{method} is not open to clients"
+            log.warning("name server: refused %s", why)
+            return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, why)
+        try:
+            auth.verify(md, self._secrets.get, skew_s=self._skew)
+        except auth.AuthenticationError as e:
+            log.warning("name server: refused %s: %s", method, e)
+            return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, f"unauthenticated: {e}")
+        return handler
