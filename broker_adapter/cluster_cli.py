@@ -70,7 +70,9 @@ def nameserver(
     if any(v is not None for v in given.values()) or users is not None:
         missing = [k for k, v in given.items() if v is None]
         if missing:
-            fail(f"a secure name server needs --cert, --key, --ca and --admin: missing {', '.join(missing)}", 2)
+            fail(
+                f"a secure name server needs --cert, --key, --ca and --admin: missing {', '.join(missing)}", 2
+            )
         if not 1 <= skew_s <= 86_400:
             fail(f"--skew-s must be in 1..86400, got {skew_s}", 2)
         security = NameServerSecurity(cert, key, ca, admin, users, skew_s)  # type: ignore[arg-type]

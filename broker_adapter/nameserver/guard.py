@@ -50,7 +50,9 @@ def read_users(path: Path) -> dict[str, str]:
     for i, u in enumerate(raw.get("user", [])):
         ak, sk = (u.get("access_key"), u.get("secret_key")) if isinstance(u, dict) else (None, None)
         if not isinstance(ak, str) or not ak or not isinstance(sk, str) or not sk:
-            raise ConfigError(f"users file {path}: [[user]] #{i + 1} needs access_key and secret_key (strings)")
+            raise ConfigError(
+                f"users file {path}: [[user]] #{i + 1} needs access_key and secret_key (strings)"
+            )
         users[ak] = sk
     return users
 

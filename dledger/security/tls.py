@@ -138,8 +138,8 @@ class PeerVerifier:
             raise PeerIdentityError(
                 f"peer claiming to be {claimed!r} presented a certificate that names no node"
             )
-        bound = node_group(cert)
-        if bound is not None and bound != self._group:  # a cluster's CA signs every group: g0's n0 is not g1's
+        bound = node_group(cert)  # a cluster's CA signs every group's nodes: g0's n0 is not g1's
+        if bound is not None and bound != self._group:
             raise PeerIdentityError(
                 f"peer claiming to be {claimed!r} presented the certificate of {identity!r} of group {bound!r}, "
                 f"not of this group ({self._group!r}): refused"
