@@ -7,9 +7,11 @@ It trusts what its own configuration gives it, and checks both kinds of caller w
   (``tls.NodeProofVerifier``: a certificate from the cluster's CA that names the node and its group, and a fresh
   signature with its key), and only for itself: the registration's group and node id must be the certificate's.
   No proof, or a bad one: UNAUTHENTICATED; a valid node speaking for another: PERMISSION_DENIED.
-- ``QueryRoute``, ``ClusterInfo``: a proven node (the registrar reads the cluster) or a signed client.
-- ``ConsumerHeartbeat``, ``ListConsumers``, ``UnregisterConsumer``: a signed client (``auth.verify``, RocketMQ's
-  HMAC signature) whose access key is the bootstrap admin or in the name server's users file.
+- ``QueryRoute``: a proven node or a signed client (``auth.verify``, RocketMQ's HMAC signature) whose access
+  key is the bootstrap admin or in the name server's users file.
+- ``ClusterInfo`` (every node, every consumer group's members): a proven node (the registrar reads the cluster)
+  or the bootstrap admin (``cluster status``).
+- ``ConsumerHeartbeat``, ``ListConsumers``, ``UnregisterConsumer``: a signed client, as for ``QueryRoute``.
 
 Every refusal is logged (logger ``dledger.security``, WARNING) with who asked and why, never a secret, and
 answered before the servicer runs, so a refused registration never reaches the registry.
@@ -69,9 +71,9 @@ class NameServerSecurity:
     users: Path | None = None
     skew_s: int = auth.DEFAULT_SKEW_S
 
-    def load(self) -> tuple[bytes, bytes, bytes, dict[str, str]]:
-        """(cert, key, ca) PEM bytes and every access key it accepts with its secret; ConfigError naming a
-        missing or bad file."""
+    def load(self) -> tuple[bytes, bytes, bytes, dict[str, str], str]:
+        """(cert, key, ca) PEM bytes, every access key it accepts with its secret, and the admin's access key;
+        ConfigError naming a missing or bad file."""
         pems = []
         for path, what in ((self.cert, "--cert"), (self.key, "--key"), (self.ca, "--ca")):
             try:
@@ -80,7 +82,7 @@ class NameServerSecurity:
                 raise ConfigError(f"name server {what} {path}: {e.strerror or e}") from None
         ak, sk = read_credentials(Path(self.admin))
         users = read_users(Path(self.users)) if self.users else {}
-        return pems[0], pems[1], pems[2], {**users, ak: sk}
+        return pems[0], pems[1], pems[2], {**users, ak: sk}, ak
 
 
 def _method(full: str) -> tuple[str, str]:
@@ -132,9 +134,18 @@ def _who(md: tuple) -> str:
 
 
 class NameServerGuard(grpc.aio.ServerInterceptor):
-    def __init__(self, ca_pem: bytes, secrets: Mapping[str, str], skew_s: int = auth.DEFAULT_SKEW_S):
+    def __init__(
+        self,
+        ca_pem: bytes,
+        secrets: Mapping[str, str],
+        admin: str,
+        skew_s: int = auth.DEFAULT_SKEW_S,
+    ):
+        """``secrets``: every access key it accepts, with its secret; ``admin``: the one that may read the
+        whole cluster (``ClusterInfo``)."""
         self._nodes = tls.NodeProofVerifier(ca_pem, skew_s)
         self._secrets = dict(secrets)
+        self._admin = admin
         self._skew = skew_s
 
     async def intercept_service(self, continuation, details):
@@ -158,8 +169,12 @@ class NameServerGuard(grpc.aio.ServerInterceptor):
             log.warning("name server: refused %s", why)
             return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, why)
         try:
-            auth.verify(md, self._secrets.get, skew_s=self._skew)
+            access_key = auth.verify(md, self._secrets.get, skew_s=self._skew)
         except auth.AuthenticationError as e:
             log.warning("name server: refused %s: %s", method, e)
             return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, f"unauthenticated: {e}")
+        if method == "ClusterInfo" and access_key != self._admin:
+            why = f"user {access_key!r} may not call ClusterInfo: it needs admin (the bootstrap admin)"
+            log.warning("name server: refused %s", why)
+            return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, why)
         return handler

@@ -169,8 +169,8 @@ async def serve(
     registry = registry or Registry()
     interceptors = []
     if security is not None:
-        cert, key, ca, secrets = security.load()
-        interceptors.append(NameServerGuard(ca, secrets, security.skew_s))
+        cert, key, ca, secrets, admin = security.load()
+        interceptors.append(NameServerGuard(ca, secrets, admin, security.skew_s))
     server = grpc.aio.server(options=list(SERVER_OPTIONS), interceptors=interceptors)
     pb_grpc.add_NameServerServicer_to_server(NameServerServicer(registry), server)
     if security is not None:

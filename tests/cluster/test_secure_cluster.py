@@ -23,6 +23,7 @@ import pytest
 from broker_adapter import cluster as cl
 from broker_adapter.cluster_client import ClusterConsumer, ClusterProducer
 from broker_adapter.nameserver.client import NameServerClient, NameServerRefusedError, NoRouteError
+from dledger import group as grp
 from dledger.security import certs, tls
 from dledger.security.config import ClientSecurity
 from dledger.v1 import nameserver_pb2 as pb
@@ -322,9 +323,9 @@ def test_cli_status_topic_and_produce_consume_through_the_name_servers(cluster, 
     assert r.returncode == 0, r.stderr + r.stdout
     assert len(acks.read_text().splitlines()) == 6
     out = tmp_path / "got.jsonl"
+    consume = ["consume", "--nameservers", ns, "--topic", "C", "--group", "cli", "--idle-s", "1.5"]
     r = subprocess.run(
-        [*cli, *secure, "consume", "--nameservers", ns, "--topic", "C", "--group", "cli", "--idle-s", "1.5"]
-        + ["--out", str(out), "--quiet"],
+        [*cli, *secure, *consume, "--out", str(out), "--quiet"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -342,3 +343,46 @@ def test_cli_status_topic_and_produce_consume_through_the_name_servers(cluster, 
     )
     assert r.returncode != 0
     assert "UNAVAILABLE" in r.stdout + r.stderr or "UNAUTHENTICATED" in r.stdout + r.stderr
+
+
+def test_a_name_server_with_a_users_file_lets_readers_route_but_not_read_the_cluster(cluster, tmp_path):
+    """``dledger nameserver --users``: more access keys may ask routes and heartbeat; ClusterInfo stays the
+    admin's. A partial TLS setting is refused at start, naming what is missing."""
+    base = Path(cluster.directory)
+    users = tmp_path / "users.toml"
+    users.write_text('[[user]]\naccess_key = "reader"\nsecret_key = "reader-secret-1"\n')
+    (port,) = grp.free_ports(1)
+    address = f"127.0.0.1:{port}"
+    cli = [sys.executable, "-m", "dledger", "nameserver", "--listen", address]
+    partial = subprocess.run(
+        [*cli, "--cert", str(base / "tls" / "ns0.pem")], capture_output=True, text=True, timeout=60
+    )
+    assert partial.returncode == 2 and "missing --key, --ca, --admin" in partial.stdout + partial.stderr
+    tls_args = ["--cert", str(base / "tls" / "ns0.pem"), "--key", str(base / "tls" / "ns0.key")]
+    tls_args += ["--ca", str(base / "tls" / "ca.pem"), "--admin", str(base / "admin.toml")]
+    log = tmp_path / "ns.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*cli, *tls_args, "--users", str(users)], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        reader = ClientSecurity(_admin(cluster).ca_file, "reader", "reader-secret-1")
+        with NameServerClient([address], security=reader) as ns:
+            deadline = time.monotonic() + 20
+            while "listening" not in log.read_text() and time.monotonic() < deadline:
+                assert proc.poll() is None, log.read_text()
+                time.sleep(0.05)
+            with pytest.raises(NoRouteError):  # authenticated: the answer is about the topic
+                ns.route("T")
+            assert ns.consumer_heartbeat("billing", "reader-1") == 1
+            assert ns.consumers("billing") == ["reader-1"]
+            with pytest.raises(NameServerRefusedError) as refused:
+                ns.cluster_info()
+            assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+        with NameServerClient([address], security=_admin(cluster)) as ns:
+            assert [g.group for g in ns.cluster_info().consumer_groups] == ["billing"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert "user 'reader' may not call ClusterInfo" in log.read_text()
+    assert "reader-secret-1" not in log.read_text()
