@@ -55,6 +55,7 @@ class NameServerClient:
         self.nameservers = list(nameservers)
         self.timeout_s = timeout_s
         credentials = client_credentials(security)
+        self._plaintext = credentials is None
         self._channels = [sync_channel(a, credentials, CHANNEL_OPTIONS) for a in self.nameservers]
         self._stubs = [pb_grpc.NameServerStub(c) for c in self._channels]
         self._first = 0
@@ -80,7 +81,16 @@ class NameServerClient:
             with self._lock:
                 self._first = i
             return response
-        raise UnavailableError("no name server answered: " + "; ".join(errors))
+        raise UnavailableError("no name server answered: " + "; ".join(errors) + self._hint())
+
+    def _hint(self) -> str:
+        """A plaintext caller of a TLS name server sees the handshake fail ("Socket closed"): say what to do."""
+        if not self._plaintext:
+            return ""
+        return (
+            " (if the cluster is secure, give its client settings: `dledger --security DIR/client.toml ...`, "
+            "DLEDGER_SECURITY, or security=ClientSecurity(...); docs/cluster.md, Security)"
+        )
 
     def route(self, topic: str) -> list[GroupRoute]:
         """The groups serving ``topic`` (every live group for ""), sorted by group name."""
@@ -111,7 +121,9 @@ class NameServerClient:
                     raise NameServerRefusedError(err.code(), f"{address}: {err.details()}") from None
                 errors.append(f"{address}: {err.code().name}")
         if not answered:
-            raise UnavailableError("no name server took the consumer heartbeat: " + "; ".join(errors))
+            raise UnavailableError(
+                "no name server took the consumer heartbeat: " + "; ".join(errors) + self._hint()
+            )
         return answered
 
     def unregister_consumer(self, group: str, client_id: str) -> None:
