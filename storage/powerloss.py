@@ -253,6 +253,7 @@ class PowerLossReport:
     """What ``power_loss`` undid, for the history and the tests."""
 
     mode: str
+    root: str = ""
     files: dict[str, int] = field(default_factory=dict)  # path -> bytes lost (dropped or cut off)
     torn: dict[str, int] = field(default_factory=dict)  # path -> bytes of a partly kept operation
     undone_creations: list[str] = field(default_factory=list)
@@ -260,14 +261,17 @@ class PowerLossReport:
     undone_renames: list[str] = field(default_factory=list)
     meta_undone: int = 0  # LMDB transactions undone
 
+    def _rel(self, path: str) -> str:
+        return os.path.relpath(path, self.root) if self.root else path
+
     def to_json(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
             "bytes_lost": sum(self.files.values()),
-            "files": {os.path.basename(p): n for p, n in sorted(self.files.items())},
-            "torn": {os.path.basename(p): n for p, n in sorted(self.torn.items())},
-            "undone_creations": [os.path.basename(p) for p in self.undone_creations],
-            "restored_removals": [os.path.basename(p) for p in self.restored_removals],
+            "files": {self._rel(p): n for p, n in sorted(self.files.items()) if n},
+            "torn": {self._rel(p): n for p, n in sorted(self.torn.items())},
+            "undone_creations": [self._rel(p) for p in self.undone_creations],
+            "restored_removals": [self._rel(p) for p in self.restored_removals],
             "undone_renames": self.undone_renames,
             "meta_undone": self.meta_undone,
         }
@@ -311,7 +315,7 @@ def power_loss(node_dir: str | os.PathLike, rng: random.Random, mode: str = "dro
         raise ValueError(f"mode must be 'drop' or 'torn', got {mode!r}")
     root = Path(node_dir)
     records = read_journal(root)
-    report = PowerLossReport(mode)
+    report = PowerLossReport(mode, os.path.abspath(root))
     _undo_data(root, records, rng, mode, report)
     _undo_namespace(records, report)
     _undo_meta(records, rng, mode, report)
