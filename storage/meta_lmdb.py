@@ -5,7 +5,7 @@ state machine and snapshot metadata, each under its own key. LMDB gives atomic m
 cheap reads. Every commit syncs its data pages (``sync=True``) but not the meta page (``metasync=False``): LMDB
 then keeps its promise of integrity through a power cut and may only lose the last commit, while an
 environment opened with ``sync=False`` may *corrupt* itself on a power cut (LMDB reuses pages of the last
-synced tree once later commits free them; docs/decisions/0012-lmdb-syncs-every-commit.md). The hard state,
+synced tree once later commits free them; docs/decisions/0012-durable-against-power-cuts.md). The hard state,
 and any ``put(..., sync=True)``, is followed by ``env.sync(True)`` (meta page included) before the call
 returns: a vote must never be forgotten. Commits are rare (the hard state on a term or vote change, the commit
 checkpoint at most once per flush interval), so the extra fdatasync per commit costs little (measured: a

@@ -110,6 +110,12 @@ def run_chaos(
             f"checker: {v['name']}",
             "PASS" if v["ok"] else f"FAIL: {v['count']} violation(s), e.g. {v['examples'][:2]}",
         )
+        if "power_cuts" in v:
+            t.add_row(
+                "power cuts",
+                f"{v['power_cuts']}: {v['committed_entries_lost']:,} of {v['committed_entries_checked']:,} "
+                f"committed entries lost (most in one cut: {v['most_lost_in_one_cut']:,})",
+            )
     console.print(t)
     if not summary.ok:
         console.print(f"reproduce: {summary.reproduce(cfg)}")

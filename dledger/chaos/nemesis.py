@@ -242,7 +242,7 @@ class Nemesis:
             self._wait_new_leader(paused, 3 * self.election_timeout_s + 1.0)
         number = len(self.marks) + 1
         mark, cut = powercut.cut_power(
-            self.group, nodes, self.rng, number, self.history.now(), kind, self.power_loss_modes
+            self.group, nodes, self.rng, number, self.history.now, kind, self.power_loss_modes
         )
         if mark is not None:
             self.marks.append(mark)

@@ -19,7 +19,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,13 +90,15 @@ def cut_power(
     nodes: list[str],
     rng: random.Random,
     number: int,
-    at: float,
+    now: Callable[[], float],
     kind: str,
     modes: tuple[str, ...] = ("drop", "torn"),
 ) -> tuple[Mark | None, dict[str, Any]]:
     """Take the mark, SIGKILL every node in ``nodes`` at once, then rewrite each directory as the power cut
-    leaves it. The commit index is asked for just before the kill; the chains are read just after it, from the
-    page cache the dead processes left (everything they wrote), before anything is dropped."""
+    leaves it. The commit index is asked for just before the kill; the mark's time (``now()``, the history's
+    clock) is taken just after the signals, so every acknowledgement recorded before it was sent before the cut;
+    the chains are read from the page cache the dead processes left (all they wrote), before anything is
+    dropped."""
     rows = [r for r in grp.status(group, timeout_s=2.0) if r.commit_index is not None and r.commit_index >= 0]
     pids = {}
     for nid in nodes:  # every signal first, then the waits: the nodes die together
@@ -105,6 +107,7 @@ def cut_power(
         if pid is not None and grp.is_running(spec, pid):
             os.kill(pid, signal.SIGKILL)
             pids[nid] = pid
+    at = now()
     for nid, pid in pids.items():
         spec = group.node(nid)
         deadline = time.monotonic() + 5.0
@@ -122,7 +125,15 @@ def cut_power(
     lost = {}
     for nid in nodes:
         mode = rng.choice(modes)
-        lost[nid] = power_loss(group.node(nid).data_dir, random.Random(rng.getrandbits(32)), mode).to_json()
+        rep = power_loss(group.node(nid).data_dir, random.Random(rng.getrandbits(32)), mode).to_json()
+        lost[nid] = {
+            "mode": rep["mode"],
+            "bytes_lost": rep["bytes_lost"],
+            "files": rep["files"],
+            "torn_bytes_kept": sum(rep["torn"].values()),
+            "undone": {k: len(rep[k]) for k in ("undone_creations", "restored_removals", "undone_renames")},
+            "meta_undone": rep["meta_undone"],
+        }
     return mark, {"pids": pids, "lost": lost}
 
 
