@@ -32,7 +32,9 @@ class LmdbMetaStore:
     def __init__(self, path: str, map_size: int = 64 << 20, durable_commits: bool = True):
         os.makedirs(path, exist_ok=True)
         self.path = path
-        self.durable_commits = durable_commits  # False: the old sync=False mode (tests of what a power cut does)
+        self.durable_commits = (
+            durable_commits  # False: the old sync=False mode (tests of what a power cut does)
+        )
         try:
             self._env = lmdb.open(
                 path, map_size=map_size, subdir=True, sync=durable_commits, metasync=False, max_dbs=0

@@ -325,7 +325,9 @@ def power_loss(node_dir: str | os.PathLike, rng: random.Random, mode: str = "dro
     return report
 
 
-def _undo_data(root: Path, records: list[dict], rng: random.Random, mode: str, report: PowerLossReport) -> None:
+def _undo_data(
+    root: Path, records: list[dict], rng: random.Random, mode: str, report: PowerLossReport
+) -> None:
     ops: dict[int, list[dict]] = {}
     for r in records:
         o = r["o"]
@@ -396,30 +398,27 @@ def _undo_namespace(records: list[dict], report: PowerLossReport) -> None:
             synced[r["p"]] = max(synced.get(r["p"], 0), r["u"])
     pending = []
     for r in records:
-        o = r["o"]
-        if o in ("c", "u"):
-            if r["q"] > synced.get(os.path.dirname(r["p"]), 0):
-                pending.append(r)
-        elif o == "r":
-            if r["q"] > min(synced.get(os.path.dirname(r["dst"]), 0), synced.get(os.path.dirname(r["src"]), 0)):
-                pending.append(r)
+        dirs = [r["p"]] if r["o"] in ("c", "u") else [r["src"], r["dst"]] if r["o"] == "r" else []
+        if dirs and r["q"] > min(synced.get(os.path.dirname(d), 0) for d in dirs):
+            pending.append(r)
     for r in reversed(pending):
         o = r["o"]
         try:
-            if o == "c":
-                if os.path.exists(r["p"]) and os.lstat(r["p"]).st_ino == r["i"]:
-                    os.unlink(r["p"])
-                    report.undone_creations.append(r["p"])
-            elif o == "u":
-                if os.path.exists(r["g"]):
-                    os.rename(r["g"], r["p"])
-                    report.restored_removals.append(r["p"])
-            elif o == "r":
-                if os.path.exists(r["dst"]) and os.lstat(r["dst"]).st_ino == r["i"]:
-                    os.rename(r["dst"], r["src"])
-                    report.undone_renames.append(f"{os.path.basename(r['src'])}->{os.path.basename(r['dst'])}")
+            if o == "c" and _is(r["p"], r["i"]):
+                os.unlink(r["p"])
+                report.undone_creations.append(r["p"])
+            elif o == "u" and os.path.exists(r["g"]):
+                os.rename(r["g"], r["p"])
+                report.restored_removals.append(r["p"])
+            elif o == "r" and _is(r["dst"], r["i"]):
+                os.rename(r["dst"], r["src"])
+                report.undone_renames.append(f"{os.path.basename(r['src'])}->{os.path.basename(r['dst'])}")
         except FileNotFoundError:
             continue
+
+
+def _is(path: str, ino: int) -> bool:
+    return os.path.lexists(path) and os.lstat(path).st_ino == ino
 
 
 def _undo_meta(records: list[dict], rng: random.Random, mode: str, report: PowerLossReport) -> None:

@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> None:
 
     if powerloss.enabled(data_dir):
         if any(m.endswith(".consumequeue") for m in sys.modules):
-            raise SystemExit("faultnode: the ConsumeQueue module was imported before the file layer was swapped")
+            raise SystemExit(
+                "faultnode: the ConsumeQueue module was imported before the file layer was swapped"
+            )
         _power_loss_mode(powerloss.Journal(data_dir), control)
 
     from dledger.cli import main as cli_main

@@ -55,7 +55,7 @@ def read_chains(
     out: dict[int, tuple[int, int]] = {}
     first = None
     prev: int | None = None
-    for base, path in list_segments(str(Path(data_dir) / "data")):
+    for _base, path in list_segments(str(Path(data_dir) / "data")):
         with open(path, "rb") as f:
             buf = f.read()
         off = 0

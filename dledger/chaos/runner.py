@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger import group as grp
-from dledger.chaos import checkers
-from dledger.chaos import powercut
+from dledger.chaos import checkers, powercut
 from dledger.chaos.history import OK, History
 from dledger.chaos.nemesis import (
     LAUNCHER,
@@ -69,7 +68,10 @@ class RunConfig:
     proxied: bool = True
     flush: str = "sync"  # the nodes' flush policy; power cuts show what "async" gives up
     flush_interval_ms: int = 0  # async: the nodes' flush interval (0: the node's default, 10 ms)
-    power_loss_modes: tuple[str, ...] = ("drop", "torn")  # what a power cut does to unsynced data, drawn per node
+    power_loss_modes: tuple[str, ...] = (
+        "drop",
+        "torn",
+    )  # what a power cut does to unsynced data, drawn per node
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -40,9 +40,7 @@ def test_power_cuts_with_partitions_and_pauses_keep_the_kv_history_linearizable(
     assert pl["committed_entries_lost"] == 0
     assert _verdict(summary, "linearizable")["operations"] > 50
     cuts = [json.loads(line) for line in (cfg.out / "history.jsonl").open() if '"nemesis"' in line]
-    dropped = [
-        r["bytes_lost"] for c in cuts if c.get("phase") == "start" for r in c.get("lost", {}).values()
-    ]
+    dropped = [r["bytes_lost"] for c in cuts if c.get("phase") == "start" for r in c.get("lost", {}).values()]
     assert sum(dropped) > 0, "the cuts dropped nothing: the emulation did not bite"
 
 
@@ -88,7 +86,9 @@ def test_a_lost_committed_entry_is_named_with_its_index(tmp_path):
     assert any("n2 refused to start" in x for x in v.violations)
     assert v.stats["committed_entries_lost"] == 4
     # An acknowledgement after the commit index seen (entry 9 acked, the mark's commit index only 5) counts too.
-    mark = Mark(1, 5.0, "powerloss-all", ["n0", "n1"], 5, "n0", read_chains(dirs[0].data_dir, 5)[1], positions)
+    mark = Mark(
+        1, 5.0, "powerloss-all", ["n0", "n1"], 5, "n0", read_chains(dirs[0].data_dir, 5)[1], positions
+    )
     pos9 = next(p for p, (i, _t, _c) in positions.items() if i == 9)
     ack = Event(4.0, "p0", "ok", "send", {"commitlog_offset": pos9 + 48})
     v = check_power_loss([mark], [], group, "async", 9, [ack])

@@ -17,16 +17,24 @@ import pytest
 
 from storage.api import HardState
 from storage.filestore import FileLogStore
-from storage.powerloss import Journal, PowerLossFileIO, enable, power_loss, power_loss_meta_store, read_journal
+from storage.powerloss import (
+    Journal,
+    PowerLossFileIO,
+    enable,
+    power_loss,
+    power_loss_meta_store,
+    read_journal,
+)
 from tests.storage.conftest import INDEX_UNITS, SEGMENT
 from tests.storage.helpers import append, body_for
-
 
 BIG = 1 << 16  # one data file for the whole test: no new file forces a sync of the one before
 
 
 def open_store(node, flush: str, io=None, segment_size: int = SEGMENT):
-    return FileLogStore.open(str(node), segment_size=segment_size, flush=flush, index_units=INDEX_UNITS, io=io)
+    return FileLogStore.open(
+        str(node), segment_size=segment_size, flush=flush, index_units=INDEX_UNITS, io=io
+    )
 
 
 def abandon(store) -> None:
@@ -42,7 +50,9 @@ def bodies(lo: int, hi: int) -> list[bytes]:
 def reopen_bodies(node, segment_size: int = SEGMENT) -> list[bytes]:
     s = open_store(node, "sync", segment_size=segment_size)
     try:
-        return [bytes(e.body) for e in s.entries(s.first_index, s.last_index + 1)] if s.last_index >= 0 else []
+        return (
+            [bytes(e.body) for e in s.entries(s.first_index, s.last_index + 1)] if s.last_index >= 0 else []
+        )
     finally:
         s.close()
 
