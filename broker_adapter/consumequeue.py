@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from storage.fileio import FileIO
+
 UNIT: Final = struct.Struct(">qiq")
 UNIT_SIZE: Final = UNIT.size  # 20
 UNITS_PER_FILE: Final = 300_000
@@ -42,8 +44,16 @@ class ConsumeQueue:
     """Append-only units of one topic/queue. Appends go to the page cache; ``flush`` makes them durable."""
 
     def __init__(
-        self, root: str | os.PathLike, topic: str, queue_id: int, units_per_file: int = UNITS_PER_FILE
+        self,
+        root: str | os.PathLike,
+        topic: str,
+        queue_id: int,
+        units_per_file: int = UNITS_PER_FILE,
+        io: FileIO | None = None,
     ):
+        # Writes, truncations and syncs go through the storage's file layer (storage/fileio.py), so the chaos
+        # launcher's power-loss mode sees them (docs/chaos.md).
+        self.io = io or FileIO()
         self.topic = topic
         self.queue_id = queue_id
         self.dir = queue_dir(root, topic, queue_id)
@@ -60,7 +70,7 @@ class ConsumeQueue:
     def _fd(self, start: int) -> int:
         fd = self._fds.get(start)
         if fd is None:
-            fd = os.open(self.dir / f"{start:020d}", os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self.io.open(str(self.dir / f"{start:020d}"), os.O_RDWR | os.O_CREAT, 0o644)
             self._fds[start] = fd
         return fd
 
@@ -74,7 +84,7 @@ class ConsumeQueue:
         length = path.stat().st_size
         whole = length - length % UNIT_SIZE
         if whole != length:
-            os.truncate(path, whole)
+            self.io.ftruncate(self._fd(last), whole)
         return (last + whole) // UNIT_SIZE
 
     # -- writes --------------------------------------------------------------------------------------------
@@ -83,7 +93,7 @@ class ConsumeQueue:
         q = self.max_offset
         byte = q * UNIT_SIZE
         start = byte - byte % self._file_size
-        os.pwrite(self._fd(start), UNIT.pack(commitlog_offset, size, tags_code), byte - start)
+        self.io.pwrite(self._fd(start), UNIT.pack(commitlog_offset, size, tags_code), byte - start)
         self._dirty.add(start)
         self.max_offset = q + 1
         return q
@@ -96,7 +106,7 @@ class ConsumeQueue:
             )
         byte = queue_offset * UNIT_SIZE
         start = byte - byte % self._file_size
-        os.pwrite(self._fd(start), UNIT.pack(commitlog_offset, size, tags_code), byte - start)
+        self.io.pwrite(self._fd(start), UNIT.pack(commitlog_offset, size, tags_code), byte - start)
         self._dirty.add(start)
 
     def skip_to(self, queue_offset: int) -> None:
@@ -107,8 +117,8 @@ class ConsumeQueue:
         byte = queue_offset * UNIT_SIZE
         start = (byte - 1) - (byte - 1) % self._file_size
         fd = self._fd(start)
-        if os.fstat(fd).st_size < byte - start:
-            os.ftruncate(fd, byte - start)
+        if self.io.size(fd) < byte - start:
+            self.io.ftruncate(fd, byte - start)
         self._dirty.add(start)
         self.max_offset = queue_offset
 
@@ -122,9 +132,9 @@ class ConsumeQueue:
             path = self.dir / f"{start:020d}"
             if start > byte:
                 self._close_file(start)
-                os.unlink(path)
+                self.io.unlink(str(path))
             elif byte - start < self._file_size:
-                os.truncate(path, byte - start)
+                self.io.ftruncate(self._fd(start), byte - start)
         self.max_offset = queue_offset
         return removed
 
@@ -132,7 +142,7 @@ class ConsumeQueue:
         for start in self._dirty:
             fd = self._fds.get(start)
             if fd is not None:
-                os.fdatasync(fd)
+                self.io.fdatasync(fd)
         self._dirty.clear()
 
     # -- reads ---------------------------------------------------------------------------------------------
@@ -182,7 +192,7 @@ class ConsumeQueue:
         fd = self._fds.pop(start, None)
         self._dirty.discard(start)
         if fd is not None:
-            os.close(fd)
+            self.io.close(fd)
 
     def close(self) -> None:
         self.flush()

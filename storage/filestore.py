@@ -203,6 +203,11 @@ class FileLogStore:
                             j += 1
                     if base != end - end % seg and end % seg:
                         self._pad(end, touched)
+                    if end and base != (end - 1) - (end - 1) % seg:
+                        # The first write into a new file: the previous file is made durable first, so a later
+                        # file with data proves the earlier ones whole, whatever a power cut keeps of unsynced
+                        # pages (recovery's mid-log evidence, docs/storage.md). Once per segment file.
+                        self._segments.sync_file((end - 1) - (end - 1) % seg)
                     self._remember(base, touched)
                     self._segments.write(p, view[offsets[k] : offsets[j - 1] + sizes[j - 1]])
                     end = positions[j - 1] + sizes[j - 1]

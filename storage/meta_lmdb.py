@@ -2,10 +2,14 @@
 
 What lives here: the hard state (current term, voted-for), the commit-index checkpoint, the applied index per
 state machine and snapshot metadata, each under its own key. LMDB gives atomic multi-key transactions and
-cheap reads; the environment is opened with ``sync=False`` so that a caller can choose per write: the hard
-state, and any ``put(..., sync=True)``, is followed by ``env.sync(True)`` before the call returns (a vote must
-never be forgotten), while checkpoints that can be recomputed skip the flush (measured: a synced LMDB commit
-costs about two fdatasyncs, ~4k/s on this machine, an unsynced one ~100k/s).
+cheap reads. Every commit syncs its data pages (``sync=True``) but not the meta page (``metasync=False``): LMDB
+then keeps its promise of integrity through a power cut and may only lose the last commit, while an
+environment opened with ``sync=False`` may *corrupt* itself on a power cut (LMDB reuses pages of the last
+synced tree once later commits free them; docs/decisions/0015-durable-against-power-cuts.md). The hard state,
+and any ``put(..., sync=True)``, is followed by ``env.sync(True)`` (meta page included) before the call
+returns: a vote must never be forgotten. Commits are rare (the hard state on a term or vote change, the commit
+checkpoint at most once per flush interval), so the extra fdatasync per commit costs little (measured: a
+synced LMDB commit costs about two fdatasyncs, ~4k/s on this machine, an unsynced one ~100k/s).
 """
 
 from __future__ import annotations
@@ -25,11 +29,16 @@ _USER_PREFIX = b"kv/"
 class LmdbMetaStore:
     """A ``MetaStore`` in an LMDB environment at ``path`` (a directory, created if missing)."""
 
-    def __init__(self, path: str, map_size: int = 64 << 20):
+    def __init__(self, path: str, map_size: int = 64 << 20, durable_commits: bool = True):
         os.makedirs(path, exist_ok=True)
         self.path = path
+        self.durable_commits = (
+            durable_commits  # False: the old sync=False mode (tests of what a power cut does)
+        )
         try:
-            self._env = lmdb.open(path, map_size=map_size, subdir=True, sync=False, metasync=False, max_dbs=0)
+            self._env = lmdb.open(
+                path, map_size=map_size, subdir=True, sync=durable_commits, metasync=False, max_dbs=0
+            )
         except lmdb.Error as exc:
             raise StorageError(f"cannot open LMDB metadata at {path}: {exc}") from exc
         self._closed = False

@@ -112,6 +112,14 @@ class DataSegments:
             return self._segs[base]
         path = os.path.join(self.directory, segment_name(base))
         fd = self.io.open(path, os.O_RDWR | os.O_CREAT)
+        try:
+            # The new name must be durable before any fdatasync of the file's data can acknowledge an entry in
+            # it: fdatasync does not sync the directory entry (fsync(2)), and a power cut would take the file
+            # with every entry in it (found by the power-loss emulation, storage/powerloss.py).
+            self.io.fsync_dir(self.directory)
+        except BaseException:
+            self.io.close(fd)
+            raise
         seg = Segment(base, path, fd, self.io.size(fd))
         self._segs[base] = seg
         self._order.append(base)
@@ -208,6 +216,13 @@ class DataSegments:
             if seg.dirty:
                 self.io.fdatasync(seg.fd)
                 seg.dirty = False
+
+    def sync_file(self, base: int) -> None:
+        """fdatasync one file if it was written since its last sync."""
+        seg = self._segs.get(base)
+        if seg is not None and seg.dirty:
+            self.io.fdatasync(seg.fd)
+            seg.dirty = False
 
     def sync_dir(self) -> None:
         self.io.fsync_dir(self.directory)

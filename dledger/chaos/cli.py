@@ -35,6 +35,13 @@ def run_chaos(
     audit: Annotated[
         bool, typer.Option(help="broker: run the Spark audit of the final files (checker 4)")
     ] = True,
+    flush: Annotated[
+        str,
+        typer.Option(
+            help="the nodes' flush policy: sync (fdatasync before the ack) or async; power cuts "
+            "(powerloss-* faults) show what async gives up"
+        ),
+    ] = "sync",
 ) -> None:
     """Run a seeded fault schedule against a local group under load, then check the history and the files."""
     from rich.console import Console
@@ -55,6 +62,9 @@ def run_chaos(
     if workload not in workload_names():
         console.print(f"[red]error:[/red] --workload must be one of: {', '.join(workload_names())}")
         raise typer.Exit(2)
+    if flush not in ("sync", "async"):
+        console.print(f"[red]error:[/red] --flush must be sync or async, got {flush!r}")
+        raise typer.Exit(2)
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if steps == 0 and duration == 0:
@@ -63,7 +73,9 @@ def run_chaos(
     if dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="dledger-chaos-")
         dir = Path(tmp.name) / "group"
-    console.print(f"chaos run: seed {seed}, faults {', '.join(kinds)}, workload {workload}, output in {out}")
+    console.print(
+        f"chaos run: seed {seed}, faults {', '.join(kinds)}, workload {workload}, flush {flush}, output in {out}"
+    )
     ok = False
     try:
         cfg = RunConfig(
@@ -75,6 +87,7 @@ def run_chaos(
             duration_s=duration,
             workload=workload,
             audit=audit,
+            flush=flush,
         )
         summary = run(cfg, log=console.print)
         ok = summary.ok
@@ -97,6 +110,12 @@ def run_chaos(
             f"checker: {v['name']}",
             "PASS" if v["ok"] else f"FAIL: {v['count']} violation(s), e.g. {v['examples'][:2]}",
         )
+        if "power_cuts" in v:
+            t.add_row(
+                "power cuts",
+                f"{v['power_cuts']}: {v['committed_entries_lost']:,} of {v['committed_entries_checked']:,} "
+                f"committed entries lost (most in one cut: {v['most_lost_in_one_cut']:,})",
+            )
     console.print(t)
     if not summary.ok:
         console.print(f"reproduce: {summary.reproduce(cfg)}")

@@ -1,9 +1,14 @@
-"""``python -m dledger.chaos.faultnode node --config FILE``: a node whose disk can be made full from outside.
+"""``python -m dledger.chaos.faultnode node --config FILE``: a node whose disk can fill up or lose power.
 
 The same node as ``python -m dledger node``, except that its log store writes through ``SwitchableFullDisk``:
 while the file ``<data_dir>/CONTROL`` exists, every write, preallocation and file creation of the log fails
 with ENOSPC, exactly as a full file system answers. The nemesis creates and removes that file; nothing else
-about the node changes. This runs without root and without a size-limited mount, so it runs in CI; the storage
+about the node changes.
+
+When ``<data_dir>/chaos-powerloss/`` exists (``storage.powerloss.enable``, done by the chaos runner for runs
+with power-loss faults), every file the node writes through ``FileIO`` (the log's data and index files, the
+ConsumeQueues) and every LMDB commit is journaled by ``storage.powerloss``: after a kill -9, the nemesis calls
+``power_loss`` on the directory and the node comes back with only what it had synced. This runs without root and without a size-limited mount, so it runs in CI; the storage
 layer already routes every write through one injectable ``FileIO`` (storage/fileio.py), and this launcher is
 the one place that substitutes it for a whole process.
 """
@@ -58,7 +63,8 @@ def _data_dir(argv: list[str]) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    control = str(control_path(_data_dir(argv)))
+    data_dir = _data_dir(argv)
+    control = str(control_path(data_dir))
 
     import storage.filestore as filestore
 
@@ -68,11 +74,38 @@ def main(argv: list[str] | None = None) -> None:
 
     # FileLogStore.open builds ``FileIO()`` when the node passes none: this process's log gets the switch.
     filestore.FileIO = _NodeFileIO
+    from storage import powerloss
+
+    if powerloss.enabled(data_dir):
+        if any(m.endswith(".consumequeue") for m in sys.modules):
+            raise SystemExit(
+                "faultnode: the ConsumeQueue module was imported before the file layer was swapped"
+            )
+        _power_loss_mode(powerloss.Journal(data_dir), control)
 
     from dledger.cli import main as cli_main
 
     sys.argv = [sys.argv[0], *argv]
     cli_main()
+
+
+def _power_loss_mode(journal, control: str) -> None:
+    """Swap the file layers this process builds for journaling ones (one journal for the whole process)."""
+    import storage.fileio as fileio
+    import storage.filestore as filestore
+    import storage.meta_lmdb as meta_lmdb
+    from storage.powerloss import PowerLossFileIO, power_loss_meta_store
+
+    class _PowerLossNodeIO(PowerLossFileIO):
+        def __init__(self) -> None:
+            super().__init__(journal, SwitchableFullDisk(control))
+
+    filestore.FileIO = _PowerLossNodeIO
+    # Modules imported from here on (the state machines' plugins, with the broker's ConsumeQueue) take their
+    # ``FileIO`` from storage.fileio when they are imported: they get the journaling one.
+    fileio.FileIO = _PowerLossNodeIO
+    # DataDir.open imports LmdbMetaStore from the module when it opens the stores, so it gets this subclass.
+    meta_lmdb.LmdbMetaStore = power_loss_meta_store(journal)
 
 
 if __name__ == "__main__":

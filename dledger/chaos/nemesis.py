@@ -14,7 +14,19 @@ oneway-latency              messages from one node (the leader when known) to th
 disk-full                   the log store of one node answers ENOSPC to every write (faultnode launcher)
 torn-tail                   a follower is killed and the tail of its last segment gets a partial frame
                             (a write cut short by the crash), then it is restarted
+powerloss-one               one node loses power: SIGKILL, then its directory loses what it had not
+                            synced (storage/powerloss.py: dropped, or torn at a random byte); restarted
+powerloss-minority          the same for a minority of the nodes at once (the leader among them half the
+                            time)
+powerloss-all               every node loses power at once, then all restart
+powerloss-partition         the group is cut into random halves; while cut, every node loses power; the
+                            nodes restart still cut, then the network heals
+powerloss-pause             a node (the leader when known) is paused until another leads; then every node,
+                            the paused one too, loses power; all restart
 ==========================  ==========================================================================
+
+Before each power cut the nemesis takes a *mark* (``dledger.chaos.powercut``): the commit index and the chain
+of every entry up to it; the ``power_loss`` checker later holds the final files to it.
 
 Every injection and heal is recorded in the history as a ``nemesis`` event with what exactly was done (nodes,
 pairs, pids, bytes), so a failing run's schedule can be read back and replayed from its seed.
@@ -32,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger import group as grp
+from dledger.chaos import powercut
 from dledger.chaos.faultnode import control_path
 from dledger.chaos.history import History
 from dledger.chaos.proxy import Network
@@ -51,8 +64,16 @@ FAULT_KINDS = (
     "oneway-latency",
     "disk-full",
     "torn-tail",
+    "powerloss-one",
+    "powerloss-minority",
+    "powerloss-all",
+    "powerloss-partition",
+    "powerloss-pause",
 )
-NEEDS_PROXY = frozenset(k for k in FAULT_KINDS if k.startswith(("partition", "oneway")))
+NEEDS_PROXY = frozenset(
+    k for k in FAULT_KINDS if k.startswith(("partition", "oneway")) or k == "powerloss-partition"
+)
+POWER_LOSS = frozenset(k for k in FAULT_KINDS if k.startswith("powerloss"))
 LAUNCHER = "dledger.chaos.faultnode"
 
 
@@ -99,6 +120,7 @@ class Nemesis:
         *,
         launcher: str = LAUNCHER,
         election_timeout_s: float = 0.3,
+        power_loss_modes: tuple[str, ...] = ("drop", "torn"),
     ):
         self.group = group
         self.history = history
@@ -106,8 +128,11 @@ class Nemesis:
         self.rng = random.Random(seed ^ 0x5EED)
         self.launcher = launcher
         self.election_timeout_s = election_timeout_s
+        self.power_loss_modes = power_loss_modes
         self.paused: set[str] = set()
         self.counts: dict[str, int] = {}
+        self.marks: list[powercut.Mark] = []  # what was committed before each power cut
+        self.refusals: list[tuple[int, str, str]] = []  # (cut number, node, its log's last lines)
         self._stop = threading.Event()
 
     # -- observing -----------------------------------------------------------------------------------------------
@@ -176,6 +201,8 @@ class Nemesis:
             node = self._pick(self.rng.random() < 0.5)
             control_path(self.group.node(node).data_dir).write_text("injected by the nemesis\n")
             act.detail = {"node": node}
+        elif kind in POWER_LOSS:
+            act.detail = self._power_cut(kind)
         elif kind == "torn-tail":
             node = self._follower()
             pid = grp.kill_node(self.group.node(node))
@@ -190,6 +217,41 @@ class Nemesis:
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self.history.add("nemesis", "nemesis", kind, phase="start", **act.detail)
         return act
+
+    def _power_cut(self, kind: str) -> dict[str, Any]:
+        ids = self._ids()
+        lead = self.leader()
+        detail: dict[str, Any] = {}
+        if kind == "powerloss-one":
+            nodes = [self._pick(self.rng.random() < 0.5)]
+        elif kind == "powerloss-minority":
+            k = max(1, (len(ids) - 1) // 2)
+            others = [i for i in ids if i != lead]
+            nodes = self.rng.sample(others, min(k, len(others)))
+            if lead is not None and self.rng.random() < 0.5:
+                nodes[0] = lead
+        else:
+            nodes = list(ids)
+        if kind == "powerloss-partition":
+            detail.update(self._partition("partition-halves"))
+            self._stop.wait(self.rng.uniform(0.3, 0.8))  # each side runs (and writes) on its own for a while
+        elif kind == "powerloss-pause":
+            paused = self._pick(True)
+            detail["paused"] = paused
+            detail["paused_pid"] = grp.signal_node(self.group.node(paused), signal.SIGSTOP)
+            self._wait_new_leader(paused, 3 * self.election_timeout_s + 1.0)
+        number = len(self.marks) + 1
+        mark, cut = powercut.cut_power(
+            self.group, nodes, self.rng, number, self.history.now, kind, self.power_loss_modes
+        )
+        if mark is not None:
+            self.marks.append(mark)
+        detail.update(cut)
+        self.paused.difference_update(nodes)  # a killed process is no longer paused
+        detail.update(
+            number=number, nodes=nodes, commit_index=mark.commit_index if mark is not None else None
+        )
+        return detail
 
     def _partition(self, kind: str) -> dict[str, Any]:
         ids = self._ids()
@@ -237,6 +299,13 @@ class Nemesis:
         d = act.detail
         if kind in ("kill-leader", "kill-random"):
             grp.start_node(self.group.node(d["node"]), self.launcher)
+        elif kind in POWER_LOSS:
+            for nid in d["nodes"]:
+                grp.start_node(self.group.node(nid), self.launcher)
+            for nid, why in powercut.refused_to_start(self.group, d["nodes"]).items():
+                self.refusals.append((d["number"], nid, why))
+            if kind == "powerloss-partition":
+                self.network.heal()
         elif kind in ("pause-leader", "pause-random"):
             self._resume(d["node"])
         elif kind.startswith(("partition-", "oneway-")):

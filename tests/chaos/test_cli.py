@@ -48,3 +48,13 @@ def test_unknown_fault_kind_is_refused(tmp_path):
         timeout=60,
     )
     assert r.returncode == 2 and "unknown fault kinds ['meteor']" in r.stdout
+
+
+def test_unknown_flush_policy_is_refused(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "dledger", "chaos", "--flush", "sometimes", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "--flush must be sync or async" in r.stdout
