@@ -1,9 +1,13 @@
 """Routes, assignments and telemetry settings: how a RocketMQ 5 client finds and configures the broker.
 
 The whole group is one RocketMQ broker (named after the group, broker id 0, the "master") whose endpoints are
-every node's address. The official clients open one gRPC channel to that address list (pick-first), so a
-client keeps talking to one node and moves to another when that node goes away; every node serves every call
-and passes writes to the leader (``forward``), which is how a failover stays invisible to the client.
+the access point the client used, as RocketMQ's proxy answers: each client sends the endpoints it was
+configured with in its QueryRoute / QueryAssignment request, and what it could dial once it can dial again.
+That matters beyond Python: the Python client opens one pick-first channel to a ';'-separated address list,
+but grpc-js (the Node.js client) joins a list into one target it cannot resolve, so a Node.js client is given
+one address and must be answered with that one. Every node serves every call and passes writes to the leader
+(``forward``), which is how a failover stays invisible to a client that knows one node (or a name that
+resolves to several). A request without endpoints (a raw stub) gets every node's address.
 
 Topics accept NORMAL and FIFO messages: a message group is stored and hashed to one queue (per-queue order),
 but FIFO consumption (one message of a group in flight at a time) is not provided, so settings say
@@ -43,14 +47,30 @@ def endpoints(addresses: Iterable[str], first: str | None = None) -> definition_
     return out
 
 
+def advertised(
+    access_point: definition_pb2.Endpoints, addresses: Iterable[str], leader: str | None
+) -> definition_pb2.Endpoints:
+    """What a client is told to dial: the endpoints it used (its access point), the leader's address moved
+    first when it is among them (no forwarding hop for a multi-address client), its order kept otherwise;
+    every node's address (leader first) when the request names none."""
+    if not access_point.addresses:
+        return endpoints(addresses, leader)
+    out = definition_pb2.Endpoints()
+    out.CopyFrom(access_point)
+    if leader and len(out.addresses) > 1:
+        listed = [f"{a.host}:{a.port}" for a in out.addresses]
+        if leader in listed and listed[0] != leader:
+            i = listed.index(leader)
+            order = [out.addresses[i], *(a for j, a in enumerate(out.addresses) if j != i)]
+            copies = [definition_pb2.Address(host=a.host, port=a.port) for a in order]
+            del out.addresses[:]
+            out.addresses.extend(copies)
+    return out
+
+
 def message_queues(
-    topic: definition_pb2.Resource,
-    queues: int,
-    broker_name: str,
-    addresses: Iterable[str],
-    leader: str | None = None,
+    topic: definition_pb2.Resource, queues: int, broker_name: str, ep: definition_pb2.Endpoints
 ) -> list[definition_pb2.MessageQueue]:
-    ep = endpoints(addresses, leader)
     out = []
     for qid in range(queues):
         mq = definition_pb2.MessageQueue(id=qid, permission=Permission.READ_WRITE)
@@ -96,16 +116,16 @@ def settings_for(client: definition_pb2.Settings, max_body_size: int) -> definit
 
 class Routes:
     """QueryRoute and QueryAssignment answers, serialized once and kept per (topic, queue count, leader
-    address): a client asks for routes every 30 s per topic and at every start, and building one is a protobuf
-    message per queue. A topic created, replaced with another queue count or led by another node is another
-    key; ``clear`` (a role listener) drops every answer when this node's role or term changes."""
+    address, access point): a client asks for routes every 30 s per topic and at every start, and building one
+    is a protobuf message per queue. A topic created, replaced with another queue count or led by another node
+    is another key; ``clear`` (a role listener) drops every answer when this node's role or term changes."""
 
     MAX_ENTRIES: Final = 4096
 
     def __init__(self, broker_name: str, addresses: Iterable[str]):
         self._broker_name = broker_name
         self._addresses = list(addresses)
-        self._cache: dict[tuple[str, str, str, int, str | None], bytes] = {}
+        self._cache: dict[tuple[str, str, str, int, str | None, bytes], bytes] = {}
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -114,11 +134,20 @@ class Routes:
         """Forget every answer (also a role listener: ``clear(role, term)``)."""
         self._cache.clear()
 
-    def _answer(self, kind: str, topic: definition_pb2.Resource, queues: int, leader: str | None) -> bytes:
-        key = (kind, topic.resource_namespace, topic.name, queues, leader)
+    def _answer(
+        self,
+        kind: str,
+        topic: definition_pb2.Resource,
+        queues: int,
+        leader: str | None,
+        access_point: definition_pb2.Endpoints | None,
+    ) -> bytes:
+        ap = access_point if access_point is not None else definition_pb2.Endpoints()
+        key = (kind, topic.resource_namespace, topic.name, queues, leader, ap.SerializeToString())
         hit = self._cache.get(key)
         if hit is None:
-            mqs = message_queues(topic, queues, self._broker_name, self._addresses, leader)
+            ep = advertised(ap, self._addresses, leader)
+            mqs = message_queues(topic, queues, self._broker_name, ep)
             if kind == "route":
                 resp = service_pb2.QueryRouteResponse(status=_OK, message_queues=mqs)
             else:
@@ -128,14 +157,27 @@ class Routes:
             hit = self._cache[key] = resp.SerializeToString()
         return hit
 
-    def route(self, topic: definition_pb2.Resource, queues: int, leader: str | None) -> bytes:
+    def route(
+        self,
+        topic: definition_pb2.Resource,
+        queues: int,
+        leader: str | None,
+        access_point: definition_pb2.Endpoints | None = None,
+    ) -> bytes:
         """A serialized ``QueryRouteResponse`` (status OK) for ``queues`` queues of ``topic``; ``leader`` is
-        the leader's address (listed first), None when no leader is known."""
-        return self._answer("route", topic, queues, leader)
+        the leader's address (listed first where the client listed it), None when no leader is known;
+        ``access_point`` the request's endpoints (``advertised``)."""
+        return self._answer("route", topic, queues, leader, access_point)
 
-    def assignment(self, topic: definition_pb2.Resource, queues: int, leader: str | None) -> bytes:
+    def assignment(
+        self,
+        topic: definition_pb2.Resource,
+        queues: int,
+        leader: str | None,
+        access_point: definition_pb2.Endpoints | None = None,
+    ) -> bytes:
         """A serialized ``QueryAssignmentResponse`` (status OK): every queue of ``topic``."""
-        return self._answer("assignment", topic, queues, leader)
+        return self._answer("assignment", topic, queues, leader, access_point)
 
 
 _OK: Final = definition_pb2.Status(code=Code.OK, message="OK")

@@ -7,8 +7,8 @@ Every call answers with a protocol ``Status`` (never a bare gRPC error, except f
 request message at all: INVALID_ARGUMENT). Calls that read or change broker state are served by the leader; a
 follower forwards them (``forward``). What each call does:
 
-- QueryRoute / QueryAssignment: the topic's queues on one broker (the group), every node's address as its
-  endpoints; an unknown topic is TOPIC_NOT_FOUND. Every push consumer is assigned every queue.
+- QueryRoute / QueryAssignment: the topic's queues on one broker (the group), the client's own access point
+  as its endpoints (``route.advertised``); an unknown topic is TOPIC_NOT_FOUND. Every push consumer is assigned every queue.
 - Heartbeat / NotifyClientTermination: the node's table of live clients (not replicated: it is only advice).
 - Telemetry: answers each client ``Settings`` with the server's settings (``route.settings_for``).
 - SendMessage: the messages become the broker's outgoing messages (``convert``), sent through ``Broker.send``
@@ -140,7 +140,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             "QueryRoute",
             request,
             context,
-            lambda n: self.routes.route(request.topic, n, self._leader_address()),
+            lambda n: self.routes.route(request.topic, n, self._leader_address(), request.endpoints),
             service_pb2.QueryRouteResponse,
             raw,
         )
@@ -148,7 +148,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def QueryAssignment(self, request, context, raw=None):
         def answer(n: int) -> bytes:
             check_group(request.group.name)
-            return self.routes.assignment(request.topic, n, self._leader_address())
+            return self.routes.assignment(request.topic, n, self._leader_address(), request.endpoints)
 
         return await self._known_topic(
             "QueryAssignment", request, context, answer, service_pb2.QueryAssignmentResponse, raw

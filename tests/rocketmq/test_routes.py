@@ -95,3 +95,44 @@ def test_role_changes_drop_cached_answers(made, loop):  # noqa: F811
     for listener in node.listeners:
         listener(Role.FOLLOWER, 2)
     assert len(s.routes) == 0
+
+
+def query_from(servicer: MessagingServicer, topic: str, *access_point: str) -> service_pb2.QueryRouteResponse:
+    """QueryRoute as a client configured with ``access_point`` sends it (the request's endpoints)."""
+    req = service_pb2.QueryRouteRequest()
+    req.topic.name = topic
+    for a in access_point:
+        host, _, port = a.rpartition(":")
+        req.endpoints.addresses.add(host=host, port=int(port))
+    r = asyncio.get_event_loop().run_until_complete(servicer.QueryRoute(req, Context()))
+    return service_pb2.QueryRouteResponse.FromString(r) if isinstance(r, bytes) else r
+
+
+def listed(mq) -> list[str]:
+    return [f"{x.host}:{x.port}" for x in mq.broker.endpoints.addresses]
+
+
+def test_a_route_advertises_the_access_point_the_client_used(made, loop):  # noqa: F811
+    """As RocketMQ's proxy does: a client that knows one node (grpc-js can dial only one host:port) is told
+    to dial that node, never a list; a client that knows several gets its own list, the leader first."""
+    broker, node = made
+    s = MessagingServicer(broker)
+    loop.run_until_complete(broker.create_topic("t", 2))
+    leader, other = node.config.peers["n0"], node.config.peers["n1"]
+    for mq in query_from(s, "t", other).message_queues:
+        assert listed(mq) == [other]
+    (mq, _) = query_from(s, "t", "localhost:" + other.rpartition(":")[2]).message_queues
+    assert listed(mq) == ["localhost:" + other.rpartition(":")[2]]  # a name stays the name the client used
+    (mq, _) = query_from(s, "t", other, leader).message_queues
+    assert listed(mq) == [leader, other]
+    node.leader_id, node.term = "n1", 2
+    for listener in node.listeners:
+        listener(Role.FOLLOWER, 2)
+    (mq, _) = query_from(s, "t", other, leader).message_queues
+    assert listed(mq) == [other, leader]
+    req = service_pb2.QueryAssignmentRequest()
+    req.topic.name, req.group.name = "t", "g1"
+    req.endpoints.addresses.add(host="127.0.0.9", port=1)
+    r = loop.run_until_complete(s.QueryAssignment(req, Context()))
+    r = service_pb2.QueryAssignmentResponse.FromString(r) if isinstance(r, bytes) else r
+    assert {tuple(listed(a.message_queue)) for a in r.assignments} == {("127.0.0.9:1",)}
