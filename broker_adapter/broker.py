@@ -185,13 +185,25 @@ class Broker:
         max_messages: int = 32,
         max_wait_ms: int = 0,
         allow_follower: bool = False,
+        select: Callable[[message.Message], bool] | None = None,
     ) -> Pulled:
         """Up to ``max_messages`` consecutive messages from ``offset``, long-polling up to ``max_wait_ms`` at the
-        queue's end. A lagging follower (when allowed) answers an offset beyond its end with nothing."""
+        queue's end. A lagging follower (when allowed) answers an offset beyond its end with nothing. With
+        ``select`` (a subscription's filter, ``broker_adapter.selectors``) only what it takes is answered, and
+        the next offset passes the others."""
         n, end = await self._pull_span(topic, queue_id, offset, max_messages, max_wait_ms, allow_follower)
         if n <= 0:
             return Pulled([], offset, end)
         data, sizes = self._stored(topic, queue_id, offset, n)
+        msgs = self._decoded(topic, queue_id, offset, data, sizes)
+        if select is not None:
+            return Pulled([m for m in msgs if select(m)], offset + len(sizes), end)
+        return Pulled(msgs, offset + len(msgs), end)
+
+    @staticmethod
+    def _decoded(
+        topic: str, queue_id: int, offset: int, data: bytes, sizes: Sequence[int]
+    ) -> list[message.Message]:
         decode = message.decode
         msgs: list[message.Message] = []
         at = 0
@@ -201,7 +213,7 @@ class Broker:
             except message.MessageFormatError as e:
                 raise DLedgerError(f"{topic}/{queue_id} offset {offset + len(msgs)}: {e}") from None
             at += size
-        return Pulled(msgs, offset + len(msgs), end)
+        return msgs
 
     async def pull_raw(
         self,
@@ -211,13 +223,23 @@ class Broker:
         max_messages: int = 32,
         max_wait_ms: int = 0,
         allow_follower: bool = False,
+        select: Callable[[message.Message], bool] | None = None,
     ) -> PulledRaw:
         """``pull`` at batch granularity: the messages' stored bytes concatenated, decoded by nobody here (a
-        consumer decodes them with ``broker_adapter.pulled``). Same checks, waits and errors as ``pull``."""
+        consumer decodes them with ``broker_adapter.pulled``). Same checks, waits and errors as ``pull``. With
+        ``select``, the stored bytes of the messages it takes (decoded here to judge them)."""
         n, end = await self._pull_span(topic, queue_id, offset, max_messages, max_wait_ms, allow_follower)
         if n <= 0:
             return PulledRaw(b"", 0, offset, end)
         data, sizes = self._stored(topic, queue_id, offset, n)
+        if select is not None:
+            msgs = self._decoded(topic, queue_id, offset, data, sizes)
+            kept, at = [], 0
+            for m, size in zip(msgs, sizes, strict=True):
+                if select(m):
+                    kept.append(data[at : at + size])
+                at += size
+            return PulledRaw(b"".join(kept), len(kept), offset + len(sizes), end)
         return PulledRaw(data, len(sizes), offset + len(sizes), end)
 
     async def _pull_span(
@@ -278,11 +300,11 @@ class Broker:
         queue_id: int,
         offset: int,
         batch: int,
-        select: Callable[[str | None], bool],
+        select: Callable[[message.Message], bool],
         poll_ms: int,
         deadline: float,
     ) -> tuple[list[message.Message], int]:
-        """The messages among ``batch`` offsets from ``offset`` whose tags ``select`` accepts (messages this node
+        """The messages among ``batch`` offsets from ``offset`` that ``select`` accepts (messages this node
         no longer holds are passed over), waiting up to ``poll_ms`` (and not past ``deadline``, loop time) for
         one to be dispatched at the queue's end; and the offset after the ones looked at. On the leader."""
         await self.leader_state()
@@ -295,7 +317,7 @@ class Broker:
         found = []
         for o in range(offset, hi):
             m = self.read(topic, queue_id, o)
-            if m is not None and select(m.tags):
+            if m is not None and select(m):
                 found.append(m)
         return found, hi
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from broker_adapter import commands, message
 from broker_adapter.rocketmq.invisibility import Popped
+from broker_adapter.selectors import Select  # does a consumer's filter take this message?
 from dledger.errors import DLedgerError, NotFoundError
 
 if TYPE_CHECKING:
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
 
 # A receive that found every queue busy or drained looks again at least this often.
 BUSY_RECHECK_S: Final = 0.2
-
-Select = Callable[[str | None], bool]  # does a consumer's filter take a message with these tags?
 
 
 def now_ms() -> int:
@@ -101,7 +100,7 @@ class Pops:
             if not offsets:
                 return None
             msgs = {o: b.read(topic, qid, o) for o in offsets}
-            take = tuple(o for o in offsets if msgs[o] is not None and select(msgs[o].tags))
+            take = tuple(o for o in offsets if msgs[o] is not None and select(msgs[o]))
             skip = tuple(o for o in offsets if o not in take)  # filtered out, or gone from the log
             (popped,) = await b.submit([commands.Pop(group, topic, qid, now, invisible_ms, take, skip)])
             if isinstance(popped, BaseException):

@@ -31,6 +31,7 @@ import grpc
 from broker_adapter.broker_types import SendResult
 from broker_adapter.pulled import PulledMessage
 from broker_adapter.pulled import decode as decode_pulled
+from broker_adapter.sqlfilter import compile_filter
 from dledger.combiner import AsyncCombiner, Combiner
 from dledger.errors import DLedgerError
 from dledger.routing import Router
@@ -109,7 +110,9 @@ def _pulled(r: broker_pb2.PullResponse) -> list[PulledMessage]:
     return decode_pulled(r.raw, r.raw_count)
 
 
-def _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower) -> broker_pb2.PullRequest:
+def _pull_request(
+    topic, queue_id, offset, max_messages, wait_ms, allow_follower, sql_filter=None
+) -> broker_pb2.PullRequest:
     return broker_pb2.PullRequest(
         topic=topic,
         queue_id=queue_id,
@@ -118,7 +121,17 @@ def _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower
         max_wait_ms=wait_ms,
         allow_follower=allow_follower,
         raw=True,
+        filter=sql_filter or "",
     )
+
+
+def _checked_filter(sql_filter: str | None) -> str | None:
+    """A consumer's SQL92 filter, parsed once here so a bad one fails at construction (``FilterSyntaxError``,
+    a ValueError naming the position); the server parses and applies it (docs/broker.md, "Filters")."""
+    if sql_filter is not None and sql_filter.strip():
+        compile_filter(sql_filter)
+        return sql_filter.strip()
+    return None
 
 
 def _start_offsets(info: TopicInfo | None, topic: str, committed: list[int | None], from_beginning: bool):
@@ -252,11 +265,13 @@ class Producer(BrokerConnection, _Numbering):
 
 
 class Consumer(BrokerConnection):
-    """Pulls messages of a consumer group; committed offsets live in the replicated log. Thread-safe."""
+    """Pulls messages of a consumer group; committed offsets live in the replicated log. Thread-safe.
+    ``sql_filter``: a SQL92 expression over properties and TAGS; only matching messages are pulled."""
 
-    def __init__(self, servers: Sequence[str], group: str, **kw):
+    def __init__(self, servers: Sequence[str], group: str, *, sql_filter: str | None = None, **kw):
         super().__init__(servers, **kw)
         self.group = group
+        self.sql_filter = _checked_filter(sql_filter)
 
     def pull(
         self,
@@ -268,8 +283,15 @@ class Consumer(BrokerConnection):
         allow_follower: bool = False,
         address: str | None = None,
     ) -> list[PulledMessage]:
-        req = _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower)
-        return _pulled(self.call("Pull", req, retry_unknown=True, address=address))
+        return self._pull(topic, queue_id, offset, max_messages, wait_ms, allow_follower, address)[0]
+
+    def _pull(
+        self, topic, queue_id, offset, max_messages, wait_ms=0, allow_follower=False, address=None
+    ) -> tuple[list[PulledMessage], int]:
+        """The pulled messages and the offset after those the server looked at (past filtered-out ones)."""
+        req = _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower, self.sql_filter)
+        r = self.call("Pull", req, retry_unknown=True, address=address)
+        return _pulled(r), r.next_offset
 
     def commit(self, topic: str, queue_id: int, offset: int) -> None:
         req = broker_pb2.CommitOffsetRequest(group=self.group, topic=topic, queue_id=queue_id, offset=offset)
@@ -308,20 +330,20 @@ class Consumer(BrokerConnection):
         # While the caller takes a batch, the next queue's pull is already under way (one at a time, on a helper
         # thread; the server reads and sends while this side decodes): only after a batch that had messages.
         ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="consumer-pull-ahead")
-        pending: tuple[int, int, Future[list[PulledMessage]]] | None = None
+        pending: tuple[int, int, Future[tuple[list[PulledMessage], int]]] | None = None
         try:
             while limit is None or taken < limit:
                 got_any = False
                 for q in range(queues):
                     if pending is not None and pending[:2] == (q, offsets[q]):
-                        msgs = pending[2].result()
+                        msgs, after = pending[2].result()
                     else:
-                        msgs = self.pull(topic, q, offsets[q], batch, wait_ms=0)
+                        msgs, after = self._pull(topic, q, offsets[q], batch, 0)
                     pending = None
                     if msgs:
                         nq = (q + 1) % queues
-                        at = msgs[-1].queue_offset + 1 if nq == q else offsets[nq]
-                        pending = (nq, at, ahead.submit(self.pull, topic, nq, at, batch, 0))
+                        at = after if nq == q else offsets[nq]
+                        pending = (nq, at, ahead.submit(self._pull, topic, nq, at, batch, 0))
                     for m in msgs:
                         yield m
                         taken += 1
@@ -329,9 +351,9 @@ class Consumer(BrokerConnection):
                             offsets[q] = m.queue_offset + 1
                             self.commit(topic, q, offsets[q])
                             return
-                    if msgs:
-                        got_any = True
-                        offsets[q] = msgs[-1].queue_offset + 1
+                    if after > offsets[q]:
+                        got_any = True  # past what was taken and what the filter passed over
+                        offsets[q] = after
                         self.commit(topic, q, offsets[q])
                 if got_any:
                     idle_since = time.monotonic()
@@ -457,9 +479,10 @@ class AsyncProducer(AsyncBrokerConnection, _Numbering):
 class AsyncConsumer(AsyncBrokerConnection):
     """``Consumer`` for asyncio."""
 
-    def __init__(self, servers: Sequence[str], group: str, **kw):
+    def __init__(self, servers: Sequence[str], group: str, *, sql_filter: str | None = None, **kw):
         super().__init__(servers, **kw)
         self.group = group
+        self.sql_filter = _checked_filter(sql_filter)
 
     async def pull(
         self,
@@ -471,8 +494,15 @@ class AsyncConsumer(AsyncBrokerConnection):
         allow_follower: bool = False,
         address: str | None = None,
     ) -> list[PulledMessage]:
-        req = _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower)
-        return _pulled(await self.call("Pull", req, retry_unknown=True, address=address))
+        return (await self._pull(topic, queue_id, offset, max_messages, wait_ms, allow_follower, address))[0]
+
+    async def _pull(
+        self, topic, queue_id, offset, max_messages, wait_ms=0, allow_follower=False, address=None
+    ) -> tuple[list[PulledMessage], int]:
+        """As ``Consumer._pull``."""
+        req = _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower, self.sql_filter)
+        r = await self.call("Pull", req, retry_unknown=True, address=address)
+        return _pulled(r), r.next_offset
 
     async def commit(self, topic: str, queue_id: int, offset: int) -> None:
         req = broker_pb2.CommitOffsetRequest(group=self.group, topic=topic, queue_id=queue_id, offset=offset)
@@ -505,20 +535,22 @@ class AsyncConsumer(AsyncBrokerConnection):
         offsets = _start_offsets(info, topic, committed, from_beginning)
         taken = 0
         idle_since = time.monotonic()
-        pending: tuple[int, int, asyncio.Task[list[PulledMessage]]] | None = None  # as in Consumer.messages
+        pending: tuple[int, int, asyncio.Task[tuple[list[PulledMessage], int]]] | None = (
+            None  # as in Consumer
+        )
         try:
             while limit is None or taken < limit:
                 got_any = False
                 for q in range(queues):
                     if pending is not None and pending[:2] == (q, offsets[q]):
-                        msgs = await pending[2]
+                        msgs, after = await pending[2]
                     else:
-                        msgs = await self.pull(topic, q, offsets[q], batch, wait_ms=0)
+                        msgs, after = await self._pull(topic, q, offsets[q], batch, 0)
                     pending = None
                     if msgs:
                         nq = (q + 1) % queues
-                        at = msgs[-1].queue_offset + 1 if nq == q else offsets[nq]
-                        pending = (nq, at, asyncio.ensure_future(self.pull(topic, nq, at, batch, 0)))
+                        at = after if nq == q else offsets[nq]
+                        pending = (nq, at, asyncio.ensure_future(self._pull(topic, nq, at, batch, 0)))
                     for m in msgs:
                         yield m
                         taken += 1
@@ -526,9 +558,9 @@ class AsyncConsumer(AsyncBrokerConnection):
                             offsets[q] = m.queue_offset + 1
                             await self.commit(topic, q, offsets[q])
                             return
-                    if msgs:
-                        got_any = True
-                        offsets[q] = msgs[-1].queue_offset + 1
+                    if after > offsets[q]:
+                        got_any = True  # as in Consumer.messages
+                        offsets[q] = after
                         await self.commit(topic, q, offsets[q])
                 if got_any:
                     idle_since = time.monotonic()

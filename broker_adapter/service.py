@@ -9,8 +9,10 @@ from collections.abc import Sequence
 
 import grpc
 
+from broker_adapter import selectors
 from broker_adapter.broker import Broker
-from dledger.errors import DLedgerError, NotLeaderError
+from broker_adapter.sqlfilter import FilterSyntaxError
+from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError
 from dledger.transport import convert
 from dledger.v1 import broker_pb2, broker_pb2_grpc
 
@@ -55,6 +57,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 request.max_messages or 32,
                 request.max_wait_ms,
                 request.allow_follower,
+                _selected(request),
             )
         except DLedgerError as e:
             await self._abort(context, e)
@@ -86,6 +89,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 request.max_messages or 32,
                 request.max_wait_ms,
                 request.allow_follower,
+                _selected(request),
             )
         except DLedgerError as e:
             await self._abort(context, e)
@@ -135,6 +139,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             term=r.term,
             max_commitlog_offset=r.max_commitlog_offset,
         )
+
+
+def _selected(request: broker_pb2.PullRequest) -> selectors.Select | None:
+    """The request's SQL92 filter (None: every message); InvalidRequestError naming the position."""
+    if not request.filter.strip():
+        return None
+    try:
+        return selectors.by_sql(request.filter.strip())
+    except FilterSyntaxError as e:
+        raise InvalidRequestError(str(e)) from None
 
 
 def service_names() -> Sequence[str]:

@@ -330,7 +330,9 @@ class _Parser:
 
     def numeric(self, kind: str, tok: Token, op: str) -> None:
         if kind not in ("number", "property"):
-            raise self.fail(f"{op} compares numbers, but {self.found(tok)} is not a number or a property", tok)
+            raise self.fail(
+                f"{op} compares numbers, but {self.found(tok)} is not a number or a property", tok
+            )
 
     def operand(self) -> tuple[Operand, str]:
         t = self.tok

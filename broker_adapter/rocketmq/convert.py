@@ -21,9 +21,11 @@ from typing import Final
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import Code, DigestType, Encoding, MessageType, definition_pb2
 
-from broker_adapter import message
+from broker_adapter import message, selectors
 from broker_adapter.broker_types import OutgoingMessage
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, unsupported
+from broker_adapter.selectors import Select
+from broker_adapter.sqlfilter import FilterSyntaxError
 
 # Properties the broker fills from system properties; user properties may not use these names.
 SYSTEM_PROPERTIES: Final = frozenset(
@@ -201,25 +203,37 @@ def incoming(
     return out
 
 
-def check_filter(expression: definition_pb2.FilterExpression) -> frozenset[str] | None:
-    """The tags a TAG filter selects (None: every message). SQL92 filters are not supported."""
+def check_filter(expression: definition_pb2.FilterExpression) -> Select:
+    """What a subscription's filter selects: a TAG filter (``*`` or empty: every message) or a SQL92 expression
+    over the message's properties and TAGS (``broker_adapter.sqlfilter``). ILLEGAL_FILTER_EXPRESSION, naming
+    the position, for one that does not parse."""
     from rocketmq.grpc_protocol import FilterType
 
-    if expression.type == FilterType.SQL:
-        raise unsupported("SQL92 filtering")
     text = expression.expression.strip()
+    if expression.type == FilterType.SQL:
+        try:
+            return selectors.by_sql(text)
+        except FilterSyntaxError as e:
+            raise bad_request(str(e), Code.ILLEGAL_FILTER_EXPRESSION) from None
     if expression.type not in (FilterType.FILTER_TYPE_UNSPECIFIED, FilterType.TAG):
         raise bad_request(f"unknown filter type {expression.type}", Code.ILLEGAL_FILTER_EXPRESSION)
     if not text or text == "*":
-        return None
+        return selectors.everything
     tags = frozenset(t.strip() for t in text.split("||"))
     if "" in tags:
         raise bad_request(f"tag filter {text!r} has an empty tag", Code.ILLEGAL_FILTER_EXPRESSION)
-    return tags
+    return selectors.by_tags(tags)
 
 
-def selects(tags: frozenset[str] | None, message_tags: str | None) -> bool:
-    return tags is None or (message_tags is not None and message_tags in tags)
+def check_subscriptions(settings: definition_pb2.Settings) -> None:
+    """A consumer's settings name its subscriptions: a bad filter is refused at the settings exchange, before
+    any receive (as RocketMQ's proxy checks a subscription's SQL92 expression when a consumer registers)."""
+    if settings.HasField("subscription"):
+        for entry in settings.subscription.subscriptions:
+            try:
+                check_filter(entry.expression)
+            except RocketMQError as e:
+                raise RocketMQError(e.code, f"subscription to {entry.topic.name!r}: {e.message}") from None
 
 
-__all__ = ["RocketMQError", "check_filter", "check_type", "incoming", "outgoing", "selects"]
+__all__ = ["RocketMQError", "check_filter", "check_subscriptions", "check_type", "incoming", "outgoing"]

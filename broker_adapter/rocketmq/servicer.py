@@ -232,6 +232,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     status=status(Code.UNRECOGNIZED_CLIENT_TYPE, "settings carry no client type")
                 )
                 continue
+            try:
+                convert.check_subscriptions(s)
+            except RocketMQError as e:
+                yield service_pb2.TelemetryCommand(status=of(e))
+                continue
             group = s.subscription.group.name if s.HasField("subscription") else ""
             with contextlib.suppress(RocketMQError):
                 self._seen(context, s.client_type, group)
@@ -303,12 +308,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 )
         poll_ms = duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else 0
         poll_ms = _polling_ms(poll_ms)
-        tags = convert.check_filter(request.filter_expression)
         got = await self._broker.pops.receive(
             group,
             topic,
             qid,
-            lambda t: convert.selects(tags, t),
+            convert.check_filter(request.filter_expression),
             batch,
             invisible_ms,
             poll_ms,
@@ -418,13 +422,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if not 1 <= batch <= MAX_RECEIVE_BATCH:
             raise bad_request(f"batch_size must be in 1..{MAX_RECEIVE_BATCH}, got {batch}")
         poll_ms = _polling_ms(duration_ms(request.long_polling_timeout))
-        tags = convert.check_filter(request.filter_expression)
         found, next_offset = await self._broker.pull_selected(
             topic,
             qid,
             request.offset,
             batch,
-            lambda t: convert.selects(tags, t),
+            convert.check_filter(request.filter_expression),
             poll_ms,
             self._deadline(context, margin_s=0.3),
         )

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64ledger/v1/broker.proto\x12\ndledger.v1\"\x90\x02\n\x0fOutgoingMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0c\n\x04tags\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x0e\n\x06msg_id\x18\x05 \x01(\t\x12\x13\n\x0bproducer_id\x18\x06 \x01(\t\x12\x10\n\x08sequence\x18\x07 \x01(\x04\x12?\n\nproperties\x18\x08 \x03(\x0b\x32+.dledger.v1.OutgoingMessage.PropertiesEntry\x12\x16\n\x0e\x62orn_timestamp\x18\t \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x0bSendRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.dledger.v1.OutgoingMessage\"\x80\x01\n\nSendResult\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x04 \x01(\x03\x12\x18\n\x10\x63ommitlog_offset\x18\x05 \x01(\x03\x12\x11\n\tduplicate\x18\x06 \x01(\x08\"7\n\x0cSendResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.dledger.v1.SendResult\"\x8e\x01\n\x0bPullRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x04 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x05 \x01(\x05\x12\x16\n\x0e\x61llow_follower\x18\x06 \x01(\x08\x12\x0b\n\x03raw\x18\x07 \x01(\x08\"\xbd\x02\n\rStoredMessage\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x03 \x01(\x03\x12\x18\n\x10\x63ommitlog_offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12\x0c\n\x04tags\x18\x06 \x01(\t\x12\x0c\n\x04keys\x18\x07 \x03(\t\x12\x0e\n\x06msg_id\x18\x08 \x01(\t\x12=\n\nproperties\x18\t \x03(\x0b\x32).dledger.v1.StoredMessage.PropertiesEntry\x12\x16\n\x0e\x62orn_timestamp\x18\n \x01(\x03\x12\x17\n\x0fstore_timestamp\x18\x0b \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x84\x01\n\x0cPullResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.dledger.v1.StoredMessage\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x0b\n\x03raw\x18\x04 \x01(\x0c\x12\x11\n\traw_count\x18\x05 \x01(\x05\"3\n\x12\x43reateTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x01(\x05\"4\n\x13\x43reateTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x01(\x05\"+\n\x11ListTopicsRequest\x12\x16\n\x0e\x61llow_follower\x18\x01 \x01(\x08\"?\n\tTopicInfo\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x01(\x05\x12\x13\n\x0bmax_offsets\x18\x03 \x03(\x03\";\n\x12ListTopicsResponse\x12%\n\x06topics\x18\x01 \x03(\x0b\x32\x15.dledger.v1.TopicInfo\"U\n\x13\x43ommitOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"\x16\n\x14\x43ommitOffsetResponse\"\\\n\x12QueryOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x16\n\x0e\x61llow_follower\x18\x04 \x01(\x08\"4\n\x13QueryOffsetResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\"\x0e\n\x0cRouteRequest\"w\n\rRouteResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x1c\n\x14max_commitlog_offset\x18\x05 \x01(\x03\x32\xfc\x03\n\x06\x42roker\x12\x39\n\x04Send\x12\x17.dledger.v1.SendRequest\x1a\x18.dledger.v1.SendResponse\x12\x39\n\x04Pull\x12\x17.dledger.v1.PullRequest\x1a\x18.dledger.v1.PullResponse\x12N\n\x0b\x43reateTopic\x12\x1e.dledger.v1.CreateTopicRequest\x1a\x1f.dledger.v1.CreateTopicResponse\x12K\n\nListTopics\x12\x1d.dledger.v1.ListTopicsRequest\x1a\x1e.dledger.v1.ListTopicsResponse\x12Q\n\x0c\x43ommitOffset\x12\x1f.dledger.v1.CommitOffsetRequest\x1a .dledger.v1.CommitOffsetResponse\x12N\n\x0bQueryOffset\x12\x1e.dledger.v1.QueryOffsetRequest\x1a\x1f.dledger.v1.QueryOffsetResponse\x12<\n\x05Route\x12\x18.dledger.v1.RouteRequest\x1a\x19.dledger.v1.RouteResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64ledger/v1/broker.proto\x12\ndledger.v1\"\x90\x02\n\x0fOutgoingMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0c\n\x04tags\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x0e\n\x06msg_id\x18\x05 \x01(\t\x12\x13\n\x0bproducer_id\x18\x06 \x01(\t\x12\x10\n\x08sequence\x18\x07 \x01(\x04\x12?\n\nproperties\x18\x08 \x03(\x0b\x32+.dledger.v1.OutgoingMessage.PropertiesEntry\x12\x16\n\x0e\x62orn_timestamp\x18\t \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x0bSendRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.dledger.v1.OutgoingMessage\"\x80\x01\n\nSendResult\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x04 \x01(\x03\x12\x18\n\x10\x63ommitlog_offset\x18\x05 \x01(\x03\x12\x11\n\tduplicate\x18\x06 \x01(\x08\"7\n\x0cSendResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.dledger.v1.SendResult\"\x9e\x01\n\x0bPullRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x04 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x05 \x01(\x05\x12\x16\n\x0e\x61llow_follower\x18\x06 \x01(\x08\x12\x0b\n\x03raw\x18\x07 \x01(\x08\x12\x0e\n\x06\x66ilter\x18\x08 \x01(\t\"\xbd\x02\n\rStoredMessage\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x03 \x01(\x03\x12\x18\n\x10\x63ommitlog_offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12\x0c\n\x04tags\x18\x06 \x01(\t\x12\x0c\n\x04keys\x18\x07 \x03(\t\x12\x0e\n\x06msg_id\x18\x08 \x01(\t\x12=\n\nproperties\x18\t \x03(\x0b\x32).dledger.v1.StoredMessage.PropertiesEntry\x12\x16\n\x0e\x62orn_timestamp\x18\n \x01(\x03\x12\x17\n\x0fstore_timestamp\x18\x0b \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x84\x01\n\x0cPullResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.dledger.v1.StoredMessage\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x0b\n\x03raw\x18\x04 \x01(\x0c\x12\x11\n\traw_count\x18\x05 \x01(\x05\"3\n\x12\x43reateTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x01(\x05\"4\n\x13\x43reateTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x01(\x05\"+\n\x11ListTopicsRequest\x12\x16\n\x0e\x61llow_follower\x18\x01 \x01(\x08\"?\n\tTopicInfo\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x01(\x05\x12\x13\n\x0bmax_offsets\x18\x03 \x03(\x03\";\n\x12ListTopicsResponse\x12%\n\x06topics\x18\x01 \x03(\x0b\x32\x15.dledger.v1.TopicInfo\"U\n\x13\x43ommitOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"\x16\n\x14\x43ommitOffsetResponse\"\\\n\x12QueryOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x16\n\x0e\x61llow_follower\x18\x04 \x01(\x08\"4\n\x13QueryOffsetResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\"\x0e\n\x0cRouteRequest\"w\n\rRouteResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x1c\n\x14max_commitlog_offset\x18\x05 \x01(\x03\x32\xfc\x03\n\x06\x42roker\x12\x39\n\x04Send\x12\x17.dledger.v1.SendRequest\x1a\x18.dledger.v1.SendResponse\x12\x39\n\x04Pull\x12\x17.dledger.v1.PullRequest\x1a\x18.dledger.v1.PullResponse\x12N\n\x0b\x43reateTopic\x12\x1e.dledger.v1.CreateTopicRequest\x1a\x1f.dledger.v1.CreateTopicResponse\x12K\n\nListTopics\x12\x1d.dledger.v1.ListTopicsRequest\x1a\x1e.dledger.v1.ListTopicsResponse\x12Q\n\x0c\x43ommitOffset\x12\x1f.dledger.v1.CommitOffsetRequest\x1a .dledger.v1.CommitOffsetResponse\x12N\n\x0bQueryOffset\x12\x1e.dledger.v1.QueryOffsetRequest\x1a\x1f.dledger.v1.QueryOffsetResponse\x12<\n\x05Route\x12\x18.dledger.v1.RouteRequest\x1a\x19.dledger.v1.RouteResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,35 +46,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SENDRESPONSE']._serialized_start=522
   _globals['_SENDRESPONSE']._serialized_end=577
   _globals['_PULLREQUEST']._serialized_start=580
-  _globals['_PULLREQUEST']._serialized_end=722
-  _globals['_STOREDMESSAGE']._serialized_start=725
-  _globals['_STOREDMESSAGE']._serialized_end=1042
+  _globals['_PULLREQUEST']._serialized_end=738
+  _globals['_STOREDMESSAGE']._serialized_start=741
+  _globals['_STOREDMESSAGE']._serialized_end=1058
   _globals['_STOREDMESSAGE_PROPERTIESENTRY']._serialized_start=263
   _globals['_STOREDMESSAGE_PROPERTIESENTRY']._serialized_end=312
-  _globals['_PULLRESPONSE']._serialized_start=1045
-  _globals['_PULLRESPONSE']._serialized_end=1177
-  _globals['_CREATETOPICREQUEST']._serialized_start=1179
-  _globals['_CREATETOPICREQUEST']._serialized_end=1230
-  _globals['_CREATETOPICRESPONSE']._serialized_start=1232
-  _globals['_CREATETOPICRESPONSE']._serialized_end=1284
-  _globals['_LISTTOPICSREQUEST']._serialized_start=1286
-  _globals['_LISTTOPICSREQUEST']._serialized_end=1329
-  _globals['_TOPICINFO']._serialized_start=1331
-  _globals['_TOPICINFO']._serialized_end=1394
-  _globals['_LISTTOPICSRESPONSE']._serialized_start=1396
-  _globals['_LISTTOPICSRESPONSE']._serialized_end=1455
-  _globals['_COMMITOFFSETREQUEST']._serialized_start=1457
-  _globals['_COMMITOFFSETREQUEST']._serialized_end=1542
-  _globals['_COMMITOFFSETRESPONSE']._serialized_start=1544
-  _globals['_COMMITOFFSETRESPONSE']._serialized_end=1566
-  _globals['_QUERYOFFSETREQUEST']._serialized_start=1568
-  _globals['_QUERYOFFSETREQUEST']._serialized_end=1660
-  _globals['_QUERYOFFSETRESPONSE']._serialized_start=1662
-  _globals['_QUERYOFFSETRESPONSE']._serialized_end=1714
-  _globals['_ROUTEREQUEST']._serialized_start=1716
-  _globals['_ROUTEREQUEST']._serialized_end=1730
-  _globals['_ROUTERESPONSE']._serialized_start=1732
-  _globals['_ROUTERESPONSE']._serialized_end=1851
-  _globals['_BROKER']._serialized_start=1854
-  _globals['_BROKER']._serialized_end=2362
+  _globals['_PULLRESPONSE']._serialized_start=1061
+  _globals['_PULLRESPONSE']._serialized_end=1193
+  _globals['_CREATETOPICREQUEST']._serialized_start=1195
+  _globals['_CREATETOPICREQUEST']._serialized_end=1246
+  _globals['_CREATETOPICRESPONSE']._serialized_start=1248
+  _globals['_CREATETOPICRESPONSE']._serialized_end=1300
+  _globals['_LISTTOPICSREQUEST']._serialized_start=1302
+  _globals['_LISTTOPICSREQUEST']._serialized_end=1345
+  _globals['_TOPICINFO']._serialized_start=1347
+  _globals['_TOPICINFO']._serialized_end=1410
+  _globals['_LISTTOPICSRESPONSE']._serialized_start=1412
+  _globals['_LISTTOPICSRESPONSE']._serialized_end=1471
+  _globals['_COMMITOFFSETREQUEST']._serialized_start=1473
+  _globals['_COMMITOFFSETREQUEST']._serialized_end=1558
+  _globals['_COMMITOFFSETRESPONSE']._serialized_start=1560
+  _globals['_COMMITOFFSETRESPONSE']._serialized_end=1582
+  _globals['_QUERYOFFSETREQUEST']._serialized_start=1584
+  _globals['_QUERYOFFSETREQUEST']._serialized_end=1676
+  _globals['_QUERYOFFSETRESPONSE']._serialized_start=1678
+  _globals['_QUERYOFFSETRESPONSE']._serialized_end=1730
+  _globals['_ROUTEREQUEST']._serialized_start=1732
+  _globals['_ROUTEREQUEST']._serialized_end=1746
+  _globals['_ROUTERESPONSE']._serialized_start=1748
+  _globals['_ROUTERESPONSE']._serialized_end=1867
+  _globals['_BROKER']._serialized_start=1870
+  _globals['_BROKER']._serialized_end=2378
 # @@protoc_insertion_point(module_scope)

@@ -66,7 +66,7 @@ class SendResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "allow_follower", "raw")
+    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "allow_follower", "raw", "filter")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,7 @@ class PullRequest(_message.Message):
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_FOLLOWER_FIELD_NUMBER: _ClassVar[int]
     RAW_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     offset: int
@@ -81,7 +82,8 @@ class PullRequest(_message.Message):
     max_wait_ms: int
     allow_follower: bool
     raw: bool
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., allow_follower: _Optional[bool] = ..., raw: _Optional[bool] = ...) -> None: ...
+    filter: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., allow_follower: _Optional[bool] = ..., raw: _Optional[bool] = ..., filter: _Optional[str] = ...) -> None: ...
 
 class StoredMessage(_message.Message):
     __slots__ = ("topic", "queue_id", "queue_offset", "commitlog_offset", "body", "tags", "keys", "msg_id", "properties", "born_timestamp", "store_timestamp")

@@ -340,10 +340,10 @@ async def test_pull_selected_passes_over_filtered_messages(made):
     await topic(broker)
     await broker.send("T", [out(0, b"a", tags="A"), out(0, b"b", tags="B"), out(0, b"c", tags="A")])
     loop = asyncio.get_running_loop()
-    found, nxt = await broker.pull_selected("T", 0, 0, 8, lambda t: t == "A", 0, loop.time() + 1)
+    found, nxt = await broker.pull_selected("T", 0, 0, 8, lambda m: m.tags == "A", 0, loop.time() + 1)
     assert [m.body for m in found] == [b"a", b"c"] and nxt == 3
     with pytest.raises(OffsetRangeError):
-        await broker.pull_selected("T", 0, 4, 8, lambda t: True, 0, loop.time() + 1)
+        await broker.pull_selected("T", 0, 4, 8, lambda m: True, 0, loop.time() + 1)
     assert broker.first_stored_at("T", 0, 0) == 0
     assert broker.first_stored_at("T", 0, found[-1].store_timestamp + 1) == 3
 
@@ -372,7 +372,7 @@ async def test_commit_and_query_offsets(made):
 async def receive(broker: Broker, first: int = 0, batch: int = 2, invisible_ms: int = 60_000, select=None):
     deadline = asyncio.get_running_loop().time() + 1
     return await broker.pops.receive(
-        "G", "T", first, select or (lambda t: True), batch, invisible_ms, 0, deadline
+        "G", "T", first, select or (lambda m: True), batch, invisible_ms, 0, deadline
     )
 
 
@@ -411,9 +411,9 @@ async def test_pop_skips_what_the_filter_does_not_select(made):
     broker, _ = made
     await topic(broker)
     await broker.send("T", [out(0, b"a", tags="A"), out(0, b"b", tags="B")])
-    _, popped, msgs = await receive(broker, select=lambda t: t == "B")
+    _, popped, msgs = await receive(broker, select=lambda m: m.tags == "B")
     assert [msgs[d.offset].body for d in popped.deliveries] == [b"b"]
-    assert await receive(broker, select=lambda t: t == "B") is None
+    assert await receive(broker, select=lambda m: m.tags == "B") is None
 
 
 # -- leadership ------------------------------------------------------------------------------------------------

@@ -160,17 +160,23 @@ def literal(v) -> str:
 
 
 leaves = st.one_of(
-    st.tuples(st.just("cmp"), st.sampled_from(NAMES), st.sampled_from(["=", "<>"]), st.one_of(texts, numbers)),
+    st.tuples(
+        st.just("cmp"), st.sampled_from(NAMES), st.sampled_from(["=", "<>"]), st.one_of(texts, numbers)
+    ),
     st.tuples(st.just("cmp"), st.sampled_from(NAMES), st.sampled_from(["<", "<=", ">", ">="]), numbers),
     st.tuples(st.just("between"), st.sampled_from(NAMES), numbers, numbers, st.booleans()),
-    st.tuples(st.just("in"), st.sampled_from(NAMES), st.frozensets(texts, min_size=1, max_size=3), st.booleans()),
+    st.tuples(
+        st.just("in"), st.sampled_from(NAMES), st.frozensets(texts, min_size=1, max_size=3), st.booleans()
+    ),
     st.tuples(st.just("null"), st.sampled_from(NAMES), st.booleans()),
     st.tuples(st.just("bool"), st.booleans()),
 )
 trees = st.recursive(
     leaves,
     lambda sub: st.one_of(
-        st.tuples(st.just("and"), sub, sub), st.tuples(st.just("or"), sub, sub), st.tuples(st.just("not"), sub)
+        st.tuples(st.just("and"), sub, sub),
+        st.tuples(st.just("or"), sub, sub),
+        st.tuples(st.just("not"), sub),
     ),
     max_leaves=12,
 )
