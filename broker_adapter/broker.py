@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from broker_adapter import commands, message
+from broker_adapter import commands, message, retention
 from broker_adapter.allocator import QueueOffsetAllocator
 from broker_adapter.broker_commit import GroupCommit
 from broker_adapter.broker_pop import Pops
@@ -63,6 +63,9 @@ class Broker:
         self._sender = Sender(self, allocator)
         self.send = self._sender.send  # bound once: the hot path pays no extra call
         self.pops = Pops(self)  # RocketMQ 5 consumption: pop, ack, change invisible duration
+        self._first_held: dict[
+            tuple[str, int], tuple[int, int]
+        ] = {}  # -> (log first index, first held offset)
 
     # -- hooks ---------------------------------------------------------------------------------------------
     def dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
@@ -191,7 +194,9 @@ class Broker:
         queue's end. A lagging follower (when allowed) answers an offset beyond its end with nothing. With
         ``select`` (a subscription's filter, ``broker_adapter.selectors``) only what it takes is answered, and
         the next offset passes the others."""
-        n, end = await self._pull_span(topic, queue_id, offset, max_messages, max_wait_ms, allow_follower)
+        offset, n, end = await self._pull_span(
+            topic, queue_id, offset, max_messages, max_wait_ms, allow_follower
+        )
         if n <= 0:
             return Pulled([], offset, end)
         data, sizes = self._stored(topic, queue_id, offset, n)
@@ -228,7 +233,9 @@ class Broker:
         """``pull`` at batch granularity: the messages' stored bytes concatenated, decoded by nobody here (a
         consumer decodes them with ``broker_adapter.pulled``). Same checks, waits and errors as ``pull``. With
         ``select``, the stored bytes of the messages it takes (decoded here to judge them)."""
-        n, end = await self._pull_span(topic, queue_id, offset, max_messages, max_wait_ms, allow_follower)
+        offset, n, end = await self._pull_span(
+            topic, queue_id, offset, max_messages, max_wait_ms, allow_follower
+        )
         if n <= 0:
             return PulledRaw(b"", 0, offset, end)
         data, sizes = self._stored(topic, queue_id, offset, n)
@@ -244,8 +251,10 @@ class Broker:
 
     async def _pull_span(
         self, topic: str, qid: int, offset: int, max_messages: int, max_wait_ms: int, allow_follower: bool
-    ) -> tuple[int, int]:
-        """How many messages a pull from ``offset`` takes (after its long poll), and the queue's end."""
+    ) -> tuple[int, int, int]:
+        """Where a pull from ``offset`` starts (the first offset this node holds, when retention deleted what
+        came before: a consumer that fell behind goes on from there), how many messages it takes (after its
+        long poll), and the queue's end."""
         self.check_queue(topic, qid)
         if offset < 0:
             raise InvalidRequestError(f"offset must be >= 0, got {offset}")
@@ -259,7 +268,7 @@ class Broker:
         sm = self.sm
         end = sm.next_offset(topic, qid)
         if offset > end and not leader:
-            return 0, end  # a lagging follower
+            return offset, 0, end  # a lagging follower
         if offset > end:
             raise InvalidRequestError(
                 f"offset {offset} is beyond the end of {topic}/{qid} ({end}) on node {self.node.id}"
@@ -268,7 +277,8 @@ class Broker:
             loop = asyncio.get_running_loop()
             await self.wait_dispatch(topic, (qid,), loop.time() + max_wait_ms / 1000, offset)
             end = sm.next_offset(topic, qid)
-        return min(max_messages, end - offset), end
+        offset = max(offset, self.first_held(topic, qid))
+        return offset, max(0, min(max_messages, end - offset)), end
 
     def _stored(self, topic: str, qid: int, offset: int, n: int) -> tuple[bytes, list[int]]:
         """The stored bytes of up to ``n`` consecutive messages from ``offset``, concatenated, and each one's
@@ -348,6 +358,27 @@ class Broker:
         finally:
             for w in waits:
                 w.cancel()
+
+    def first_held(self, topic: str, queue_id: int) -> int:
+        """The first queue offset whose message this node's log holds (0 until retention or a snapshot
+        compacted the log; docs/broker.md, "Retention"); remembered until the log's start moves."""
+        store = self.node.log_store
+        key = (topic, queue_id)
+        first = store.first_index
+        hit = self._first_held.get(key)
+        if hit is not None and hit[0] == first:
+            return hit[1]
+        if first <= 0:
+            held = 0
+        else:
+            cq = self.sm.queue(topic, queue_id)
+            held = retention.first_held(
+                cq, self.sm.next_offset(topic, queue_id), store.snapshot_point().end_pos
+            )
+        if len(self._first_held) > 65_536:
+            self._first_held.clear()
+        self._first_held[key] = (first, held)
+        return held
 
     def read(self, topic: str, queue_id: int, offset: int) -> message.Message | None:
         """The committed message at a queue offset, or None when this node's log no longer holds it."""

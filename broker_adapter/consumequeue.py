@@ -8,7 +8,8 @@
 The unit for queue offset q is at byte ``q * 20`` across files of 300,000 units (6,000,000 bytes) named by the
 absolute byte position of their first byte (20 digits), under ``consumequeue/<topic>/<queueId>/``. Units are
 written only for committed messages, so a ConsumeQueue is derived data: on restart it is checked against the log
-and repaired (``truncate`` drops units beyond the log; the dispatcher re-dispatches what is missing).
+and repaired (``truncate`` drops units beyond the log; the dispatcher re-dispatches what is missing). Retention
+deletes whole files at the front (``drop_before``): offsets below ``min_offset`` read as no units.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class ConsumeQueue:
         self._fds: dict[int, int] = {}  # file start byte -> fd
         self._dirty: set[int] = set()
         self.max_offset = self._recover()
+        files = self._files()
+        self.min_offset = files[0] // UNIT_SIZE if files else 0  # units below: their file was deleted
 
     # -- files ---------------------------------------------------------------------------------------------
     def _files(self) -> list[int]:
@@ -138,6 +141,21 @@ class ConsumeQueue:
         self.max_offset = queue_offset
         return removed
 
+    def drop_before(self, queue_offset: int) -> int:
+        """Delete the files whose every unit is below ``queue_offset`` (retention: the log no longer holds
+        their messages), never the last one; returns how many were deleted."""
+        files = self._files()
+        byte = queue_offset * UNIT_SIZE
+        dropped = 0
+        for start in files[:-1]:
+            if start + self._file_size > byte:
+                break
+            self._close_file(start)
+            os.unlink(self.dir / f"{start:020d}")
+            dropped += 1
+            self.min_offset = (start + self._file_size) // UNIT_SIZE
+        return dropped
+
     def flush(self) -> None:
         for start in self._dirty:
             fd = self._fds.get(start)
@@ -159,7 +177,7 @@ class ConsumeQueue:
         if queue_offset < 0:
             raise IndexError(f"{self.topic}/{self.queue_id}: negative queue offset {queue_offset}")
         n = min(max_units, self.max_offset - queue_offset)
-        if n <= 0:
+        if n <= 0 or queue_offset < self.min_offset:
             return []
         byte = queue_offset * UNIT_SIZE
         start = byte - byte % self._file_size
@@ -176,7 +194,7 @@ class ConsumeQueue:
         if queue_offset < 0:
             raise IndexError(f"{self.topic}/{self.queue_id}: negative queue offset {queue_offset}")
         n = min(max_units, self.max_offset - queue_offset)
-        if n <= 0:
+        if n <= 0 or queue_offset < self.min_offset:
             return [], []
         byte = queue_offset * UNIT_SIZE
         start = byte - byte % self._file_size

@@ -93,6 +93,19 @@ class BrokerStateMachine:
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._on_dispatch = on_dispatch  # (topic, queue_id, next queue offset): wakes long-polling pulls
 
+    # -- retention (broker_adapter/retention.py; set by the plugin when a policy is configured) ---------------
+    retention: Any = None
+
+    def retain_from(self) -> int | None:
+        """The first log index retention keeps, for the runtime's compaction; None: no retention policy."""
+        return None if self.retention is None else self.retention.retain_from()
+
+    def queues_held(self) -> list[tuple[str, int, ConsumeQueue, int]]:
+        """Every queue of every topic: (topic, queue id, its ConsumeQueue, its next offset)."""
+        return [
+            (t, q, self.queue(t, q), self.next_offset(t, q)) for t, n in self.topics.items() for q in range(n)
+        ]
+
     # -- queues --------------------------------------------------------------------------------------------
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         key = (topic, queue_id)

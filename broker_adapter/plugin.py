@@ -19,6 +19,7 @@ from broker_adapter.allocator import QueueOffsetAllocator
 from broker_adapter.broker import Broker
 from broker_adapter.dispatcher import BrokerStateMachine
 from broker_adapter.nameserver.registrar import Registrar, node_credentials
+from broker_adapter.retention import Retention, RetentionPolicy
 from dledger.plugins import NodeHandle
 from dledger.v1 import broker_pb2_grpc, nameserver_pb2
 from storage.codec import MAGIC_NORMAL
@@ -58,6 +59,12 @@ class BrokerPlugin:
             # The snapshot covers units this node's ConsumeQueues lack: rebuild them from the log where it can.
             self.state_machine.repair(
                 (e.index, e.pos, e.body) for e in _scan(store, store.first_index, store.last_index)
+            )
+        policy = RetentionPolicy.of(node.config)
+        if policy.active:
+            sm = self.state_machine
+            sm.retention = Retention(
+                policy, store, lambda: sm.applied_index, sm.queues_held, node.config.data_dir
             )
         self.allocator = QueueOffsetAllocator(
             self.state_machine, read_entries, lambda: self.state_machine.applied_index

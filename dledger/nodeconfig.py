@@ -73,7 +73,15 @@ _TOP_KEYS = {
     "broker",
     "security",
 }
-_BROKER_KEYS = {"auto_create_topic_queues", "nameservers", "cluster", "nameserver_heartbeat_ms"}
+_BROKER_KEYS = {
+    "auto_create_topic_queues",
+    "nameservers",
+    "cluster",
+    "nameserver_heartbeat_ms",
+    "retention_hours",
+    "retention_bytes",
+    "disk_max_used_percent",
+}
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
 _SNAPSHOT_KEYS = {"entries": "snapshot_entries", "bytes": "snapshot_bytes", "keep": "snapshot_keep"}
 
@@ -106,6 +114,11 @@ class NodeConfig:
     nameserver_heartbeat_ms: int = 2_000  # re-registration period; the name server expires a node after 120 s
     # [security] TLS on the port, peer identity, users and permissions; None (no table): off (docs/security.md)
     security: SecurityConfig | None = None
+    # [broker] retention (broker_adapter/retention.py, docs/broker.md "Retention"); 0 turns each off, and with all
+    # off the snapshot policy alone compacts the log. RocketMQ's fileReservedTime and diskMaxUsedSpaceRatio.
+    retention_hours: float = 0.0
+    retention_bytes: int = 0
+    disk_max_used_percent: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
@@ -167,6 +180,14 @@ class NodeConfig:
             raise ConfigError(
                 f"[broker] cluster {self.cluster!r} is invalid: use 1-64 letters, digits, '_', '.', '-'"
             )
+        for name, hi in (
+            ("retention_hours", 1e6),
+            ("retention_bytes", 1 << 62),
+            ("disk_max_used_percent", 100),
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= hi:
+                raise ConfigError(f"[broker] {name} must be a number in 0..{hi:g} (0: off), got {v!r}")
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise ConfigError(f"data_dir {self.data_dir} exists and is not a directory")
 

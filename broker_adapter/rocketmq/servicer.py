@@ -475,7 +475,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         topic, qid = self._queue(request.message_queue)
         policy = request.query_offset_policy
         if policy == definition_pb2.BEGINNING:
-            offset = 0
+            offset = self._broker.first_held(topic, qid)  # what retention kept
         elif policy == definition_pb2.END:
             offset = self._broker.sm.next_offset(topic, qid)
         elif policy == definition_pb2.TIMESTAMP:

@@ -113,7 +113,9 @@ class Snapshots:
 
     def maybe_snapshot(self) -> None:
         """Start a snapshot when ``snapshot_entries`` entries or ``snapshot_bytes`` body bytes were applied since
-        the last one (one at a time; a point passed meanwhile is picked up when the running one ends)."""
+        the last one (one at a time; a point passed meanwhile is picked up when the running one ends). With a
+        retention floor (``retain_from``), also compact the log up to it: at once when a snapshot covers it,
+        else after taking one."""
         apply = self._apply
         cfg = self.config
         due = (
@@ -121,10 +123,46 @@ class Snapshots:
             or apply.applied_bytes - self._last_bytes >= cfg.snapshot_bytes
         )
         retry_ok = apply.applied_index >= self._retry_after
-        if due and retry_ok and self.task is None and not self._closing():
+        if self.task is not None or self._closing():
+            return
+        if due and retry_ok:
             self.task = asyncio.get_running_loop().create_task(
                 self._policy_snapshot(), name=f"{self.id}-snapshot"
             )
+            return
+        floor = self.retain_from()
+        if floor is None or floor <= self._log.first_index:
+            return
+        if floor - 1 <= self._last_index:
+            self.task = asyncio.get_running_loop().create_task(
+                self._retention_compaction(floor), name=f"{self.id}-retention"
+            )
+        elif retry_ok:  # the floor passed the newest snapshot: take one (it compacts up to the floor)
+            self.task = asyncio.get_running_loop().create_task(
+                self._policy_snapshot(), name=f"{self.id}-snapshot"
+            )
+
+    def retain_from(self) -> int | None:
+        """The state machine's retention floor: the first log index it wants kept (None: no policy, and a
+        snapshot compacts the log up to itself). Optional: only a state machine with ``retain_from`` has one."""
+        f = getattr(self.state_machine, "retain_from", None)
+        return None if f is None else f()
+
+    async def _retention_compaction(self, floor: int) -> None:
+        try:
+            async with self._lock:
+                cut = min(floor, self._last_index + 1)  # a snapshot covers every entry before the cut
+                if cut > self._log.first_index:
+                    await self._io.run(self._log.compact_prefix, cut)
+                    self.stats["retention_compactions"] += 1
+                    log.info("%s: retention: the log now starts at %d", self.id, self._log.first_index)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.stats["retention_failures"] += 1
+            log.error("%s: compacting the log for retention failed: %r", self.id, e, exc_info=e)
+        finally:
+            self.task = None
 
     async def _policy_snapshot(self) -> None:
         ok = False
@@ -181,7 +219,9 @@ class Snapshots:
             self._last_index = index
             self._last_bytes = applied_bytes
             self.stats["snapshots_taken"] += 1
-            await self._io.run(self._log.compact_prefix, index + 1)
+            floor = self.retain_from()  # retention keeps what the policy keeps, however often snapshots come
+            cut = index + 1 if floor is None else min(index + 1, floor)
+            await self._io.run(self._log.compact_prefix, cut)
             log.info(
                 "%s: snapshot of %s at index %d (%d bytes); the log now starts at %d",
                 self.id,
