@@ -199,7 +199,9 @@ class Broker:
         )
         if n <= 0:
             return Pulled([], offset, end)
-        data, sizes = self._stored(topic, queue_id, offset, n)
+        offset, n, data, sizes = self._stored_held(topic, queue_id, offset, n, end)
+        if n <= 0:
+            return Pulled([], offset, end)
         msgs = self._decoded(topic, queue_id, offset, data, sizes)
         if select is not None:
             return Pulled([m for m in msgs if select(m)], offset + len(sizes), end)
@@ -238,7 +240,9 @@ class Broker:
         )
         if n <= 0:
             return PulledRaw(b"", 0, offset, end)
-        data, sizes = self._stored(topic, queue_id, offset, n)
+        offset, n, data, sizes = self._stored_held(topic, queue_id, offset, n, end)
+        if n <= 0:
+            return PulledRaw(b"", 0, offset, end)
         if select is not None:
             msgs = self._decoded(topic, queue_id, offset, data, sizes)
             kept, at = [], 0
@@ -279,6 +283,23 @@ class Broker:
             end = sm.next_offset(topic, qid)
         offset = max(offset, self.first_held(topic, qid))
         return offset, max(0, min(max_messages, end - offset)), end
+
+    def _stored_held(
+        self, topic: str, qid: int, offset: int, n: int, end: int
+    ) -> tuple[int, int, bytes, list[int]]:
+        """``_stored``, moved on to the first held offset when the log's start passed ``offset`` meanwhile
+        (retention compacts on the I/O thread while a pull waits): (offset, n, data, sizes)."""
+        while True:
+            try:
+                data, sizes = self._stored(topic, qid, offset, n)
+                return offset, n, data, sizes
+            except NotFoundError:
+                held = self.first_held(topic, qid)
+                if held <= offset:
+                    raise
+                offset, n = held, max(0, min(n, end - held))
+                if n == 0:
+                    return offset, 0, b"", []
 
     def _stored(self, topic: str, qid: int, offset: int, n: int) -> tuple[bytes, list[int]]:
         """The stored bytes of up to ``n`` consecutive messages from ``offset``, concatenated, and each one's

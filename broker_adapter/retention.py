@@ -23,6 +23,7 @@ offset fell behind is answered from the first kept offset (``first_held``).
 
 from __future__ import annotations
 
+import logging
 import shutil
 import struct
 import time
@@ -35,6 +36,8 @@ from broker_adapter import commands
 from broker_adapter.consumequeue import ConsumeQueue
 from storage.api import LogStore
 from storage.codec import HEADER_SIZE, MAGIC_NORMAL
+
+log = logging.getLogger(__name__)
 
 _STORE_TIMESTAMP: Final = struct.Struct(">q")  # STORETIMESTAMP at byte 56 of a message (docs/formats.md, 5)
 _STORE_TIMESTAMP_AT: Final = 56
@@ -149,8 +152,9 @@ def first_held(cq: ConsumeQueue, end: int, first_pos: int) -> int:
 
 class Retention:
     """One node's retention: ``retain_from()`` (asked by the runtime after every applied chunk) evaluates the
-    policy at most every ``CHECK_INTERVAL_S`` and, when the log's start moved since, deletes the ConsumeQueue
-    files wholly below each queue's first held offset. Runs on the node's event loop, like the dispatcher."""
+    policy every ``CHECK_INTERVAL_S`` or every eighth of ``max_bytes`` of new log, whichever comes first, and,
+    when the log's start moved since, deletes the ConsumeQueue files wholly below each queue's first held
+    offset. Runs on the node's event loop, like the dispatcher."""
 
     def __init__(
         self,
@@ -168,6 +172,9 @@ class Retention:
         self._data_dir = data_dir
         self._clock = clock
         self._checked_at = float("-inf")
+        self._checked_end = 0
+        # also evaluated after this many new log bytes, so a fast producer cannot outrun the policy by much
+        self._step = max(64 << 10, policy.max_bytes // 8) if policy.max_bytes else 4 << 20
         self._point: int | None = None
         self._cleaned_first = -1
         self.stats = {"evaluations": 0, "consumequeue_files_deleted": 0}
@@ -180,10 +187,14 @@ class Retention:
 
     def retain_from(self) -> int | None:
         now = self._clock()
-        if now - self._checked_at >= CHECK_INTERVAL_S:
-            self._checked_at = now
+        end = self._log.tail().end_pos
+        if now - self._checked_at >= CHECK_INTERVAL_S or end - self._checked_end >= self._step:
+            self._checked_at, self._checked_end = now, end
             self.stats["evaluations"] += 1
-            self._point = first_kept(self._log, self._applied(), self.policy, self.disk())
+            point = first_kept(self._log, self._applied(), self.policy, self.disk())
+            if point != self._point:
+                log.debug("retention keeps the log from index %d (%s)", point, self.policy)
+            self._point = point
             self.clean_queues()
         return self._point
 
