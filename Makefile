@@ -55,7 +55,7 @@ format: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
 
-.PHONY: bench-replication bench-statemachine bench-broker bench-rocketmq bench-audit
+.PHONY: bench-replication bench-statemachine bench-broker bench-rocketmq bench-audit bench-retention
 bench-replication: $(STAMP)
 	$(BIN)/python -m bench.replication
 
@@ -64,6 +64,10 @@ bench-statemachine: $(STAMP)
 
 bench-broker: $(STAMP)
 	$(BIN)/python -m bench.broker
+
+# Produce with and without a retention policy that deletes as it goes (docs/broker.md, Retention).
+bench-retention: $(STAMP)
+	$(BIN)/python -m bench.retention
 
 # The blocking clients shared by 64 threads against the async clients with 64 tasks, on one broker group.
 .PHONY: bench-cluster
