@@ -101,7 +101,12 @@ def broker(
         F.col("tags_code").alias("m_tags"),
     )
     committed = msgs.filter(F.col("m_index") <= F.lit(commit))
-    # Dense queue offsets in the committed log, per node and queue.
+    # A node whose log was compacted (a snapshot, or retention: docs/broker.md) no longer holds the messages
+    # before its first entry: its queues start later, and units pointing before that entry are "compacted".
+    compacted = [lay.node for lay in layouts if lay.start is not None and lay.start.first_index > 0]
+    starts = entries.groupBy("node").agg(F.min("pos").alias("log_start"))
+    # Dense queue offsets in the committed log, per node and queue (from 0 unless the log was compacted).
+    from_zero = ~F.col("node").isin(compacted) if compacted else F.lit(True)
     dense = (
         committed.groupBy("node", "topic", "queue_id")
         .agg(
@@ -110,7 +115,11 @@ def broker(
             F.min("queue_offset").alias("lo"),
             F.max("queue_offset").alias("hi"),
         )
-        .filter((F.col("n") != F.col("distinct")) | (F.col("lo") != 0) | (F.col("hi") != F.col("n") - 1))
+        .filter(
+            (F.col("n") != F.col("distinct"))
+            | ((F.col("lo") != 0) & from_zero)
+            | (F.col("hi") - F.col("lo") != F.col("n") - 1)
+        )
     )
     for r in dense.orderBy("node", "topic", "queue_id").collect():
         rule = "queue_offset_duplicate" if r["n"] != r["distinct"] else "queue_offset_gap"
@@ -145,10 +154,20 @@ def broker(
     )
     qmax = units.groupBy("node", "topic", "queue_id").agg(F.max("queue_offset").alias("qmax"))
     key = ["node", "topic", "queue_id", "queue_offset"]
-    j = u.join(msgs, key, "full_outer").join(qmax, ["node", "topic", "queue_id"], "left")
+    j = (
+        u.join(msgs, key, "full_outer")
+        .join(qmax, ["node", "topic", "queue_id"], "left")
+        .join(starts, ["node"], "left")
+    )
     has_u, has_m = F.col("u_clo").isNotNull(), F.col("m_clo").isNotNull()
+    gone = (
+        F.col("node").isin(compacted) & (F.col("u_clo") < F.col("log_start") + HEADER_SIZE)
+        if compacted
+        else None
+    )
+    cls = F.when(has_u & ~has_m & gone, "compacted") if gone is not None else F
     cls = (
-        F.when(has_u & ~has_m, "unit_without_message")
+        cls.when(has_u & ~has_m, "unit_without_message")
         .when(has_u & (F.col("m_index") > commit), "unit_uncommitted")
         .when(
             has_u
@@ -176,6 +195,11 @@ def broker(
             violations[rule] = counts[rule]
             rows = j.filter(F.col("cls") == rule).orderBy(*key).limit(SAMPLES_PER_RULE).collect()
             samples.extend(_unit_violation(r, rule, layouts) for r in rows)
+    if counts.get("compacted"):
+        notes.append(
+            f"{counts['compacted']} units point before their node's compacted log start (retention or a "
+            "snapshot deleted those messages)"
+        )
     if counts.get("not_dispatched"):
         warnings["not_dispatched"] = counts["not_dispatched"]
         notes.append(
