@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 # A receive that found every queue busy or drained looks again at least this often.
 BUSY_RECHECK_S: Final = 0.2
+# Offsets deleted by retention that one Pop command passes over (a group far behind skips them in few commands).
+PASS_OVER: Final = 4096
 
 
 def now_ms() -> int:
@@ -96,6 +98,8 @@ class Pops:
         while True:
             now = now_ms()
             q = sm.pops.view(key, sm.offsets.get(key, 0))
+            if await self._pass_over_deleted(key, q.next, now, invisible_ms):
+                continue
             offsets = q.deliverable(now, sm.next_offset(topic, qid), batch)
             if not offsets:
                 return None
@@ -109,6 +113,22 @@ class Pops:
                 return popped, {d.offset: msgs[d.offset] for d in popped.deliveries}
             if take:  # taken by an earlier pop still in the log tail
                 return None
+
+    async def _pass_over_deleted(
+        self, key: tuple[str, str, int], next_offset: int, now: int, invisible_ms: int
+    ) -> bool:
+        """Retention deleted offsets the group never received (docs/broker.md, "Retention"): pass over up to
+        ``PASS_OVER`` of them in one Pop command, instead of a receive batch at a time. True when it moved on."""
+        group, topic, qid = key
+        held = self._broker.first_held(topic, qid)
+        if next_offset >= held:
+            return False
+        gone = tuple(range(next_offset, min(held, next_offset + PASS_OVER)))
+        (r,) = await self._broker.submit([commands.Pop(group, topic, qid, now, invisible_ms, (), gone)])
+        if isinstance(r, BaseException):
+            raise r if isinstance(r, DLedgerError) else NotFoundError(str(r))
+        sm = self._broker.sm
+        return sm.pops.view(key, sm.offsets.get(key, 0)).next > next_offset  # no progress: the usual path
 
     async def ack(self, group: str, topic: str, deliveries: Sequence[tuple[int, int, int]]) -> list[Any]:
         """Acknowledge deliveries (queue id, offset, epoch) of a group: one ``Handled`` (or error) each."""

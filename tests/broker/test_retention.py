@@ -5,6 +5,8 @@ deleted; a pull that fell behind the log's start goes on from the first held off
 
 from __future__ import annotations
 
+import asyncio
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -150,3 +152,22 @@ async def test_a_pull_behind_the_log_start_goes_on_from_the_first_held_offset(ma
     assert [m.queue_offset for m in p.messages] == [12, 13, 14, 15, 16] and p.next_offset == 17
     r = await broker.pull_raw("T", 0, 3, 64)
     assert (r.count, r.next_offset) == (8, 20)
+
+
+@run
+async def test_a_receive_behind_the_log_start_passes_over_the_deleted_in_one_command(made):  # noqa: F811
+    broker, node = made
+    await topic(broker)
+    await broker.send("T", [out(0, b"m%d" % i) for i in range(300)])
+    held = broker.read("T", 0, 250)
+    node.log_store.compact_prefix(broker.commitlog.locate(held.physical_offset, node.log_store.last_index))
+    assert broker.first_held("T", 0) == 250
+    before = len(node.proposals)
+    got = await broker.pops.receive(
+        "G", "T", 0, lambda m: True, 8, 60_000, 0, asyncio.get_running_loop().time() + 1
+    )
+    assert got is not None
+    qid, popped, msgs = got
+    assert qid == 0 and [d.offset for d in popped.deliveries] == list(range(250, 258))
+    assert msgs[250].body == b"m250"
+    assert len(node.proposals) - before == 2  # one Pop passed over 250 offsets, one delivered
