@@ -44,6 +44,7 @@ from broker_adapter.rocketmq import convert, route
 from broker_adapter.rocketmq.forward import Forwarder, client_id, forwarded
 from broker_adapter.rocketmq.invisibility import Handled, Outcome
 from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
+from broker_adapter.rocketmq.renewal import Renewals
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, from_dledger, of, status, unsupported
 from dledger.errors import DLedgerError, NotFoundError
 
@@ -81,8 +82,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.routes = route.Routes(self._node.group, self._node.config.peers.values())
         self._node.add_role_listener(self.routes.clear)
         self.clients: OrderedDict[str, ClientInfo] = OrderedDict()
+        # the PushConsumer's auto_renew: the leader keeps its messages invisible while its listener runs
+        self.renewals = Renewals(broker.pops.change_invisible, now_ms)
+        self._node.add_role_listener(self.renewals.clear)
 
     async def close(self) -> None:
+        await self.renewals.close()
         await self._forward.close()
 
     # -- plumbing ------------------------------------------------------------------------------------------
@@ -204,6 +209,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             raise bad_request("requests must carry the x-mq-client-id header", Code.CLIENT_ID_REQUIRED)
         self.clients.pop(cid, None)
         self.clients[cid] = ClientInfo(client_type, group, time.monotonic())
+        self.renewals.touch(cid)
         while len(self.clients) > MAX_CLIENTS:
             self.clients.popitem(last=False)
 
@@ -294,6 +300,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def _receive(self, request, context) -> AsyncIterator[service_pb2.ReceiveMessageResponse]:
         group = check_group(request.group.name)
+        self.renewals.touch(client_id(context))  # a long-polling client is alive: its messages stay renewed
         topic, qid = self._queue(request.message_queue)
         batch = request.batch_size
         if not 1 <= batch <= MAX_RECEIVE_BATCH:
@@ -324,6 +331,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
             return
         qid, popped, msgs = got
+        if request.auto_renew:
+            self.renewals.received(group, topic, popped, client_id(context))
         yield service_pb2.ReceiveMessageResponse(status=status())
         # As RocketMQ's proxy does: the clients time delivery latency from it (the PushConsumer fails every
         # received batch without it).
@@ -368,9 +377,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 statuses.append(of(err))
                 continue
             statuses.append(None)
-            acks.append((i, (h.queue_id, h.offset, h.epoch)))
+            epoch = self.renewals.epoch(group, topic, h.queue_id, h.offset, h.epoch)
+            acks.append((i, (h.queue_id, h.offset, epoch)))
         if acks:
             done = await self._broker.pops.ack(group, topic, [a for _, a in acks])
+            for _, (q, o, _e) in acks:
+                self.renewals.done(group, topic, q, o)
             for (i, _), r in zip(acks, done, strict=True):
                 statuses[i] = _handled_status(r, "acknowledge")
         resp = service_pb2.AckMessageResponse(status=_overall(statuses))
@@ -399,9 +411,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 f"invisible_duration must be 0..{MAX_INVISIBLE_MS} ms, got {invisible_ms} ms",
                 Code.ILLEGAL_INVISIBLE_TIME,
             )
-        r = await self._broker.pops.change_invisible(
-            group, topic, h.queue_id, h.offset, h.epoch, invisible_ms
-        )
+        epoch = self.renewals.epoch(group, topic, h.queue_id, h.offset, h.epoch)
+        self.renewals.done(group, topic, h.queue_id, h.offset)  # the client decides from now on
+        r = await self._broker.pops.change_invisible(group, topic, h.queue_id, h.offset, epoch, invisible_ms)
         st = _handled_status(r, "change the invisible duration of")
         if st.code != Code.OK:
             return service_pb2.ChangeInvisibleDurationResponse(status=st)

@@ -1,0 +1,122 @@
+"""Server-side renewal of invisible time for the PushConsumer's ``auto_renew`` receives (``renewal``): the leader
+changes the invisible time of a message its client still processes shortly before it runs out, the handle the
+client holds then acknowledges the renewed delivery, and a client that went silent is not renewed. Driven through
+the real servicer over the in-memory node double of ``tests/broker`` (the renewal's clock moved by the test), and
+(``-m slow``, 80 s) with the official PushConsumer on a real group."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from rocketmq import FilterExpression, PushConsumer, SimpleConsumer
+from rocketmq.grpc_protocol import Code, service_pb2
+from rocketmq.v5.consumer.push.message_listener import ConsumeResult, MessageListener
+
+from broker_adapter.broker_pop import now_ms
+from broker_adapter.client import Producer as OurProducer
+from broker_adapter.rocketmq import renewal
+from broker_adapter.rocketmq.servicer import MessagingServicer
+from tests.broker.test_broker import made, out, run, topic  # noqa: F401  (fixture and helpers)
+from tests.rocketmq.conftest import client_config, create_topic, running
+from tests.rocketmq.test_routes import Context
+
+
+async def receive(s: MessagingServicer, auto_renew: bool) -> str:
+    req = service_pb2.ReceiveMessageRequest(batch_size=1, auto_renew=auto_renew)
+    req.group.name, req.message_queue.topic.name, req.message_queue.id = "G", "T", 0
+    req.long_polling_timeout.FromMilliseconds(0)
+    got = [r async for r in s.ReceiveMessage(req, Context())]
+    (m,) = [r.message for r in got if r.HasField("message")]
+    return m.system_properties.receipt_handle
+
+
+async def ack(s: MessagingServicer, handle: str) -> service_pb2.AckMessageResponse:
+    req = service_pb2.AckMessageRequest()
+    req.group.name, req.topic.name = "G", "T"
+    req.entries.add(message_id="m", receipt_handle=handle)
+    return await s.AckMessage(req, Context())
+
+
+@run
+async def test_an_auto_renewed_message_stays_invisible_and_its_first_handle_acks_it(made):  # noqa: F811
+    broker, _ = made
+    await topic(broker, queues=1)
+    await broker.send("T", [out(0, b"slow")])
+    s = MessagingServicer(broker)
+    try:
+        handle = await receive(s, auto_renew=True)
+        ((key, r),) = s.renewals.tracked.items()
+        clock = [now_ms()]
+        s.renewals._clock = lambda: clock[0]
+        clock[0] = r.deadline_ms - renewal.LEAD_MS // 2  # the listener still runs, close to the deadline
+        s.renewals.touch("c1")
+        assert await s.renewals.renew_due() == 1
+        inflight = broker.sm.pops.get(("G", "T", 0)).inflight[key[3]]
+        assert inflight.epoch == r.epoch != r.handed_epoch  # a new delivery epoch ...
+        resp = await ack(s, handle)  # ... which the handle the client holds acknowledges
+        assert resp.status.code == Code.OK, resp.status.message
+        assert not s.renewals.tracked and not broker.sm.pops.get(("G", "T", 0)).inflight
+    finally:
+        await s.close()
+
+
+@run
+async def test_a_silent_client_or_a_plain_receive_is_not_renewed(made):  # noqa: F811
+    broker, _ = made
+    await topic(broker, queues=1)
+    await broker.send("T", [out(0, b"a"), out(0, b"b")])
+    s = MessagingServicer(broker)
+    try:
+        await receive(s, auto_renew=False)
+        assert not s.renewals.tracked  # a SimpleConsumer's receive: its invisible time is its own
+        await receive(s, auto_renew=True)
+        ((_, r),) = s.renewals.tracked.items()
+        s.renewals._clock = lambda: r.deadline_ms - 1_000 + renewal.CLIENT_TTL_MS * 0  # due ...
+        s.renewals.seen["c1"] = (
+            r.deadline_ms - 1_000 - renewal.CLIENT_TTL_MS - 1
+        )  # ... but the client is gone
+        assert await s.renewals.renew_due() == 0
+        assert not s.renewals.tracked
+    finally:
+        await s.close()
+
+
+class _Slow(MessageListener):
+    """A listener that takes longer than one invisible-time slice on its first message."""
+
+    def __init__(self, hold_s: float) -> None:
+        self.hold_s = hold_s
+        self.lock = threading.Lock()
+        self.calls: list[bytes] = []
+        self.finished = threading.Event()
+
+    def consume(self, message) -> ConsumeResult:
+        with self.lock:
+            self.calls.append(bytes(message.body))
+        time.sleep(self.hold_s)
+        self.finished.set()
+        return ConsumeResult.SUCCESS
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_official_push_consumer_listener_outlasting_the_invisible_time_gets_its_message_once(broker_group):
+    """A real group and the official PushConsumer: its listener holds the message 15 s longer than one slice
+    (60 s); the leader renews it, so it is not delivered again meanwhile, and the listener's ack sticks."""
+    g = broker_group
+    create_topic(g, "rmq-renew", 1)
+    with OurProducer(g.addresses) as p:
+        p.send("rmq-renew", b"slow-one")
+    listener = _Slow(renewal.SLICE_MS / 1000 + 15)
+    consumer = PushConsumer(client_config(g), "rmq-renew-g", listener, {"rmq-renew": FilterExpression()})
+    with running(consumer):
+        assert listener.finished.wait(renewal.SLICE_MS / 1000 + 60), "the listener never finished"
+        time.sleep(3)  # room for a wrong redelivery to show up, and for the ack
+    assert listener.calls == [b"slow-one"], f"delivered {len(listener.calls)} times"
+    with running(
+        SimpleConsumer(client_config(g), "rmq-renew-g", {"rmq-renew": FilterExpression()}, await_duration=1)
+    ) as c:
+        assert c.receive(8, 20) == [], "the acknowledged message came back"
