@@ -63,9 +63,8 @@ class Broker:
         self._sender = Sender(self, allocator)
         self.send = self._sender.send  # bound once: the hot path pays no extra call
         self.pops = Pops(self)  # RocketMQ 5 consumption: pop, ack, change invisible duration
-        self._first_held: dict[
-            tuple[str, int], tuple[int, int]
-        ] = {}  # -> (log first index, first held offset)
+        # (topic, queue id) -> (the log's first index, the first offset held then): ``first_held``
+        self._first_held: dict[tuple[str, int], tuple[int, int]] = {}
 
     # -- hooks ---------------------------------------------------------------------------------------------
     def dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
