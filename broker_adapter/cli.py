@@ -18,6 +18,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from broker_adapter.client import BrokerConnection, Consumer, Producer, SendResult
+from broker_adapter.sqlfilter import FilterSyntaxError
 from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, console, fail
 from dledger.errors import DLedgerError
 
@@ -220,21 +221,34 @@ def consume(
     idle_s: Annotated[float, typer.Option("--idle-s", help="stop after this long with nothing new")] = 2.0,
     out: Annotated[Path | None, typer.Option("--out", help="JSON line per consumed message")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no line per message")] = False,
+    sql_filter: Annotated[
+        str | None,
+        typer.Option("--filter", help="SQL92 over properties and TAGS, e.g. \"TAGS IN ('a') AND n > 3\""),
+    ] = None,
     dir: DirOpt = None,
     addresses: AddressesOpt = None,
     nameservers: NameServersOpt = None,
 ) -> None:
-    """Consume every queue of a topic as a group, committing offsets as it goes. With --nameservers: this
+    """Consume every queue of a topic as a group, committing offsets as it goes (with --filter, only the
+    messages a SQL92 expression selects; the offsets pass the others). With --nameservers: this
     process is one member of the group and reads its share of every group's queues, rebalancing as members come
     and go (a new group starts at each queue's committed offset, or at 0)."""
     if nameservers:
+        if sql_filter:
+            fail("--filter is not supported with --nameservers yet")
         _consume_cluster(nameservers, topic, group, count, idle_s, out, quiet)
         return
+    try:
+        filtered = Consumer(
+            addresses_of(dir, addresses, state_machine="broker"), group, sql_filter=sql_filter
+        )
+    except FilterSyntaxError as e:
+        fail(str(e))
     sink = open(out, "a") if out else None  # noqa: SIM115 - closed in finally
     n = 0
     t0 = time.monotonic()
     try:
-        with Consumer(addresses_of(dir, addresses, state_machine="broker"), group) as c, _progress() as bar:
+        with filtered as c, _progress() as bar:
             task = bar.add_task(f"consume {topic}", total=count or None, visible=count >= PROGRESS_FROM)
             try:
                 for m in c.messages(topic, from_beginning=from_beginning, idle_s=idle_s, limit=count or None):

@@ -6,6 +6,9 @@ only matching messages and its committed offsets pass the others; a bad expressi
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import grpc
@@ -150,3 +153,48 @@ def test_our_consumer_pulls_only_what_its_filter_selects(broker_group):
         assert [c.committed(topic, q) for q in range(2)] == list(ends)
     with OurConsumer(g.addresses, "sql-ours-raw", sql_filter="i > 100") as c:
         assert c.pull(topic, 0, 0, max_messages=64) == []  # nothing matches: an empty batch, no error
+
+
+def test_dledger_consume_filter(broker_group, tmp_path):
+    """``dledger consume --filter``: the CLI's consumer takes only what the expression selects; a bad one is an
+    error naming the position, and exit 1."""
+    g = broker_group
+    topic = "sql-cli"
+    create_topic(g, topic, 2)
+    sent = send_some(g, topic, 0, 30)
+    out = tmp_path / "out.jsonl"
+    base = [
+        sys.executable,
+        "-m",
+        "dledger",
+        "consume",
+        "--addresses",
+        ",".join(g.addresses),
+        "--topic",
+        topic,
+    ]
+    r = subprocess.run(
+        [
+            *base,
+            "--group",
+            "sql-cli-g",
+            "--from-beginning",
+            "--quiet",
+            "--idle-s",
+            "1",
+            "--out",
+            str(out),
+            "--filter",
+            SQL,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    got = {json.loads(line)["msg_id"] for line in out.read_text().splitlines()}
+    assert got == {mid for mid, i in sent.items() if selected(i)}
+    bad = subprocess.run(
+        [*base, "--group", "sql-cli-bad", "--filter", "i >"], capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode == 1 and "position 4" in bad.stderr
