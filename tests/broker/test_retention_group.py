@@ -4,6 +4,7 @@
   (plus the two partly used segments at its ends), and no node deleted more than the policy says: from the first
   message a node still holds to the log's end there are at least ``retention_bytes`` less one message. A group
   that reads from offset 0 is answered from the first held offset, then gets every later message, without gaps.
+- By age: messages older than the newest by the policy go on every node, none within it.
 - Independent of snapshots: with a snapshot every 100 entries and a policy that keeps everything, every node
   still serves every message from offset 0 after snapshots, a leader kill and a restart.
 """
@@ -123,3 +124,40 @@ def test_snapshots_no_longer_delete_what_the_policy_keeps(tmp_path, groups):
         poll(lambda n=n: len(read_all(g, "keep", n, 2)) == sent, 30, f"{n.id} serving all {sent} messages")
         bodies = sorted(int(m.body[1:]) for m in read_all(g, "keep", n, 2))
         assert bodies == list(range(sent))
+
+
+def test_retention_by_age_deletes_what_is_older_than_the_newest_by_the_policy(tmp_path, groups):
+    """``retention_hours = 0.001`` (3.6 s): messages sent first are deleted on every node once messages stored
+    more than 3.6 s later arrive, and no node deletes a message stored within 3.6 s of the newest it holds. Age
+    runs on the messages' store times: the test waits for the producer's own later sends, and checks store
+    times, never a duration."""
+    keep_ms = 3_600
+    g = start(tmp_path / "g", "retention_hours = 0.001", snapshot_entries=100_000)
+    groups.append(g)
+    create_topic(g, "age", 1)
+    stored: dict[int, int] = {}  # queue offset -> store time, as read while still held
+
+    def look() -> list[list]:
+        held = [read_all(g, "age", n, 1) for n in g.nodes]
+        for msgs in held:
+            stored.update((m.queue_offset, m.store_timestamp) for m in msgs)
+        return held
+
+    with Producer(g.addresses) as p:
+        first = [p.send("age", b"old%d" % i) for i in range(50)]
+        look()
+        assert len(stored) == 50
+
+        def old_ones_gone() -> bool:
+            p.send("age", b"new")  # one more send per look (bounded by the poll)
+            return all(msgs and msgs[0].queue_offset > first[-1].queue_offset for msgs in look())
+
+        poll(old_ones_gone, 60, "the first messages deleted on every node", interval_s=0.2)
+    for n, msgs in zip(g.nodes, look(), strict=True):
+        newest = max(m.store_timestamp for m in msgs)
+        gone = msgs[0].queue_offset - 1  # the newest message this node deleted
+        assert stored[gone] < newest - keep_ms + 1, f"{n.id} deleted offset {gone} within the policy"
+        offsets = [m.queue_offset for m in msgs]
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), (
+            f"{n.id}: a gap in what it keeps"
+        )
