@@ -1,6 +1,6 @@
 """Retention on real three-node groups (issue 16; ``broker_adapter.retention``).
 
-- By bytes: a producer that keeps sending (bounded here) never makes any node's log files outgrow the policy
+- By bytes: after a producer that kept sending (bounded here), every node's log files are within the policy
   (plus the two partly used segments at its ends), and no node deleted more than the policy says: from the first
   message a node still holds to the log's end there are at least ``retention_bytes`` less one message. A group
   that reads from offset 0 is answered from the first held offset, then gets every later message, without gaps.
