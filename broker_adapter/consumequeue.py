@@ -151,7 +151,7 @@ class ConsumeQueue:
             if start + self._file_size > byte:
                 break
             self._close_file(start)
-            os.unlink(self.dir / f"{start:020d}")
+            self.io.unlink(str(self.dir / f"{start:020d}"))
             dropped += 1
             self.min_offset = (start + self._file_size) // UNIT_SIZE
         return dropped

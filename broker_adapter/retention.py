@@ -1,5 +1,5 @@
 """Retention: how long the broker keeps messages, by age and by disk use, independent of how often snapshots are
-taken (docs/broker.md, "Retention"; why a log-derived decision per node: docs/decisions/0014-retention-from-the-log.md).
+taken (docs/broker.md, "Retention"; why a log-derived decision per node: docs/decisions/0016-retention-from-the-log.md).
 
 RocketMQ deletes CommitLog files older than ``fileReservedTime`` (hours), and sooner when the disk is fuller than
 ``diskMaxUsedSpaceRatio``. Here the CommitLog is the replicated log, and deleting its prefix is Raft log
