@@ -132,6 +132,13 @@ class RaftLog:
                 return conf
         return self._confs[0][1]
 
+    def conf_before(self, index: int) -> tuple[int, Configuration]:
+        """(index, configuration) of the last config entry before ``index``, or the base (its snapshot point)."""
+        for i, conf in reversed(self._confs):
+            if i < index:
+                return i, conf
+        return self._confs[0]
+
     def _store_confs(self) -> list[tuple[int, Configuration]]:
         """The config entries in the store, read by headers (the apply loop replays the same range at start)."""
         store = self.store
