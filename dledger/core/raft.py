@@ -562,7 +562,7 @@ class RaftCore(Election, Replication, ReadIndex):
         self._election_elapsed += 1
         if self._election_elapsed >= self._randomized_timeout:
             self._election_elapsed = 0
-            if self._id in self._voter_set:  # learners and removed nodes never campaign
+            if self._may_campaign():
                 self._campaign(transfer=False)
 
     def _tick_heartbeat(self) -> None:
@@ -628,7 +628,7 @@ class RaftCore(Election, Replication, ReadIndex):
             self._leader = m.src
             self._on_install_snapshot(m)
         elif t is TimeoutNow:
-            if self._id not in self._voter_set:
+            if not self._may_campaign():
                 self._event(f"{self._id} ignored TimeoutNow from {m.src}: it is not a voter")
                 return
             self._event(f"{self._id} received TimeoutNow from {m.src} at term {self._term}: campaigning")
@@ -661,6 +661,15 @@ class RaftCore(Election, Replication, ReadIndex):
         self._peers = tuple(n for n in conf.members if n != self._id)  # everyone we replicate to, learners too
         self._voter_peers = tuple(n for n in conf.voters if n != self._id)  # everyone we ask for votes
         self._quorum = quorum_size(len(conf.voters)) if conf.voters else 1
+
+    def _may_campaign(self) -> bool:
+        """A voter campaigns; so does a voter whose removal is not committed yet (thesis §4.2.2: it may still be
+        needed, e.g. when it alone holds the entry that removes it; its own vote then does not count). Learners
+        and nodes outside the group never do."""
+        if self._id in self._voter_set:
+            return True
+        log = self._raft_log
+        return log.conf_index > log.committed and self._id in log.conf_before(log.conf_index)[1].voters
 
     def _on_conf_changed(self) -> None:
         """The log's configuration changed (appended, installed by a snapshot, or truncated away): use it now."""

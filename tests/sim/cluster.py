@@ -516,13 +516,13 @@ class Cluster:
 
     def _observe(self, node: SimNode) -> None:
         core = node.core
-        if core.role in (Role.PRE_CANDIDATE, Role.CANDIDATE) and node.id not in core.configuration.voters:
+        if core.role in (Role.PRE_CANDIDATE, Role.CANDIDATE) and not _may_lead(node.id, core):
             raise InvariantViolation(
                 f"membership: {node.id} campaigns but is not a voter of {core.configuration.describe()} "
                 f"(seed {self.seed})"
             )
         if core.role is Role.LEADER:
-            if core.term not in self.leaders_by_term and node.id not in core.configuration.voters:
+            if core.term not in self.leaders_by_term and not _may_lead(node.id, core):
                 # (a leader may later lead outside its configuration: after removing itself, until that commits)
                 raise InvariantViolation(f"membership: non-voter {node.id} won term {core.term} (seed {self.seed})")
             prev = self.leaders_by_term.setdefault(core.term, node.id)
@@ -589,6 +589,15 @@ class Cluster:
             known = self.committed.get(h.index)
             if known is not None and known[0] == h.term and known[1] != h.chain_crc:
                 raise InvariantViolation(f"committed entry {h.index} differs on {node.id} (seed {self.seed})")
+
+
+def _may_lead(nid: str, core: RaftCore) -> bool:
+    """A voter of the configuration in effect, or of the one before while the change removing it is uncommitted
+    (thesis §4.2.2); never a learner or a node outside the group."""
+    log = core.raft_log
+    if nid in log.configuration.voters:
+        return True
+    return log.conf_index > log.committed and nid in log.conf_before(log.conf_index)[1].voters
 
 
 def _describe(m: Message) -> str:

@@ -233,3 +233,31 @@ def test_a_truncated_config_entry_takes_its_configuration_with_it() -> None:
     assert c.nodes["n1"].core.configuration == Configuration(("n1", "n2", "n3"))
     assert c.nodes["n1"].core.role is Role.FOLLOWER
     expect_lines(c, "n1 uses configuration voters n1,n2,n3 learners n4", "n1 uses configuration voters n1,n2,n3 (")
+
+
+def test_a_removed_voter_that_alone_holds_its_removal_still_campaigns() -> None:
+    """Thesis §4.2.2: until the entry removing it commits, a removed voter may still be needed. Here n1 is the
+    only node holding 'remove n1'; n2 cannot win (n1's log is more up to date), so n1 campaigns, wins with n2's
+    vote alone (its own does not count), commits its removal, then steps down and hands over to n2."""
+    c = Cluster(3, seed=19)
+    elect(c, "n1")
+    c.change("n1", ConfChange(REMOVE, "n3"))
+    settle(c)
+    c.change("n1", ConfChange(REMOVE, "n1"))
+    c.drop_where(lambda m: m.src == "n1")  # n2 never hears of it
+    c.crash("n1")
+    c.restart("n1")
+    c.heal()
+    c.run_until(lambda: c.leader() == "n2" and c.nodes["n2"].core.configuration.voters == ("n2",))
+    settle(c)
+    q = c.propose("n2", [b"alone"])
+    settle(c)
+    assert c.nodes["n2"].core.commit_index >= q.first_index
+    expect_lines(
+        c,
+        "n1 became candidate",
+        "n1 became leader",
+        "n1 steps down",
+        "n2 became leader",
+    )
+    golden(c, "confchange_removed_voter_still_needed")
