@@ -95,16 +95,20 @@ class Configuration:
         if kind is ConfChangeKind.ADD_LEARNER or kind is ConfChangeKind.ADD_VOTER:
             if self.is_member(n):
                 role = "voter" if self.is_voter(n) else "learner"
-                hint = " (promote it instead)" if role == "learner" and kind is ConfChangeKind.ADD_VOTER else ""
+                hint = (
+                    " (promote it instead)" if role == "learner" and kind is ConfChangeKind.ADD_VOTER else ""
+                )
                 raise InvalidRequestError(f"cannot {kind.value} {n!r}: it is already a {role}{hint}")
             if kind is ConfChangeKind.ADD_LEARNER:
-                return Configuration(self.voters, self.learners + (n,))
-            return Configuration(self.voters + (n,), self.learners)
+                return Configuration(self.voters, (*self.learners, n))
+            return Configuration((*self.voters, n), self.learners)
         if kind is ConfChangeKind.PROMOTE:
             if not self.is_learner(n):
                 what = "already a voter" if self.is_voter(n) else "not a member"
-                raise InvalidRequestError(f"cannot promote {n!r}: it is {what}; only a learner can be promoted")
-            return Configuration(self.voters + (n,), tuple(x for x in self.learners if x != n))
+                raise InvalidRequestError(
+                    f"cannot promote {n!r}: it is {what}; only a learner can be promoted"
+                )
+            return Configuration((*self.voters, n), tuple(x for x in self.learners if x != n))
         if kind is ConfChangeKind.REMOVE:
             if not self.is_member(n):
                 raise InvalidRequestError(f"cannot remove {n!r}: it is not a member of {self.describe()}")

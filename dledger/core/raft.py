@@ -658,7 +658,9 @@ class RaftCore(Election, Replication, ReadIndex):
         self._conf = conf
         self._voters = conf.voters
         self._voter_set = frozenset(conf.voters)
-        self._peers = tuple(n for n in conf.members if n != self._id)  # everyone we replicate to, learners too
+        self._peers = tuple(
+            n for n in conf.members if n != self._id
+        )  # everyone we replicate to, learners too
         self._voter_peers = tuple(n for n in conf.voters if n != self._id)  # everyone we ask for votes
         self._quorum = quorum_size(len(conf.voters)) if conf.voters else 1
 

@@ -270,7 +270,9 @@ class RaftLog:
         point = self._store_snapshot_point()
         if point.index < 0:
             return None
-        return SnapshotMeta(point.index, point.term, point.chain_crc, point.end_pos, self.conf_at(point.index))
+        return SnapshotMeta(
+            point.index, point.term, point.chain_crc, point.end_pos, self.conf_at(point.index)
+        )
 
     def _store_snapshot_point(self) -> SnapshotMeta:
         p = self.store.snapshot_point()
@@ -599,9 +601,7 @@ def _decode_conf(data, off: int, size: int, index: int) -> Configuration:
         raise codec.FrameError(f"config entry {index}: {e}", off, index) from e
 
 
-def _scan(
-    frames: bytes, first_index: int
-) -> tuple[list[int], list[int], list[tuple[int, Configuration]]]:
+def _scan(frames: bytes, first_index: int) -> tuple[list[int], list[int], list[tuple[int, Configuration]]]:
     """Byte offset and term of each frame, and the configurations of its config entries: enough to place entries
     in the tail.
 

@@ -120,7 +120,9 @@ def test_restore_to_a_snapshot_and_compaction_reads() -> None:
     log = RaftLog(store, 1 << 30)
     log.maybe_append(-1, 0, frames(0, [1, 1]))
     persist(log, store)
-    meta = SnapshotMeta(index=10, term=3, chain_crc=77, end_pos=5000, conf=Configuration(("a", "b", "c"), ("d",)))
+    meta = SnapshotMeta(
+        index=10, term=3, chain_crc=77, end_pos=5000, conf=Configuration(("a", "b", "c"), ("d",))
+    )
     log.restore(meta)
     assert log.configuration == meta.conf and log.conf_index == 10
     assert log.term(10) == 3 and log.last_index == 10 and log.committed == 10

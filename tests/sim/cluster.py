@@ -118,7 +118,10 @@ class Cluster:
         self.conf_changes = 0  # config entries proposed
         for nid in self.ids:
             node = SimNode(
-                nid, MemoryLogStore(self.config.segment_size), MemoryMetaStore(), initial_voters=tuple(self.ids)
+                nid,
+                MemoryLogStore(self.config.segment_size),
+                MemoryMetaStore(),
+                initial_voters=tuple(self.ids),
             )
             self.nodes[nid] = node
             self._boot(node)
@@ -524,7 +527,9 @@ class Cluster:
         if core.role is Role.LEADER:
             if core.term not in self.leaders_by_term and not _may_lead(node.id, core):
                 # (a leader may later lead outside its configuration: after removing itself, until that commits)
-                raise InvariantViolation(f"membership: non-voter {node.id} won term {core.term} (seed {self.seed})")
+                raise InvariantViolation(
+                    f"membership: non-voter {node.id} won term {core.term} (seed {self.seed})"
+                )
             prev = self.leaders_by_term.setdefault(core.term, node.id)
             if prev != node.id:
                 raise InvariantViolation(

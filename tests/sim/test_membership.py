@@ -53,7 +53,9 @@ def test_add_a_learner_then_promote_it() -> None:
     settle(c)
     assert all(c.nodes[n].core.configuration.voters == ("n1", "n2", "n3", "n4") for n in c.ids)
     assert committed_everywhere(c, p.first_index, c.ids)
-    expect_lines(c, "n4 uses configuration voters n1,n2,n3 learners n4", "n4 uses configuration voters n1,n2,n3,n4")
+    expect_lines(
+        c, "n4 uses configuration voters n1,n2,n3 learners n4", "n4 uses configuration voters n1,n2,n3,n4"
+    )
     golden(c, "confchange_add_learner_promote")
 
 
@@ -107,7 +109,7 @@ def test_one_change_at_a_time_and_not_before_a_commit_in_the_term() -> None:
 def test_promote_waits_for_the_learner_to_catch_up() -> None:
     c = Cluster(3, seed=14)
     elect(c, "n1")
-    for k in range(5):
+    for _k in range(5):
         c.propose("n1", [b"x" * 200])
     settle(c)
     c.add_node("n4")
@@ -232,7 +234,9 @@ def test_a_truncated_config_entry_takes_its_configuration_with_it() -> None:
     settle(c, 80)
     assert c.nodes["n1"].core.configuration == Configuration(("n1", "n2", "n3"))
     assert c.nodes["n1"].core.role is Role.FOLLOWER
-    expect_lines(c, "n1 uses configuration voters n1,n2,n3 learners n4", "n1 uses configuration voters n1,n2,n3 (")
+    expect_lines(
+        c, "n1 uses configuration voters n1,n2,n3 learners n4", "n1 uses configuration voters n1,n2,n3 ("
+    )
 
 
 def test_a_removed_voter_that_alone_holds_its_removal_still_campaigns() -> None:
