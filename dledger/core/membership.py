@@ -45,8 +45,12 @@ class ConfChangeKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ConfChange:
+    """One change; ``address`` (host:port) goes with an added node into the configuration, so every member (and
+    any later leader) learns where the newcomer listens from the log itself."""
+
     kind: ConfChangeKind
     node: str
+    address: str = ""
 
     def __str__(self) -> str:
         return f"{self.kind.value} {self.node}"
@@ -54,10 +58,13 @@ class ConfChange:
 
 @dataclass(frozen=True, slots=True)
 class Configuration:
-    """The voters and learners of a group, in the order they were added (the order is shown, never relied on)."""
+    """The voters and learners of a group, in the order they were added (the order is shown, never relied on),
+    and the members' addresses where known ((id, host:port) pairs, sorted: the core never reads them, the runtime
+    dials them)."""
 
     voters: tuple[str, ...]
     learners: tuple[str, ...] = ()
+    addresses: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -70,10 +77,18 @@ class Configuration:
                     f"{list(self.learners)})"
                 )
             seen.add(n)
+        for n, _ in self.addresses:
+            if n not in seen:
+                raise InvalidRequestError(f"an address is given for {n!r}, which is not a member")
 
     @classmethod
-    def of(cls, voters: Iterable[str], learners: Iterable[str] = ()) -> Configuration:
-        return cls(tuple(voters), tuple(learners))
+    def of(
+        cls, voters: Iterable[str], learners: Iterable[str] = (), addresses: dict[str, str] | None = None
+    ) -> Configuration:
+        voters, learners = tuple(voters), tuple(learners)
+        members = set(voters) | set(learners)
+        addrs = tuple(sorted((n, a) for n, a in (addresses or {}).items() if n in members))
+        return cls(voters, learners, addrs)
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -88,10 +103,17 @@ class Configuration:
     def is_member(self, node: str) -> bool:
         return node in self.voters or node in self.learners
 
+    def address(self, node: str) -> str | None:
+        for n, a in self.addresses:
+            if n == node:
+                return a
+        return None
+
     def apply(self, change: ConfChange) -> Configuration:
         """The configuration after ``change``; ``InvalidRequestError`` with a reason when it does not apply."""
         n = change.node
         kind = change.kind
+        addrs = tuple((m, a) for m, a in self.addresses if m != n)
         if kind is ConfChangeKind.ADD_LEARNER or kind is ConfChangeKind.ADD_VOTER:
             if self.is_member(n):
                 role = "voter" if self.is_voter(n) else "learner"
@@ -99,23 +121,30 @@ class Configuration:
                     " (promote it instead)" if role == "learner" and kind is ConfChangeKind.ADD_VOTER else ""
                 )
                 raise InvalidRequestError(f"cannot {kind.value} {n!r}: it is already a {role}{hint}")
+            if change.address:
+                taken = [m for m, a in addrs if a == change.address]
+                if taken:
+                    raise InvalidRequestError(
+                        f"cannot {kind.value} {n!r} at {change.address}: member {taken[0]} listens there"
+                    )
+                addrs = tuple(sorted((*addrs, (n, change.address))))
             if kind is ConfChangeKind.ADD_LEARNER:
-                return Configuration(self.voters, (*self.learners, n))
-            return Configuration((*self.voters, n), self.learners)
+                return Configuration(self.voters, (*self.learners, n), addrs)
+            return Configuration((*self.voters, n), self.learners, addrs)
         if kind is ConfChangeKind.PROMOTE:
             if not self.is_learner(n):
                 what = "already a voter" if self.is_voter(n) else "not a member"
                 raise InvalidRequestError(
                     f"cannot promote {n!r}: it is {what}; only a learner can be promoted"
                 )
-            return Configuration((*self.voters, n), tuple(x for x in self.learners if x != n))
+            return Configuration((*self.voters, n), tuple(x for x in self.learners if x != n), self.addresses)
         if kind is ConfChangeKind.REMOVE:
             if not self.is_member(n):
                 raise InvalidRequestError(f"cannot remove {n!r}: it is not a member of {self.describe()}")
             if self.voters == (n,):
                 raise InvalidRequestError(f"cannot remove {n!r}: it is the last voter")
             return Configuration(
-                tuple(x for x in self.voters if x != n), tuple(x for x in self.learners if x != n)
+                tuple(x for x in self.voters if x != n), tuple(x for x in self.learners if x != n), addrs
             )
         raise InvalidRequestError(f"unknown configuration change {kind!r}")
 
@@ -127,7 +156,9 @@ class Configuration:
 
     def encode(self) -> bytes:
         """The body of the config entry that carries this configuration (JSON: small, readable in a dump)."""
-        doc = {"format": _FORMAT, "voters": list(self.voters), "learners": list(self.learners)}
+        doc: dict = {"format": _FORMAT, "voters": list(self.voters), "learners": list(self.learners)}
+        if self.addresses:
+            doc["addresses"] = dict(self.addresses)
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
@@ -136,15 +167,16 @@ class Configuration:
             doc = json.loads(bytes(body))
             fmt = doc["format"]
             voters, learners = doc["voters"], doc["learners"]
-        except (ValueError, KeyError, TypeError) as e:
+            addresses = doc.get("addresses", {})
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ConfigurationError(f"config entry body is not a configuration: {e}") from e
         if fmt != _FORMAT:
             raise ConfigurationError(f"config entry format {fmt!r} is not {_FORMAT} (a newer node wrote it?)")
-        if not isinstance(voters, list) or not isinstance(learners, list):
-            raise ConfigurationError("config entry voters and learners must be lists")
+        if not isinstance(voters, list) or not isinstance(learners, list) or not isinstance(addresses, dict):
+            raise ConfigurationError("config entry voters and learners must be lists, addresses a map")
         try:
-            return cls(tuple(voters), tuple(learners))
-        except InvalidRequestError as e:
+            return cls(tuple(voters), tuple(learners), tuple(sorted(addresses.items())))
+        except (InvalidRequestError, TypeError) as e:
             raise ConfigurationError(f"config entry holds a bad configuration: {e}") from e
 
 
