@@ -1,0 +1,152 @@
+"""Membership changes on real processes under produce load (docs/membership.md): a killed follower replaced by
+a new node on a new directory and port, and a group grown from 3 to 5 voters and shrunk back to 3 (removing the
+leader on the way). Nothing acknowledged is lost: every acknowledged entry is read back from every final
+member, through the client and straight from its data files."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from dledger import group as grp
+from dledger.client import AsyncDLedgerClient, DLedgerClient
+from dledger.errors import DLedgerError, OutcomeUnknownError
+from tests.integration.conftest import read_log, wait
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+class Producer:
+    """Writers appending in a thread of their own (the group functions run their own event loops)."""
+
+    def __init__(self, g: grp.GroupSpec, writers: int = 4):
+        self.addresses = list(g.addresses)
+        self.name = g.name
+        self.writers = writers
+        self.acked: dict[int, bytes] = {}
+        self.unknown = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="producer")
+
+    async def _writer(self, c: AsyncDLedgerClient, wid: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            body = f"w{wid}-{i}".encode()
+            i += 1
+            try:
+                r = await c.append(body)
+            except OutcomeUnknownError:
+                self.unknown += 1
+                continue
+            except DLedgerError:
+                await asyncio.sleep(0.01)
+                continue
+            self.acked[r.index] = body
+
+    async def _run(self) -> None:
+        async with AsyncDLedgerClient(self.addresses, self.name, timeout_s=10, rpc_timeout_s=2) as c:
+            await asyncio.gather(*[self._writer(c, w) for w in range(self.writers)])
+
+    def start(self) -> Producer:
+        self._thread.start()
+        return self
+
+    def wait_for(self, n: int, what: str) -> None:
+        target = len(self.acked) + n
+        wait(lambda: len(self.acked) >= target, timeout_s=60, what=what)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the producer did not stop"
+
+
+def check_nothing_lost(g: grp.GroupSpec, acked: dict[int, bytes]) -> None:
+    top = max(acked)
+    with DLedgerClient(g.addresses, g.name, timeout_s=30) as c:
+        for spec in g.nodes:
+            wait(
+                lambda s=spec: c.metadata(s.address).commit_index >= top,
+                timeout_s=60,
+                what=f"{spec.id} commit",
+            )
+        for index, body in acked.items():
+            assert c.get(index).body == body, f"acknowledged entry {index} lost or changed"
+    for spec in g.nodes:  # and straight from each member's files
+        on_disk = {e.index: bytes(e.body) for e in read_log(spec.data_dir)}
+        for index, body in acked.items():
+            assert on_disk.get(index) == body, f"{spec.id} lacks acknowledged entry {index} on disk"
+
+
+def test_replace_a_killed_follower_under_load(make_group):
+    g = make_group(3)
+    d = Path(g.nodes[0].data_dir).parent
+    try:
+        _replace_a_killed_follower(g, d)
+    finally:
+        grp.stop_group(grp.load(d))  # the members added by the test too
+
+
+def _replace_a_killed_follower(g: grp.GroupSpec, d: Path) -> None:
+    p = Producer(g).start()
+    try:
+        p.wait_for(200, "200 appends before the kill")
+        leader = grp.wait_for_leader(g)
+        victim = next(n for n in g.nodes if n.id != leader.id)
+        assert grp.kill_node(victim) is not None
+        p.wait_for(100, "appends with a follower down")
+        r = grp.replace_node(d, victim.id, timeout_s=60)
+        p.wait_for(200, "appends after the replacement")
+    finally:
+        p.stop()
+    final = grp.load(d)
+    print(
+        f"\nreplaced {r.dead} by {r.new} in {r.seconds:.1f} s (caught up to {r.caught_up_index}); "
+        f"{len(p.acked)} acknowledged, {p.unknown} outcome unknown"
+    )
+    assert [n.id for n in final.nodes] == [n.id for n in g.nodes if n.id != victim.id] + [r.new]
+    lead = grp.configuration(final)
+    assert lead is not None and sorted(lead.voters) == sorted(n.id for n in final.nodes) and not lead.learners
+    check_nothing_lost(final, p.acked)
+
+
+def test_grow_three_to_five_and_back_removing_the_leader(make_group):
+    g = make_group(3)
+    d = Path(g.nodes[0].data_dir).parent
+    try:
+        _grow_and_shrink(g, d)
+    finally:
+        grp.stop_group(grp.load(d))
+
+
+def _grow_and_shrink(g: grp.GroupSpec, d: Path) -> None:
+    p = Producer(g).start()
+    added = []
+    try:
+        p.wait_for(100, "appends before growing")
+        for _ in range(2):
+            spec = grp.add_member(d)
+            grp.promote_member(d, spec.id, timeout_s=60)
+            added.append(spec.id)
+            p.wait_for(50, f"appends after adding {spec.id}")
+        lead = grp.configuration(grp.load(d))
+        assert lead is not None and len(lead.voters) == 5 and not lead.learners
+        # Shrink back: remove the leader (it hands over first), then one of the original nodes.
+        grp.remove_member(d, lead.node_id)
+        p.wait_for(50, "appends after removing the leader")
+        rest = [n.id for n in grp.load(d).nodes if n.id not in added]
+        grp.remove_member(d, rest[0])
+        p.wait_for(100, "appends on three nodes again")
+    finally:
+        p.stop()
+    final = grp.load(d)
+    assert len(final.nodes) == 3 and set(added) <= {n.id for n in final.nodes}
+    lead = grp.configuration(final)
+    assert lead is not None and sorted(lead.voters) == sorted(n.id for n in final.nodes)
+    print(
+        f"\n3 -> 5 -> 3: {len(p.acked)} acknowledged, {p.unknown} outcome unknown; voters now {lead.voters}"
+    )
+    check_nothing_lost(final, p.acked)
