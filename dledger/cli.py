@@ -495,8 +495,12 @@ def register_extensions(target: typer.Typer) -> list[str]:
     for ep in sorted(entry_points(group=CLI_ENTRY_POINTS), key=lambda e: e.name):
         try:
             register = ep.load()
-        except ImportError as e:  # a stale install naming a module this tree lacks: the core commands still run
-            err_console.print(f"[yellow]warning:[/yellow] CLI extension {ep.name} ({ep.value}) not loaded: {e}")
+        except (
+            ImportError
+        ) as e:  # a stale install naming a module this tree lacks: the core commands still run
+            err_console.print(
+                f"[yellow]warning:[/yellow] CLI extension {ep.name} ({ep.value}) not loaded: {e}"
+            )
             continue
         register(target)
         names.append(ep.name)

@@ -172,6 +172,11 @@ def parse_address(addr: str, what: str, allow_any_port: bool = False) -> tuple[s
     return host, int(port)
 
 
+def valid_id(text: str) -> bool:
+    """A node or group id: 1-64 letters, digits, '_', '.', '-' (what node.toml accepts)."""
+    return isinstance(text, str) and _ID_RE.match(text) is not None
+
+
 def parse_peers(text: str) -> dict[str, str]:
     """``n0=127.0.0.1:20911,n1=127.0.0.1:20912`` -> {"n0": "127.0.0.1:20911", ...}."""
     peers: dict[str, str] = {}

@@ -22,6 +22,7 @@ from dledger.core.membership import ConfChange, ConfChangeKind, Configuration
 from dledger.core.messages import InstallSnapshot, Message, Prepare, Role
 from dledger.core.raft import RaftCore
 from dledger.errors import (
+    ConfigError,
     InvalidRequestError,
     NotFoundError,
     NotLeaderError,
@@ -29,7 +30,7 @@ from dledger.errors import (
     UnavailableError,
 )
 from dledger.metrics import NodeMetrics
-from dledger.nodeconfig import NodeConfig
+from dledger.nodeconfig import NodeConfig, parse_address, valid_id
 from dledger.plugins import NodePlugin
 from dledger.plugins import resolve as resolve_plugin
 from dledger.runtime.datadir import SNAPSHOT_CONF_KEY, DataDir
@@ -535,13 +536,18 @@ class Node:
         except ValueError:
             kinds = ", ".join(k.value for k in ConfChangeKind)
             raise InvalidRequestError(f"unknown membership change {kind!r}; one of: {kinds}") from None
-        if not node_id:
-            raise InvalidRequestError("a membership change needs the node id")
+        if not valid_id(node_id):
+            raise InvalidRequestError(
+                f"node id {node_id!r} is invalid: use 1-64 letters, digits, '_', '.', '-' (e.g. n3)"
+            )
         adding = change_kind in (ConfChangeKind.ADD_LEARNER, ConfChangeKind.ADD_VOTER)
         if adding and not address:
             raise InvalidRequestError(f"{kind} {node_id} needs the new node's address (host:port)")
-        if address and ":" not in address:
-            raise InvalidRequestError(f"address {address!r} is not host:port")
+        if address:
+            try:
+                parse_address(address, f"{kind} {node_id}")
+            except ConfigError as e:
+                raise InvalidRequestError(str(e)) from None
         core = self._core
         if core is None or self._stopping:
             raise UnavailableError(f"node {self.id} is not running")

@@ -13,7 +13,7 @@ import pytest
 
 from dledger import group as grp
 from dledger.client import AsyncDLedgerClient, DLedgerClient
-from dledger.errors import DLedgerError, OutcomeUnknownError
+from dledger.errors import DLedgerError, InvalidRequestError, OutcomeUnknownError
 from tests.integration.conftest import read_log, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -150,3 +150,22 @@ def _grow_and_shrink(g: grp.GroupSpec, d: Path) -> None:
         f"\n3 -> 5 -> 3: {len(p.acked)} acknowledged, {p.unknown} outcome unknown; voters now {lead.voters}"
     )
     check_nothing_lost(final, p.acked)
+
+
+def test_bad_membership_changes_are_refused_with_actionable_errors(make_group):
+    g = make_group(3)
+    with DLedgerClient(g.addresses, g.name, timeout_s=10) as c:
+        for args, why in [
+            (("demote", "n1"), "unknown membership change 'demote'; one of: add-learner"),
+            (("remove", "n9"), "cannot remove 'n9': it is not a member"),
+            (("add-learner", "n5"), "needs the new node's address"),
+            (("add-learner", "n5", "nowhere"), "is not host:port"),
+            (("add-learner", "bad id!", "127.0.0.1:1"), "node id 'bad id!' is invalid"),
+            (("promote", "n1"), "cannot promote 'n1': it is already a voter"),
+            (("add-learner", "n0", "127.0.0.1:1"), "it is already a voter"),
+        ]:
+            with pytest.raises(InvalidRequestError, match=why):
+                c.change_membership(*args)
+        before = c.metadata().commit_index
+        assert c.metadata().voters == ("n0", "n1", "n2") and c.metadata().conf_index == -1
+        assert c.metadata().commit_index == before, "a refused change wrote nothing"
