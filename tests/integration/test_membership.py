@@ -6,6 +6,8 @@ member, through the client and straight from its data files."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 from dledger import group as grp
 from dledger.client import AsyncDLedgerClient, DLedgerClient
-from dledger.errors import DLedgerError, InvalidRequestError, OutcomeUnknownError
+from dledger.errors import DLedgerError, InvalidRequestError, NotFoundError, OutcomeUnknownError
 from tests.integration.conftest import read_log, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -100,6 +102,13 @@ def _replace_a_killed_follower(g: grp.GroupSpec, d: Path) -> None:
         p.wait_for(100, "appends with a follower down")
         r = grp.replace_node(d, victim.id, timeout_s=60)
         p.wait_for(200, "appends after the replacement")
+        # Then the leader's machine: killed, and replaced the same way once another node leads.
+        g2 = grp.load(d)
+        old_leader = grp.wait_for_leader(g2)
+        assert grp.kill_node(g2.node(old_leader.id)) is not None
+        grp.wait_for_leader(g2, exclude=old_leader.id)
+        r2 = grp.replace_node(d, old_leader.id, timeout_s=60)
+        p.wait_for(200, "appends after replacing the leader")
     finally:
         p.stop()
     final = grp.load(d)
@@ -107,7 +116,9 @@ def _replace_a_killed_follower(g: grp.GroupSpec, d: Path) -> None:
         f"\nreplaced {r.dead} by {r.new} in {r.seconds:.1f} s (caught up to {r.caught_up_index}); "
         f"{len(p.acked)} acknowledged, {p.unknown} outcome unknown"
     )
-    assert [n.id for n in final.nodes] == [n.id for n in g.nodes if n.id != victim.id] + [r.new]
+    print(f"replaced leader {r2.dead} by {r2.new} in {r2.seconds:.1f} s")
+    gone = {victim.id, r2.dead}
+    assert [n.id for n in final.nodes] == [n.id for n in g.nodes if n.id not in gone] + [r.new, r2.new]
     lead = grp.configuration(final)
     assert lead is not None and sorted(lead.voters) == sorted(n.id for n in final.nodes) and not lead.learners
     check_nothing_lost(final, p.acked)
@@ -169,3 +180,63 @@ def test_bad_membership_changes_are_refused_with_actionable_errors(make_group):
         before = c.metadata().commit_index
         assert c.metadata().voters == ("n0", "n1", "n2") and c.metadata().conf_index == -1
         assert c.metadata().commit_index == before, "a refused change wrote nothing"
+
+
+def test_a_learner_catches_up_from_a_snapshot_and_restarts_with_its_configuration(tmp_path):
+    """Compacted logs: the new member gets the leader's snapshot (its configuration in the snapshot meta), and
+    after compacting past every config entry, nodes restarted with kill -9 find their configuration again."""
+    d = tmp_path / "g"
+    grp.up(d, 3, None, state_machine="kv")
+    try:
+        _snapshot_catch_up(d)
+    finally:
+        grp.stop_group(grp.load(d))
+
+
+def _snapshot_all(d: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "dledger", "snapshot", "--dir", str(d)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def _snapshot_catch_up(d: Path) -> None:
+    g = grp.load(d)
+    with DLedgerClient(g.addresses, g.name, timeout_s=15) as c:
+        c.append_batch([b"before the snapshot"] * 300)
+    _snapshot_all(d)
+    spec = grp.add_member(d)
+    grp.promote_member(d, spec.id, timeout_s=60)
+    g = grp.load(d)
+    with DLedgerClient(g.addresses, g.name, timeout_s=15) as c:
+        with pytest.raises(NotFoundError, match="compacted"):  # it started from the snapshot, not entry 0
+            c.get(5, address=spec.address)
+        c.append_batch([b"after the promotion"] * 50)
+        _snapshot_all(d)  # every log now starts after every config entry
+        top = c.append(b"last").index
+    for node in (spec, g.nodes[0]):
+        grp.kill_node(node)
+        grp.start_node(node)
+    g = grp.load(d)
+    with DLedgerClient(g.addresses, g.name, timeout_s=30) as c:
+        for node in (spec, g.nodes[0]):
+            info = wait(lambda n=node: _answer(c, n.address), timeout_s=30, what=f"{node.id} back")
+            assert sorted(info.voters) == sorted(n.id for n in g.nodes) and not info.learners, info
+            assert info.conf_index < grp.status(g)[0].commit_index
+        top = c.append(b"after the restarts").index
+        for node in g.nodes:
+            wait(
+                lambda n=node: c.metadata(n.address).commit_index >= top,
+                timeout_s=30,
+                what=f"{node.id} commit",
+            )
+
+
+def _answer(c: DLedgerClient, address: str):
+    try:
+        return c.metadata(address)
+    except DLedgerError:
+        return None
