@@ -240,3 +240,27 @@ def _answer(c: DLedgerClient, address: str):
         return c.metadata(address)
     except DLedgerError:
         return None
+
+
+def test_a_learner_serves_committed_reads_and_nothing_past_its_commit_index(make_group):
+    g = make_group(3)
+    d = Path(g.nodes[0].data_dir).parent
+    try:
+        spec = grp.add_member(d)
+        with DLedgerClient(g.addresses, g.name, timeout_s=15) as c:
+            results = c.append_batch([f"r{i}".encode() for i in range(20)])
+            top = results[-1].index
+            wait(
+                lambda: (i := _answer(c, spec.address)) is not None and i.commit_index >= top,
+                timeout_s=30,
+                what="the learner's commit",
+            )
+            info = c.metadata(spec.address)
+            assert info.learners == (spec.id,) and spec.id not in info.voters
+            for r, i in zip(results, range(20), strict=True):
+                assert c.get(r.index, address=spec.address).body == f"r{i}".encode()
+            beyond = c.metadata(spec.address).commit_index + 1
+            with pytest.raises(NotFoundError, match="not committed on node"):
+                c.get(beyond, address=spec.address)
+    finally:
+        grp.stop_group(grp.load(d))
