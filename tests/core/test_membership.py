@@ -50,6 +50,15 @@ def test_changes_apply_one_member_at_a_time_with_reasons() -> None:
 def test_config_entry_body_round_trips_and_bad_bodies_are_named() -> None:
     c = Configuration(("n1", "n2"), ("n3",))
     assert Configuration.decode(c.encode()) == c
+    # Addresses travel with the members: added with them, kept on promotion, dropped on removal.
+    a = Configuration.of(["n1"], addresses={"n1": "h:1", "x": "h:9"})
+    assert a.addresses == (("n1", "h:1"),)
+    b = a.apply(ConfChange(ConfChangeKind.ADD_LEARNER, "n2", "h:2"))
+    assert Configuration.decode(b.encode()) == b and b.address("n2") == "h:2"
+    assert b.apply(ConfChange(ConfChangeKind.PROMOTE, "n2")).address("n2") == "h:2"
+    assert b.apply(ConfChange(ConfChangeKind.REMOVE, "n2")).address("n2") is None
+    with pytest.raises(InvalidRequestError, match="member n1 listens there"):
+        a.apply(ConfChange(ConfChangeKind.ADD_LEARNER, "n2", "h:1"))
     for bad in (
         b"",
         b"{}",
