@@ -254,10 +254,18 @@ def group_status(
     except DLedgerError as e:
         _fail(str(e))
     rows = grp.status(g)
+    lead = grp.configuration(g)  # the configuration is the leader's (docs/membership.md)
+    conf = None
+    if lead is not None:
+        conf = {"voters": list(lead.voters), "learners": list(lead.learners), "conf_index": lead.conf_index}
     if as_json:
-        print(json.dumps({"nodes": [r.to_json() for r in rows]}))
+        print(json.dumps({"nodes": [r.to_json() for r in rows], "configuration": conf}))
     else:
         _print_status(rows)
+        if conf is not None:
+            learners = f"; learners {', '.join(conf['learners'])}" if conf["learners"] else ""
+            entry = f"config entry {conf['conf_index']}" if conf["conf_index"] >= 0 else "the initial members"
+            console.print(f"configuration: voters {', '.join(conf['voters'])}{learners} ({entry})")
 
 
 def _status_table(rows: list[grp.NodeStatus], title: str | None = None) -> Table:

@@ -6,6 +6,7 @@ member, through the client and straight from its data files."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import threading
@@ -264,3 +265,21 @@ def test_a_learner_serves_committed_reads_and_nothing_past_its_commit_index(make
                 c.get(beyond, address=spec.address)
     finally:
         grp.stop_group(grp.load(d))
+
+
+def test_member_cli_lists_and_refuses_with_a_message(make_group):
+    g = make_group(3)
+    d = str(Path(g.nodes[0].data_dir).parent)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "dledger", *args, "--dir", d]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+    out = wait(lambda: (r := cli("member", "list", "--json")).returncode == 0 and r, what="member list")
+    doc = json.loads(out.stdout)
+    assert doc["voters"] == ["n0", "n1", "n2"] and doc["learners"] == [] and doc["conf_index"] == -1
+    assert {n["member"] for n in doc["nodes"]} == {"voter"}
+    bad = cli("member", "promote", "n7")
+    assert bad.returncode == 1 and "error:" in bad.stderr and "no node 'n7'" in bad.stderr, bad.stderr
+    status = cli("group", "status")
+    assert "configuration: voters n0, n1, n2 (the initial members)" in status.stdout, status.stdout
