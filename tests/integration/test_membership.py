@@ -162,6 +162,15 @@ def _grow_and_shrink(g: grp.GroupSpec, d: Path) -> None:
         f"\n3 -> 5 -> 3: {len(p.acked)} acknowledged, {p.unknown} outcome unknown; voters now {lead.voters}"
     )
     check_nothing_lost(final, p.acked)
+    # The Spark audit over the final members' files: integrity and cross-node agreement (docs/audit.md).
+    audit = subprocess.run(
+        [sys.executable, "-c", "import sys; from spark.audit import main; sys.exit(main(sys.argv[1:]))"]
+        + [n.data_dir for n in final.nodes],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert audit.returncode == 0 and "audit PASS" in audit.stdout, audit.stdout[-3000:] + audit.stderr[-3000:]
 
 
 def test_bad_membership_changes_are_refused_with_actionable_errors(make_group):
