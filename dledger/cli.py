@@ -5,6 +5,8 @@ for a group of commands, ``@app.command()`` for one.
 
     dledger node --config n0.toml              run one node in the foreground
     dledger group up|down|status --dir DIR     a local group of separate node processes
+    dledger member list|add|promote|remove     change a local group's members (dledger.member)
+    dledger group replace-node --dir DIR NODE  replace a dead node by a new one
     dledger watch --dir DIR                    live table of roles, terms, indexes
     dledger kill-leader --dir DIR              kill -9 the leader, report failover times
     dledger snapshot --dir DIR                 every node snapshots its state machine and compacts its log
@@ -31,6 +33,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dledger import group as grp
+from dledger import member
 from dledger.cliutil import AddressesOpt, addresses_of, console, err_console
 from dledger.cliutil import fail as _fail  # the name this module's many call sites use
 from dledger.errors import DLedgerError
@@ -40,6 +43,7 @@ app = typer.Typer(
 )
 group_app = typer.Typer(no_args_is_help=True, help="Run a local group of node processes on 127.0.0.1.")
 app.add_typer(group_app, name="group")
+member.register(app, group_app)
 
 
 @app.callback()
@@ -288,16 +292,35 @@ def group_status(
     except DLedgerError as e:
         _fail(str(e))
     rows = grp.status(g)
+    lead = grp.configuration(g)  # the configuration is the leader's (docs/membership.md)
+    conf = None
+    if lead is not None:
+        conf = {"voters": list(lead.voters), "learners": list(lead.learners), "conf_index": lead.conf_index}
     if as_json:
-        print(json.dumps({"nodes": [r.to_json() for r in rows]}))
+        print(json.dumps({"nodes": [r.to_json() for r in rows], "configuration": conf}))
     else:
         _print_status(rows)
+        if conf is not None:
+            learners = f"; learners {', '.join(conf['learners'])}" if conf["learners"] else ""
+            entry = f"config entry {conf['conf_index']}" if conf["conf_index"] >= 0 else "the initial members"
+            console.print(f"configuration: voters {', '.join(conf['voters'])}{learners} ({entry})")
 
 
 def _status_table(rows: list[grp.NodeStatus], title: str | None = None) -> Table:
     t = Table(title=title)
     numeric = ("pid", "term", "last index", "commit index", "applied", "lag")
-    columns = ("node", "address", "pid", "role", "term", "last index", "commit index", "applied", "lag")
+    columns = (
+        "node",
+        "address",
+        "pid",
+        "role",
+        "member",
+        "term",
+        "last index",
+        "commit index",
+        "applied",
+        "lag",
+    )
     for col in (*columns, "data dir"):
         t.add_column(col, justify="right" if col in numeric else "left")
     top = max((r.commit_index for r in rows if r.commit_index is not None), default=-1)
@@ -309,6 +332,7 @@ def _status_table(rows: list[grp.NodeStatus], title: str | None = None) -> Table
             r.address,
             str(r.pid or ""),
             f"[{styles.get(r.role, '')}]{r.role}[/]",
+            r.member or "",
             "" if r.term is None else str(r.term),
             "" if r.last_index is None else str(r.last_index),
             "" if r.commit_index is None else str(r.commit_index),
@@ -519,7 +543,16 @@ def register_extensions(target: typer.Typer) -> list[str]:
 
     names = []
     for ep in sorted(entry_points(group=CLI_ENTRY_POINTS), key=lambda e: e.name):
-        ep.load()(target)
+        try:
+            register = ep.load()
+        except (
+            ImportError
+        ) as e:  # a stale install naming a module this tree lacks: the core commands still run
+            err_console.print(
+                f"[yellow]warning:[/yellow] CLI extension {ep.name} ({ep.value}) not loaded: {e}"
+            )
+            continue
+        register(target)
         names.append(ep.name)
     return names
 

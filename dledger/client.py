@@ -67,10 +67,13 @@ def _info_from_pb(p: client_pb2.MetadataResponse) -> NodeInfo:
         last_index=p.last_index,
         commit_index=p.commit_index,
         applied_index=p.applied_index,
-        peers=tuple(PeerInfo(x.id, x.address, x.match_index) for x in p.peers),
+        peers=tuple(PeerInfo(x.id, x.address, x.match_index, x.member) for x in p.peers),
         data_dir=p.data_dir,
         pid=p.pid,
         flush=p.flush,
+        voters=tuple(p.voters),
+        learners=tuple(p.learners),
+        conf_index=p.conf_index,
     )
 
 
@@ -453,6 +456,19 @@ class DLedgerClient:
     def metadata(self, address: str | None = None) -> NodeInfo:
         req = client_pb2.MetadataRequest(group=self.group)
         return _info_from_pb(self._call(lambda s, t: s.Metadata(req, timeout=t), address))
+
+    def change_membership(
+        self, kind: str, node_id: str, address: str = ""
+    ) -> client_pb2.ChangeMembershipResponse:
+        """One membership change on the leader ("add-learner", "add-voter", "promote", "remove"); returns once
+        the config entry committed (index, term, voters, learners). Not retried: a change whose answer was lost
+        shows in ``metadata().voters``/``learners``."""
+        req = client_pb2.ChangeMembershipRequest(
+            group=self.group, kind=kind, node_id=node_id, address=address
+        )
+        return self._call(
+            lambda s, t: s.ChangeMembership(req, timeout=self.timeout_s), None, write=True, leader_only=True
+        )
 
     def transfer_leadership(self, target: str) -> str:
         req = client_pb2.TransferLeadershipRequest(group=self.group, target=target)

@@ -11,6 +11,10 @@ Layout of a group directory (everything a later command needs is on disk, so ``g
 
 A process is only ever signalled by the pid in its pid file, and only after checking that the process with
 that pid is the node started for this directory (its command line names the node's config file).
+
+Membership (docs/membership.md): ``add_member`` starts a new node on a new directory and port as a learner
+(``join = true`` in its node.toml) and records it in group.json; ``promote_member``/``remove_member`` change its
+role through the leader; ``replace_node`` does the three in a row for a dead node.
 """
 
 from __future__ import annotations
@@ -79,6 +83,8 @@ class NodeStatus:
     # Last index the node's state machine applied (its commit index when it runs none): the gap to
     # commit_index is the apply lag. Last, so positional construction written before it still works.
     applied_index: int | None = None
+    # "voter", "learner" or "" (not in the configuration), as the leader (else the node itself) sees it.
+    member: str | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -106,13 +112,14 @@ def _peer_addresses(spec: NodeSpec, group: GroupSpec) -> dict[str, str]:
     return {n.id: via.get(n.id, n.address) if n.id != spec.id else n.address for n in group.nodes}
 
 
-def _node_toml(spec: NodeSpec, group: GroupSpec, raft: dict[str, int]) -> str:
+def _node_toml(spec: NodeSpec, group: GroupSpec, raft: dict[str, int], join: bool = False) -> str:
     lines = [
         f'id = "{spec.id}"',
         f'group = "{group.name}"',
         f'data_dir = "{spec.data_dir}"',
         f'flush = "{group.flush}"',
         *([f'state_machine = "{group.state_machine}"'] if group.state_machine else []),
+        *(["join = true"] if join else []),
         "",
         "[peers]",
         *[f'{pid} = "{addr}"' for pid, addr in _peer_addresses(spec, group).items()],
@@ -190,16 +197,22 @@ def create(
     for spec in specs:
         Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
         Path(spec.config).write_text(_node_toml(spec, group, raft or {}))
-    manifest = {
-        "name": name,
-        "flush": flush,
-        "state_machine": state_machine,
-        "nodes": [asdict(s) for s in specs],
-        **({"links": [list(lk) for lk in links]} if links else {}),
-        **({"security": security} if security else {}),
-    }
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    _write_manifest(directory, group)
     return group
+
+
+def _write_manifest(directory: Path, group: GroupSpec) -> None:
+    manifest = {
+        "name": group.name,
+        "flush": group.flush,
+        "state_machine": group.state_machine,
+        "nodes": [asdict(s) for s in group.nodes],
+        **({"links": [list(lk) for lk in group.links]} if group.links else {}),
+        **({"security": group.security} if group.security else {}),
+    }
+    tmp = Path(directory) / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, Path(directory) / MANIFEST)
 
 
 def load(directory: Path, missing_ok: bool = False) -> GroupSpec | None:
@@ -382,14 +395,36 @@ async def _metadata(address: str, timeout_s: float, security: str = "") -> NodeI
         await client.close()
 
 
+def _member(node_id: str, info: NodeInfo | None, view: NodeInfo | None) -> str | None:
+    view = view or info
+    if view is None:
+        return None
+    return "voter" if node_id in view.voters else "learner" if node_id in view.learners else ""
+
+
 async def status_async(group: GroupSpec, timeout_s: float = 0.5) -> list[NodeStatus]:
     infos = await asyncio.gather(*[_metadata(n.address, timeout_s, group.security) for n in group.nodes])
+    leaders = [i for i in infos if i is not None and i.role == "leader"]
+    view = max(leaders, key=lambda i: i.term) if leaders else None
     rows = []
     for spec, info in zip(group.nodes, infos, strict=True):
         pid = read_pid(spec)
         alive = is_running(spec, pid)
         if info is None or not alive:
-            rows.append(NodeStatus(spec.id, spec.address, pid, "down", None, None, None, spec.data_dir))
+            rows.append(
+                NodeStatus(
+                    spec.id,
+                    spec.address,
+                    pid,
+                    "down",
+                    None,
+                    None,
+                    None,
+                    spec.data_dir,
+                    None,
+                    _member(spec.id, None, view),
+                )
+            )
         else:
             rows.append(
                 NodeStatus(
@@ -402,9 +437,22 @@ async def status_async(group: GroupSpec, timeout_s: float = 0.5) -> list[NodeSta
                     info.commit_index,
                     spec.data_dir,
                     info.applied_index,
+                    _member(spec.id, info, view),
                 )
             )
     return rows
+
+
+def configuration(group: GroupSpec, timeout_s: float = 0.5) -> NodeInfo | None:
+    """The leader's metadata (its ``voters``, ``learners`` and ``conf_index`` are the group's configuration),
+    or None when no leader answers."""
+
+    async def ask() -> NodeInfo | None:
+        infos = await asyncio.gather(*[_metadata(n.address, timeout_s) for n in group.nodes])
+        leaders = [i for i in infos if i is not None and i.role == "leader"]
+        return max(leaders, key=lambda i: i.term) if leaders else None
+
+    return asyncio.run(ask())
 
 
 def status(group: GroupSpec, timeout_s: float = 0.5) -> list[NodeStatus]:
@@ -552,3 +600,151 @@ async def kill_leader_async(group: GroupSpec, timeout_s: float = 15.0) -> Failov
         return Failover(leader.id, pid, lead_id, min(t_lead, t_append), t_append)
     finally:
         await client.close()
+
+
+# -- membership ------------------------------------------------------------------------------------------------
+
+
+def _client(group: GroupSpec, timeout_s: float = 15.0):
+    from dledger.client import DLedgerClient
+
+    return DLedgerClient(
+        group.addresses,
+        group.name,
+        timeout_s=timeout_s,
+        rpc_timeout_s=min(5.0, timeout_s),
+        **client_security(group.security),
+    )
+
+
+def _next_id(group: GroupSpec, directory: Path) -> str:
+    """The first free ``nK`` (an id never reused while its directory exists: a removed node's log stays)."""
+    taken = {n.id for n in group.nodes}
+    k = 0
+    while f"n{k}" in taken or (directory / f"n{k}").exists():
+        k += 1
+    return f"n{k}"
+
+
+def add_member(directory: Path, node_id: str | None = None, port: int | None = None) -> NodeSpec:
+    """Start a new node on a new directory and port, joining as a learner: it knows no configuration until the
+    leader's log (or snapshot) reaches it. Records it in group.json, then asks the leader to add it; returns
+    once the change committed. It catches up by itself; ``promote_member`` makes it a voter."""
+    directory = Path(directory).resolve()
+    group = load(directory)
+    if group.links:
+        raise ConfigError("membership changes are not supported on a proxied (chaos) group")
+    if group.security:
+        raise ConfigError(
+            "adding a node to a secure group is not supported yet: the new node needs a certificate from the "
+            "group's CA (docs/membership.md); member promote/remove work"
+        )
+    node_id = node_id or _next_id(group, directory)
+    if any(n.id == node_id for n in group.nodes):
+        raise ConfigError(f"node {node_id} is already in the group in {directory}")
+    port = port or free_ports(1)[0]
+    spec = NodeSpec(
+        node_id, f"127.0.0.1:{port}", str(directory / node_id), str(directory / node_id / "node.toml")
+    )
+    if Path(spec.data_dir).exists() and any(Path(spec.data_dir).iterdir()):
+        raise ConfigError(f"{spec.data_dir} is not empty: a new member starts from an empty directory")
+    grown = GroupSpec(
+        group.name, group.flush, (*group.nodes, spec), group.state_machine, security=group.security
+    )
+    Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
+    Path(spec.config).write_text(_node_toml(spec, grown, _raft_of(group), join=True))
+    _write_manifest(directory, grown)
+    start_node(spec)
+    with _client(group) as c:
+        c.change_membership("add-learner", node_id, spec.address)
+    return spec
+
+
+def _raft_of(group: GroupSpec) -> dict[str, int]:
+    """The [raft] settings of the group's first node (a new member must time like the others)."""
+    import tomllib
+
+    for n in group.nodes:
+        with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
+            return dict(tomllib.loads(Path(n.config).read_text()).get("raft", {}))
+    return {}
+
+
+def wait_learner_caught_up(group: GroupSpec, node_id: str, timeout_s: float = 60.0) -> int:
+    """Poll until ``node_id`` has committed what the leader had committed when asked; returns that index."""
+    lead = configuration(group)
+    if lead is None:
+        raise UnavailableError("no leader answers; try again once one is elected")
+    row = wait_caught_up(group, node_id, lead.commit_index, timeout_s)
+    if row is None or row.commit_index is None or row.commit_index < lead.commit_index:
+        raise UnavailableError(
+            f"{node_id} did not catch up to index {lead.commit_index} within {timeout_s:.0f} s "
+            f"(it holds {None if row is None else row.commit_index}); see {group.node(node_id).data_dir}/node.log"
+        )
+    return lead.commit_index
+
+
+def promote_member(directory: Path, node_id: str, timeout_s: float = 60.0) -> None:
+    """Make learner ``node_id`` a voter once it has caught up (the leader refuses a learner that lags)."""
+    group = load(directory)
+    group.node(node_id)
+    wait_learner_caught_up(group, node_id, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    with _client(group) as c:
+        while True:
+            try:
+                c.change_membership("promote", node_id)
+                return
+            except UnavailableError as e:  # still a little behind, or a change in flight: retry shortly
+                if time.monotonic() > deadline:
+                    raise UnavailableError(f"could not promote {node_id}: {e}") from e
+                time.sleep(0.1)
+
+
+def remove_member(directory: Path, node_id: str, stop: bool = True) -> None:
+    """Remove ``node_id`` from the configuration (the leader transfers leadership first if it is the one
+    removed), then stop its process and drop it from group.json; its directory stays on disk."""
+    directory = Path(directory).resolve()
+    group = load(directory)
+    spec = group.node(node_id)
+    others = GroupSpec(
+        group.name,
+        group.flush,
+        tuple(n for n in group.nodes if n.id != node_id),
+        group.state_machine,
+        security=group.security,
+    )
+    with _client(group) as c:
+        c.change_membership("remove", node_id)
+    if stop:
+        stop_node(spec)
+    _write_manifest(directory, others)
+
+
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    dead: str
+    new: str
+    address: str
+    caught_up_index: int
+    seconds: float
+
+
+def replace_node(
+    directory: Path, dead: str, port: int | None = None, timeout_s: float = 120.0
+) -> Replacement:
+    """Replace node ``dead`` (its machine is gone) by a new node on a new directory and port: start it as a
+    learner, let it catch up (snapshot + log, streamed by the leader), promote it, then remove ``dead``. The
+    group keeps serving throughout: until the removal a dead voter counts as a missing vote, as before."""
+    t0 = time.monotonic()
+    directory = Path(directory).resolve()
+    group = load(directory)
+    group.node(dead)
+    if len(group.nodes) < 2:
+        raise ConfigError("a one-node group cannot replace its only node: add a member first")
+    spec = add_member(directory, port=port)
+    group = load(directory)
+    index = wait_learner_caught_up(group, spec.id, timeout_s)
+    promote_member(directory, spec.id, timeout_s)
+    remove_member(directory, dead)
+    return Replacement(dead, spec.id, spec.address, index, time.monotonic() - t0)

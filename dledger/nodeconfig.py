@@ -14,6 +14,7 @@ Example file (all keys optional except ``id``, ``data_dir`` and ``peers``)::
     listen = "127.0.0.1:20911" # defaults to this node's address in [peers]
     state_machine = "broker"   # optional plugin: "kv", "counter", "broker" or "module:factory"
     metrics_listen = "127.0.0.1:9311"  # optional Prometheus /metrics endpoint
+    join = false              # true: a new node joining a running group (learns its membership from the log)
 
     [peers]                   # every voter, this node included
     n0 = "127.0.0.1:20911"
@@ -72,6 +73,7 @@ _TOP_KEYS = {
     "metrics_listen",
     "broker",
     "security",
+    "join",
 }
 _BROKER_KEYS = {
     "auto_create_topic_queues",
@@ -119,6 +121,10 @@ class NodeConfig:
     retention_hours: float = 0.0
     retention_bytes: int = 0
     disk_max_used_percent: float = 0.0
+    # A node started to join a running group (``dledger group replace-node``, ``member add``): with an empty log
+    # it knows no configuration and never campaigns until the leader's log or snapshot tells it its membership
+    # (docs/membership.md). [peers] then lists the members it may hear from, itself included.
+    join: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
@@ -146,6 +152,8 @@ class NodeConfig:
             parse_address(self.metrics_listen, "metrics_listen", allow_any_port=True)
         if self.flush not in FLUSH_POLICIES:
             raise ConfigError(f"flush must be one of {', '.join(FLUSH_POLICIES)}, got {self.flush!r}")
+        if not isinstance(self.join, bool):
+            raise ConfigError(f"join must be true or false, got {self.join!r}")
         if not 1 <= self.flush_interval_ms <= 10_000:
             raise ConfigError(f"flush_interval_ms must be in 1..10000, got {self.flush_interval_ms}")
         if self.max_pending_entries < 1:
@@ -211,6 +219,11 @@ def parse_address(addr: str, what: str, allow_any_port: bool = False) -> tuple[s
     if not sep or not host or not port.isdigit() or not lo <= int(port) < 65536:
         raise ConfigError(f"{what}: address {addr!r} is not host:port with a port in {lo}..65535")
     return host, int(port)
+
+
+def valid_id(text: str) -> bool:
+    """A node or group id: 1-64 letters, digits, '_', '.', '-' (what node.toml accepts)."""
+    return isinstance(text, str) and _ID_RE.match(text) is not None
 
 
 def parse_peers(text: str) -> dict[str, str]:
@@ -300,6 +313,7 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
         "max_body_bytes",
         "state_machine",
         "metrics_listen",
+        "join",
     ):
         v = pick(name)
         if v is not None:

@@ -25,7 +25,7 @@ class Election:
 
     _id: str
     _voters: tuple[str, ...]
-    _peers: tuple[str, ...]
+    _voter_peers: tuple[str, ...]  # voters but us: learners are never asked for a vote
     _config: RaftConfig
     _raft_log: RaftLog
     _role: Role
@@ -46,7 +46,7 @@ class Election:
                 return
             log = self._raft_log
             term = self._term + 1  # the term we would campaign at; nobody adopts it yet
-            for p in self._peers:
+            for p in self._voter_peers:
                 self._send(RequestVote(term, self._id, p, log.last_index, log.last_term, pre_vote=True))
         else:
             self._campaign_election(transfer)
@@ -57,7 +57,7 @@ class Election:
         if self._poll() is not VoteResult.PENDING:
             return
         log = self._raft_log
-        for p in self._peers:
+        for p in self._voter_peers:
             self._send(RequestVote(self._term, self._id, p, log.last_index, log.last_term, transfer=transfer))
 
     def _poll(self) -> VoteResult:
@@ -69,7 +69,7 @@ class Election:
                 self._campaign_election(False)
             else:
                 self._become_leader()
-                for p in self._peers:
+                for p in self._prs:
                     self._send_append(p, True)
         elif result is VoteResult.LOST:
             self._become_follower(self._term, None)

@@ -14,6 +14,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dledger.core.membership import Configuration
 from storage.api import HardState
 
 
@@ -26,12 +27,14 @@ class Role(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SnapshotMeta:
-    """What a snapshot covers: entries up to ``index`` (inclusive); the log resumes at ``end_pos``."""
+    """What a snapshot covers: entries up to ``index`` (inclusive); the log resumes at ``end_pos``; ``conf`` is the
+    group's configuration as of ``index`` (None from a sender that does not know it: the receiver keeps its own)."""
 
     index: int
     term: int
     chain_crc: int
     end_pos: int
+    conf: Configuration | None = None
 
 
 @dataclass(frozen=True, slots=True)

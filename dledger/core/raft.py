@@ -34,6 +34,12 @@ Rules from the Raft paper and thesis, and where they live:
   meanwhile; the transfer is abandoned after an election timeout.
 - Linearizable reads (thesis §6.4, ReadIndex): the commit index is confirmed by a heartbeat round to a quorum
   (``read_index.py``).
+- Membership (thesis chapter 4, single-server changes; ``membership.py``, docs/decisions/0017-membership.md): a
+  configuration takes effect once its entry is in the log (``_on_conf_changed``); one change at a time, and only
+  after the leader committed an entry of its own term (``propose_conf_change``); learners replicate but never
+  vote, campaign or count toward a quorum; a leader that removed itself leads until that change commits, then
+  hands over (``_step_down_if_removed``). Messages are handled whoever sends them (thesis §4.1): a node that
+  does not yet know a new member must still take its AppendEntries and vote requests.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from dataclasses import dataclass
 
 from dledger.core.config import RaftConfig
 from dledger.core.election import Election
+from dledger.core.membership import ConfChange, ConfChangeKind, Configuration
 from dledger.core.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -67,7 +74,7 @@ from dledger.core.quorum import quorum_size
 from dledger.core.raft_log import LogConflictError, RaftLog
 from dledger.core.read_index import ReadIndex, ReadRequest
 from dledger.core.replication import Replication
-from dledger.errors import InvalidRequestError, NotLeaderError
+from dledger.errors import InvalidRequestError, NotLeaderError, UnavailableError
 from storage import codec
 from storage.api import HardState, LogStore
 
@@ -90,7 +97,8 @@ class InvalidTransitionError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """A snapshot of the core's state for metadata and ``watch``; ``match`` is filled on the leader only."""
+    """A snapshot of the core's state for metadata and ``watch``; ``match`` is filled on the leader only (learners
+    included); ``voters``/``learners`` are the configuration in effect, carried by the entry at ``conf_index``."""
 
     id: str
     role: Role
@@ -100,6 +108,9 @@ class Status:
     commit_index: int
     applied: int
     match: dict[str, int]
+    voters: tuple[str, ...] = ()
+    learners: tuple[str, ...] = ()
+    conf_index: int = -1
 
 
 class RaftCore(Election, Replication, ReadIndex):
@@ -121,20 +132,21 @@ class RaftCore(Election, Replication, ReadIndex):
         applied: int = -1,
         *,
         log_event: Callable[[str], None] | None = None,
+        conf: Configuration | None = None,
     ):
-        if node_id not in voters:
-            raise InvalidRequestError(f"node {node_id!r} is not one of the voters {voters}")
+        """``voters`` are the group's initial members; ``conf``, when given, is the configuration as of the
+        store's snapshot point (a snapshot records it) and replaces them. Config entries in the log apply on top.
+        A node in neither (one joining the group) starts as a non-member: it never campaigns, and learns the
+        configuration from the leader's log or snapshot."""
         if len(set(voters)) != len(voters):
             raise InvalidRequestError(f"voters contain duplicates: {voters}")
         self._id = node_id
-        self._voters = tuple(voters)
-        self._voter_set = frozenset(voters)
-        self._peers = tuple(v for v in voters if v != node_id)
-        self._quorum = quorum_size(len(voters))
         self._config = config
         self._rng = rng
         self._log_event = log_event if log_event is not None else _logger.info
-        self._raft_log = RaftLog(log, config.segment_size)
+        base = conf if conf is not None else Configuration(tuple(voters))
+        self._raft_log = RaftLog(log, config.segment_size, base_conf=base)
+        self._set_conf(self._raft_log.configuration)
         self._leader_cache_bytes = config.max_inflight * config.max_append_bytes
         self._election_min, self._election_max = config.election_ticks
         self._heartbeat_ticks = config.heartbeat_ticks
@@ -205,6 +217,15 @@ class RaftCore(Election, Replication, ReadIndex):
     def voters(self) -> tuple[str, ...]:
         return self._voters
 
+    @property
+    def configuration(self) -> Configuration:
+        """The configuration in effect (its entry may not be committed yet: thesis §4.1)."""
+        return self._conf
+
+    def configuration_at(self, index: int) -> Configuration:
+        """The configuration in effect at ``index``: what a snapshot taken there must record."""
+        return self._raft_log.conf_at(index)
+
     def status(self) -> Status:
         match: dict[str, int] = {}
         if self._role is Role.LEADER:
@@ -219,6 +240,9 @@ class RaftCore(Election, Replication, ReadIndex):
             commit_index=self._raft_log.committed,
             applied=self._applied,
             match=match,
+            voters=self._conf.voters,
+            learners=self._conf.learners,
+            conf_index=self._raft_log.conf_index,
         )
 
     def progress(self, peer: str) -> Progress | None:
@@ -239,10 +263,13 @@ class RaftCore(Election, Replication, ReadIndex):
             if self._role is Role.LEADER:
                 self._on_snapshot_status(m)
             return
-        if m.src not in self._voter_set:
-            # Not a member (a misconfigured or removed node): it must neither win votes nor move our term.
-            self._event(f"{self._id} ignored {type(m).__name__} from non-member {m.src} at term {m.term}")
-            return
+        self._step_message(m)
+        if self._raft_log.configuration is not self._conf:
+            self._on_conf_changed()  # an AppendEntries or a snapshot brought (or a truncation dropped) a config
+        if self._role is Role.LEADER and self._id not in self._voter_set:
+            self._step_down_if_removed()
+
+    def _step_message(self, m: Message) -> None:
         term = m.term
         if term > self._term:
             if type(m) is RequestVote:
@@ -300,15 +327,63 @@ class RaftCore(Election, Replication, ReadIndex):
             raise InvalidRequestError("propose needs at least one body")
         if magic not in codec.ENTRY_MAGICS:
             raise InvalidRequestError(f"magic {magic} is not an entry magic (1 normal, 2 no-op, 3 config)")
+        if magic == codec.MAGIC_CONFIG:
+            raise InvalidRequestError(
+                "configuration entries change the group's members: propose them with propose_conf_change"
+            )
         try:
             first, positions = self._raft_log.append_new(bodies, self._term, magic, prepare)
         except ValueError as e:
             raise InvalidRequestError(str(e)) from e
-        if not self._peers:
+        for p in self._peers:
+            self._send_append(p, False)
+        if not self._voter_peers:
             self._maybe_commit()
-        else:
-            for p in self._peers:
-                self._send_append(p, False)
+        return Proposed(first, self._term, tuple(positions))
+
+    def propose_conf_change(self, change: ConfChange) -> Proposed:
+        """Append a config entry applying ``change`` to the configuration in effect (thesis §4.1: it takes effect
+        now, on this leader, and on each follower as it appends it).
+
+        Refused (``UnavailableError``, retriable) while an earlier change is uncommitted, before this leader
+        committed an entry of its term (the single-server-change bug Ongaro described in 2015: an uncommitted
+        change of a deposed leader could otherwise form a majority disjoint from this one), and when promoting a
+        learner that has not caught up with the commit index. ``InvalidRequestError`` when the change does not
+        apply (adding a member twice, removing the last voter...). Removing this leader is allowed: it leads
+        until the change commits, then steps down and hands over to the most up-to-date voter."""
+        if self._role is not Role.LEADER:
+            raise NotLeaderError(leader_hint=self._leader)
+        if self._lead_transferee is not None:
+            raise NotLeaderError(
+                leader_hint=self._lead_transferee,
+                message=f"leadership is being transferred to {self._lead_transferee}; retry there",
+            )
+        log = self._raft_log
+        if log.conf_index > log.committed:
+            raise UnavailableError(
+                f"the configuration change at index {log.conf_index} ({self._conf.describe()}) is not committed "
+                "yet: one change at a time; retry once it commits"
+            )
+        if not self._committed_in_term():
+            raise UnavailableError(
+                f"leader {self._id} has not committed an entry of its term {self._term} yet; retry shortly"
+            )
+        new = self._conf.apply(change)
+        if change.kind is ConfChangeKind.PROMOTE:
+            pr = self._prs.get(change.node)
+            match = pr.match_index if pr is not None else -1
+            if match < log.committed:
+                raise UnavailableError(
+                    f"learner {change.node} has not caught up (it holds up to index {match}, the commit index is "
+                    f"{log.committed}); promote it once it has"
+                )
+        first, positions = log.append_new([new.encode()], self._term, codec.MAGIC_CONFIG)
+        self._event(f"{self._id} proposed {change} at index {first} term {self._term}")
+        self._on_conf_changed()
+        for p in self._peers:
+            self._send_append(p, False)
+        if self._role is Role.LEADER and self._id not in self._voter_set:
+            self._step_down_if_removed()
         return Proposed(first, self._term, tuple(positions))
 
     def transfer_leadership(self, target: str) -> None:
@@ -316,7 +391,7 @@ class RaftCore(Election, Replication, ReadIndex):
         timeout. Raises ``NotLeaderError`` on a non-leader, ``InvalidRequestError`` for an unknown target."""
         if self._role is not Role.LEADER:
             raise NotLeaderError(leader_hint=self._leader)
-        if target not in self._voters:
+        if target not in self._voter_set:
             raise InvalidRequestError(
                 f"cannot transfer leadership to {target!r}: not a voter of {self._voters}"
             )
@@ -337,7 +412,7 @@ class RaftCore(Election, Replication, ReadIndex):
         pending when leadership is lost never complete: the runtime fails them on the role change."""
         if self._role is not Role.LEADER:
             raise NotLeaderError(leader_hint=self._leader)
-        if not self._peers:
+        if self._voters == (self._id,):
             self._read_states.append((context, self._raft_log.committed))
             return
         if not self._committed_in_term():
@@ -478,7 +553,7 @@ class RaftCore(Election, Replication, ReadIndex):
         self._event(f"{self._id} became leader at term {self._term}")
         # The no-op: commits every earlier entry once a quorum holds it (§5.4.2, §8).
         log.append_new([b""], self._term, codec.MAGIC_NOOP)
-        if not self._peers:
+        if not self._voter_peers:
             self._maybe_commit()
 
     # -- ticks ---------------------------------------------------------------------------------------------------
@@ -487,7 +562,8 @@ class RaftCore(Election, Replication, ReadIndex):
         self._election_elapsed += 1
         if self._election_elapsed >= self._randomized_timeout:
             self._election_elapsed = 0
-            self._campaign(transfer=False)
+            if self._may_campaign():
+                self._campaign(transfer=False)
 
     def _tick_heartbeat(self) -> None:
         self._heartbeat_elapsed += 1
@@ -495,7 +571,8 @@ class RaftCore(Election, Replication, ReadIndex):
         if self._election_elapsed >= self._election_min:
             self._election_elapsed = 0
             active = self._take_recent_active()
-            if self._config.check_quorum and len(active) + 1 < self._quorum:
+            heard = len(active & self._voter_set) + (self._id in self._voter_set)
+            if self._config.check_quorum and heard < self._quorum:
                 self._event(
                     f"{self._id} stepped down at term {self._term}: no quorum heard within an election timeout"
                 )
@@ -522,7 +599,13 @@ class RaftCore(Election, Replication, ReadIndex):
         """DLedger's preferredLeaderIds: hand leadership to the preferred node once it is healthy (heard from
         within the last election timeout) and holds everything committed."""
         pref = self._config.preferred_leader
-        if pref is None or pref == self._id or pref not in active or self._lead_transferee is not None:
+        if (
+            pref is None
+            or pref == self._id
+            or pref not in active
+            or pref not in self._voter_set
+            or self._lead_transferee is not None
+        ):
             return
         if self._prs[pref].match_index >= self._raft_log.committed:
             self._event(f"{self._id} hands leadership back to preferred leader {pref}")
@@ -545,6 +628,9 @@ class RaftCore(Election, Replication, ReadIndex):
             self._leader = m.src
             self._on_install_snapshot(m)
         elif t is TimeoutNow:
+            if not self._may_campaign():
+                self._event(f"{self._id} ignored TimeoutNow from {m.src}: it is not a voter")
+                return
             self._event(f"{self._id} received TimeoutNow from {m.src} at term {self._term}: campaigning")
             self._campaign(transfer=True)
 
@@ -565,6 +651,66 @@ class RaftCore(Election, Replication, ReadIndex):
             self._on_append_response(m)
         elif t is HeartbeatResponse:
             self._on_heartbeat_response(m)
+
+    # -- membership -------------------------------------------------------------------------------------------------
+
+    def _set_conf(self, conf: Configuration) -> None:
+        self._conf = conf
+        self._voters = conf.voters
+        self._voter_set = frozenset(conf.voters)
+        self._peers = tuple(
+            n for n in conf.members if n != self._id
+        )  # everyone we replicate to, learners too
+        self._voter_peers = tuple(n for n in conf.voters if n != self._id)  # everyone we ask for votes
+        self._quorum = quorum_size(len(conf.voters)) if conf.voters else 1
+
+    def _may_campaign(self) -> bool:
+        """A voter campaigns; so does a voter whose removal is not committed yet (thesis §4.2.2: it may still be
+        needed, e.g. when it alone holds the entry that removes it; its own vote then does not count). Learners
+        and nodes outside the group never do."""
+        if self._id in self._voter_set:
+            return True
+        log = self._raft_log
+        return log.conf_index > log.committed and self._id in log.conf_before(log.conf_index)[1].voters
+
+    def _on_conf_changed(self) -> None:
+        """The log's configuration changed (appended, installed by a snapshot, or truncated away): use it now."""
+        conf = self._raft_log.configuration
+        self._set_conf(conf)
+        self._event(f"{self._id} uses configuration {conf.describe()} (index {self._raft_log.conf_index})")
+        if self._role is not Role.LEADER:
+            return
+        nxt = self._raft_log.last_index + 1
+        for p in self._peers:
+            if p not in self._prs:
+                pr = Progress(nxt, self._config.max_inflight)
+                pr.recent_active = True  # a newcomer gets an election timeout to answer before check-quorum
+                self._prs[p] = pr
+        for p in [p for p in self._prs if p not in conf.members]:
+            del self._prs[p]
+            if p == self._lead_transferee:
+                self._event(f"{self._id} abandoned leadership transfer to removed {p}")
+                self._lead_transferee = None
+        if self._maybe_commit():  # fewer voters may commit more
+            for p in self._peers:
+                self._send_append(p, True)
+
+    def _step_down_if_removed(self) -> None:
+        """A leader outside its configuration (it removed itself) leads until that change commits (thesis
+        §4.2.2), then steps down, handing over to the most up-to-date voter with TimeoutNow."""
+        log = self._raft_log
+        if log.committed < log.conf_index:
+            return
+        best, best_match = None, -1
+        for p in self._voter_peers:
+            pr = self._prs.get(p)
+            if pr is not None and pr.match_index > best_match:
+                best, best_match = p, pr.match_index
+        self._event(f"{self._id} steps down at term {self._term}: it is no longer a voter")
+        term = self._term
+        self._become_follower(term, None)
+        if best is not None and best_match == log.last_index:
+            self._send(TimeoutNow(term, self._id, best))
 
     # -- sending ------------------------------------------------------------------------------------------------------
 

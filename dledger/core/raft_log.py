@@ -16,6 +16,11 @@ writing them right now, so the view keeps answering for them from memory until `
 A conflict found by a follower may cut the memory tail or reach into the store; the store part is then removed by
 the next ``Ready.truncate_from``. Because only the memory tail and a pending snapshot can be newer than the store,
 any index below ``offset`` is read from the store, whose content below ``offset`` no in-flight Ready touches.
+
+The view also tracks the group's configuration (``dledger.core.membership``): every config entry it holds, and
+the configuration at its base (the snapshot point, or the group's initial members). A configuration takes effect
+once its entry is in the log (Raft thesis §4.1), so ``configuration`` is the last config entry's, committed or
+not, and a truncation that drops a config entry brings back the one before it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import struct
 from bisect import bisect_right
 from typing import Final
 
+from dledger.core.membership import Configuration, ConfigurationError
 from dledger.core.messages import Prepare, SnapshotMeta
 from storage import codec
 from storage.api import LogStore
@@ -31,6 +37,9 @@ from storage.errors import Compacted, IndexOutOfRange
 
 # magic, size, index, term: enough of a header to place an entry in the tail without decoding it all.
 _HEAD: Final = struct.Struct(">iiqq")
+_MAGIC_SIZE: Final = struct.Struct(">ii")
+_CONFIG: Final = codec.MAGIC_CONFIG
+_STORE_SCAN_BYTES: Final = 4 << 20  # read size when looking for config entries in the store at start
 _CHAIN_CRC: Final = struct.Struct(">I")
 _SIZE: Final = struct.Struct(">i")
 _MIN_BLANK: Final = codec.MIN_BLANK_LEN
@@ -50,6 +59,7 @@ class RaftLog:
         "_base",
         "_buf",
         "_cache_bytes",
+        "_confs",
         "_end_pos",
         "_handed_to",
         "_last_chain",
@@ -68,7 +78,12 @@ class RaftLog:
         "store",
     )
 
-    def __init__(self, store: LogStore, segment_size: int, cache_bytes: int = 0):
+    def __init__(
+        self, store: LogStore, segment_size: int, cache_bytes: int = 0, base_conf: Configuration | None = None
+    ):
+        """``base_conf`` is the configuration as of the store's snapshot point (``first_index - 1``): the one a
+        snapshot recorded, or the group's initial members; config entries in the store are found and applied
+        over it."""
         self.store = store
         self._cache_bytes = cache_bytes
         self._segment_size = segment_size
@@ -92,6 +107,56 @@ class RaftLog:
         # reads the same range for every follower in step).
         self._unhanded: bytes | None = None
         self._read_memo: tuple[int, int, int, bytes, int] | None = None
+        # (index of the config entry, configuration), oldest first; the first is the base (snapshot point).
+        self._confs: list[tuple[int, Configuration]] = [
+            (store.first_index - 1, base_conf if base_conf is not None else Configuration(()))
+        ]
+        self._confs += self._store_confs()
+
+    # -- configuration ---------------------------------------------------------------------------------------------
+
+    @property
+    def configuration(self) -> Configuration:
+        """The configuration in effect: the last config entry in the log (committed or not), else the base."""
+        return self._confs[-1][1]
+
+    @property
+    def conf_index(self) -> int:
+        """Index of the entry that carries ``configuration`` (the base's snapshot point when none does)."""
+        return self._confs[-1][0]
+
+    def conf_at(self, index: int) -> Configuration:
+        """The configuration in effect at ``index`` (for a snapshot taken there); the base for older indexes."""
+        for i, conf in reversed(self._confs):
+            if i <= index:
+                return conf
+        return self._confs[0][1]
+
+    def conf_before(self, index: int) -> tuple[int, Configuration]:
+        """(index, configuration) of the last config entry before ``index``, or the base (its snapshot point)."""
+        for i, conf in reversed(self._confs):
+            if i < index:
+                return i, conf
+        return self._confs[0]
+
+    def _store_confs(self) -> list[tuple[int, Configuration]]:
+        """The config entries in the store, read by headers (the apply loop replays the same range at start)."""
+        store = self.store
+        lo, hi = store.first_index, store.last_index + 1
+        found: list[tuple[int, Configuration]] = []
+        while lo < hi:
+            data = store.raw(lo, hi, _STORE_SCAN_BYTES)
+            off, n, end = 0, 0, len(data)
+            while off < end:
+                magic, size = _MAGIC_SIZE.unpack_from(data, off)
+                if magic == _CONFIG:
+                    found.append((lo + n, _decode_conf(data, off, size, lo + n)))
+                off += size
+                n += 1
+            if n == 0:
+                break
+            lo += n
+        return found
 
     # -- facts ---------------------------------------------------------------------------------------------------
 
@@ -198,11 +263,16 @@ class RaftLog:
         return lo
 
     def snapshot_meta(self) -> SnapshotMeta | None:
-        """Describe the compaction point (``first_index - 1``) for an InstallSnapshot, or None if unknown."""
+        """Describe the compaction point (``first_index - 1``) for an InstallSnapshot, or None if unknown; it carries
+        the configuration in effect there."""
         if self._snapshot is not None:
             return self._snapshot
         point = self._store_snapshot_point()
-        return point if point.index >= 0 else None
+        if point.index < 0:
+            return None
+        return SnapshotMeta(
+            point.index, point.term, point.chain_crc, point.end_pos, self.conf_at(point.index)
+        )
 
     def _store_snapshot_point(self) -> SnapshotMeta:
         p = self.store.snapshot_point()
@@ -273,6 +343,12 @@ class RaftLog:
             )
         if prepare is not None:
             bodies = self._prepared(bodies, prepare)
+        confs = None
+        if magic == _CONFIG:
+            try:
+                confs = [Configuration.decode(b) for b in bodies]
+            except ConfigurationError as e:
+                raise ValueError(str(e)) from e
         self._unhanded = None
         buf = self._buf
         add_off = self._offs.append
@@ -300,6 +376,8 @@ class RaftLog:
         self._last_term = term
         self._end_pos = pos
         self._last_chain = chain
+        if confs:
+            self._confs += [(first + k, c) for k, c in enumerate(confs)]
         return first, positions
 
     def _prepared(self, bodies: list[bytes], prepare: Prepare) -> list[bytes]:
@@ -333,12 +411,14 @@ class RaftLog:
             return None
         if not frames:
             return prev_index
-        offs, terms = _scan(frames, prev_index + 1)
+        offs, terms, confs = _scan(frames, prev_index + 1)
         n = len(offs)
         last_new = prev_index + n
         # Common case: everything is new.
         if prev_index == self._last_index:
             self._append_frames(frames, offs, terms, 0)
+            if confs:
+                self._confs += confs
             return last_new
         # Find the first entry we lack or hold with another term (receiver rule 3).
         conflict = -1
@@ -358,10 +438,16 @@ class RaftLog:
                 )
             self._truncate(idx)
         self._append_frames(frames, offs, terms, conflict)
+        if confs:
+            self._confs += [c for c in confs if c[0] >= idx]
         return last_new
 
     def _truncate(self, index: int) -> None:
-        """Forget entries ``index`` and after (in memory now, in the store with the next Ready)."""
+        """Forget entries ``index`` and after (in memory now, in the store with the next Ready); a configuration
+        they carried is forgotten with them."""
+        confs = self._confs
+        while len(confs) > 1 and confs[-1][0] >= index:
+            confs.pop()
         self._read_memo = None
         self._unhanded = None
         k = index - self._offset
@@ -412,7 +498,9 @@ class RaftLog:
         self._last_chain = h[6]
 
     def restore(self, snap: SnapshotMeta) -> None:
-        """Reset to an installed snapshot: every entry is dropped; the log continues after ``snap``."""
+        """Reset to an installed snapshot: every entry is dropped; the log continues after ``snap``, in the
+        snapshot's configuration (or the current one when the sender did not say)."""
+        self._confs = [(snap.index, snap.conf if snap.conf is not None else self.configuration)]
         self._read_memo = None
         self._unhanded = None
         self._buf = bytearray()
@@ -506,8 +594,16 @@ class RaftLog:
         return len(self._offs)
 
 
-def _scan(frames: bytes, first_index: int) -> tuple[list[int], list[int]]:
-    """Byte offset and term of each frame: enough to place entries in the tail.
+def _decode_conf(data, off: int, size: int, index: int) -> Configuration:
+    try:
+        return Configuration.decode(memoryview(data)[off + _HEADER_SIZE : off + size])
+    except ConfigurationError as e:
+        raise codec.FrameError(f"config entry {index}: {e}", off, index) from e
+
+
+def _scan(frames: bytes, first_index: int) -> tuple[list[int], list[int], list[tuple[int, Configuration]]]:
+    """Byte offset and term of each frame, and the configurations of its config entries: enough to place entries
+    in the tail.
 
     Walks the size fields (each must be at least a header and stay inside the buffer), checks that the first and
     last frames are well-formed entries numbered ``first_index`` and ``first_index + n - 1``, and reads every
@@ -515,16 +611,19 @@ def _scan(frames: bytes, first_index: int) -> tuple[list[int], list[int]]:
     terms). Full validation (every magic, body CRC, chain, positions) is the store's, before it writes anything.
     """
     end = len(frames)
-    size_at = _SIZE.unpack_from
+    head_at = _MAGIC_SIZE.unpack_from
     offs: list[int] = []
     append = offs.append
+    config_at: list[tuple[int, int]] = []  # (offset, size) of config entries: rare, decoded below
     off = 0
     while off < end:
         if end - off < _HEADER_SIZE:
             raise codec.FrameError(f"truncated header: {end - off} of {_HEADER_SIZE} bytes", off)
-        size = size_at(frames, off + 4)[0]
+        magic, size = head_at(frames, off)
         if size < _HEADER_SIZE or size > end - off:
             raise codec.FrameError(f"bad frame size {size} at offset {off} ({end - off} bytes left)", off)
+        if magic == _CONFIG:
+            config_at.append((off, size))
         append(off)
         off += size
     n = len(offs)
@@ -538,8 +637,14 @@ def _scan(frames: bytes, first_index: int) -> tuple[list[int], list[int]]:
             0,
             i0,
         )
+    confs: list[tuple[int, Configuration]] = []
+    if config_at:
+        k = 0
+        for o, size in config_at:
+            k = offs.index(o, k)
+            confs.append((first_index + k, _decode_conf(frames, o, size, first_index + k)))
     if t0 == t1:
-        return offs, [t0] * n
+        return offs, [t0] * n, confs
     terms: list[int] = []
     last_term = -1
     for k, o in enumerate(offs):
@@ -553,7 +658,7 @@ def _scan(frames: bytes, first_index: int) -> tuple[list[int], list[int]]:
             )
         terms.append(term)
         last_term = term
-    return offs, terms
+    return offs, terms, confs
 
 
 def _count_frames(data: bytes) -> int:

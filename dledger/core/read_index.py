@@ -18,15 +18,16 @@ if TYPE_CHECKING:
 
 
 class ReadRequest:
-    """One pending read: the commit index it waits on and the peers that confirmed it (the leader included)."""
+    """One pending read: the commit index it waits on and the voters that confirmed it (the leader included while
+    it is a voter; learners' answers never count)."""
 
     __slots__ = ("acks", "context", "index", "seq")
 
-    def __init__(self, seq: int, context: int, index: int, self_id: str):
+    def __init__(self, seq: int, context: int, index: int, acks: set[str]):
         self.seq = seq
         self.context = context
         self.index = index
-        self.acks = {self_id}
+        self.acks = acks
 
 
 class ReadIndex:
@@ -35,6 +36,7 @@ class ReadIndex:
 
     _id: str
     _quorum: int
+    _voter_set: frozenset[str]
     _raft_log: RaftLog
     _term: int
     _read_seq: int
@@ -47,10 +49,13 @@ class ReadIndex:
 
     def _start_read(self, context: int) -> None:
         self._read_seq += 1
-        self._read_requests.append(ReadRequest(self._read_seq, context, self._raft_log.committed, self._id))
+        acks = {self._id} if self._id in self._voter_set else set()
+        self._read_requests.append(ReadRequest(self._read_seq, context, self._raft_log.committed, acks))
         self._bcast_heartbeat(self._read_seq)
 
     def _ack_read(self, peer: str, seq: int) -> None:
+        if peer not in self._voter_set:
+            return
         reqs = self._read_requests
         ready_upto = -1
         for i, r in enumerate(reqs):

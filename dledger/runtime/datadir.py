@@ -18,8 +18,11 @@ from statemachine.api import StateMachine
 from storage.api import LogStore, MetaStore
 
 COMMIT_INDEX_KEY = "commit_index"  # checkpoint in the MetaStore (audit input; not needed for safety)
+# The group's configuration as of the log's compaction point (a config entry body, dledger.core.membership):
+# written before the log is compacted or reset to a snapshot, read at start (docs/membership.md).
+SNAPSHOT_CONF_KEY = "snapshot_conf"
 
-__all__ = ["COMMIT_INDEX_KEY", "DataDir", "DirectoryInUseError", "lock_data_dir"]
+__all__ = ["COMMIT_INDEX_KEY", "SNAPSHOT_CONF_KEY", "DataDir", "DirectoryInUseError", "lock_data_dir"]
 
 
 def lock_data_dir(data_dir: Path) -> int:

@@ -18,19 +18,22 @@ import random
 import signal
 from collections.abc import AsyncIterator, Callable
 
+from dledger.core.membership import ConfChange, ConfChangeKind, Configuration
 from dledger.core.messages import InstallSnapshot, Message, Prepare, Role
 from dledger.core.raft import RaftCore
 from dledger.errors import (
+    ConfigError,
     InvalidRequestError,
     NotFoundError,
     NotLeaderError,
+    OutcomeUnknownError,
     UnavailableError,
 )
 from dledger.metrics import NodeMetrics
-from dledger.nodeconfig import NodeConfig
+from dledger.nodeconfig import NodeConfig, parse_address, valid_id
 from dledger.plugins import NodePlugin
 from dledger.plugins import resolve as resolve_plugin
-from dledger.runtime.datadir import DataDir
+from dledger.runtime.datadir import SNAPSHOT_CONF_KEY, DataDir
 from dledger.runtime.futures import retrieve
 from dledger.runtime.iothread import IoThread
 from dledger.runtime.peers import Peers
@@ -88,6 +91,8 @@ class Node:
         self._commit_listeners: list[Callable[[int], None]] = []
         self._role_listeners: list[Callable[[Role, int], None]] = []
         self._seen_role_term: tuple[Role, int] = (Role.FOLLOWER, -1)
+        self._seen_conf: Configuration | None = None
+        self._conf_waiters: list[tuple[int, int, asyncio.Future]] = []  # (index, term, future) of changes
         if plugin is None and config.state_machine:
             plugin = resolve_plugin(config.state_machine)(config)
         if config.security is not None:  # TLS, peer identity, users and permissions (docs/security.md)
@@ -165,7 +170,12 @@ class Node:
             self._proposals.waiters = ApplyWaiters(self._apply)
             self.add_commit_listener(self._apply.commit_advanced)
             self.add_role_listener(self._reads.on_role)
-        self._snapshots.attach(data.log, self._apply)
+        self._snapshots.attach(
+            data.log,
+            self._apply,
+            conf_at=lambda index: self._core.configuration_at(index),
+            save_conf=lambda conf: data.meta.put(SNAPSHOT_CONF_KEY, conf.encode(), sync=True),
+        )
         self._proposals.log = data.log
         self._core = self._new_core(hard_state, applied)
         self._ready = ReadyLoop(
@@ -228,6 +238,7 @@ class Node:
             self._tasks.append(asyncio.create_task(self._apply.run(), name=f"{self.id}-apply"))
         for t in self._tasks:
             t.add_done_callback(self._task_done)
+        self._watch_conf()
         log.info(
             "%s started: group %s, term %d, last index %d, listening on %s, flush %s",
             self.id,
@@ -240,7 +251,27 @@ class Node:
 
     def _new_core(self, hard_state: HardState, applied: int) -> RaftCore:
         cfg = self.config
-        return RaftCore(self.id, cfg.voters, self._data.log, hard_state, cfg.raft, self._rng, applied=applied)
+        return RaftCore(
+            self.id,
+            cfg.voters,
+            self._data.log,
+            hard_state,
+            cfg.raft,
+            self._rng,
+            applied=applied,
+            conf=self._base_conf(),
+        )
+
+    def _base_conf(self) -> Configuration:
+        """The configuration at the log's compaction point: the one the last snapshot recorded; else the
+        configured peers as voters, or none for a node started to join a group (``join``: it learns its
+        configuration from the leader). Config entries in the log apply on top (docs/membership.md)."""
+        raw = self._data.meta.get(SNAPSHOT_CONF_KEY)
+        if raw is not None:
+            return Configuration.decode(raw)
+        if self.config.join:
+            return Configuration(())
+        return Configuration.of(self.config.voters, addresses=self.config.peers)
 
     def _rebuild_core(self, applied: int) -> RaftCore:
         """A core rebuilt from what storage holds (after a refused write): the state a restart would find."""
@@ -338,6 +369,8 @@ class Node:
         """Entries up to ``commit_index`` are committed and persisted locally: resolve waiting appends with
         (index, pos) and tell the listeners."""
         self._proposals.committed(commit_index)
+        if self._conf_waiters:
+            self._resolve_conf_waiters(commit_index)
         for listener in self._commit_listeners:
             listener(commit_index)
 
@@ -345,10 +378,24 @@ class Node:
         """After each Ready: appends of a lost leadership fail; listeners hear of a new role or term."""
         core = self._core
         self._proposals.on_role(core, self.commit_index)
+        if core.configuration is not self._seen_conf:
+            self._watch_conf()
         if (core.role, core.term) != self._seen_role_term:
             self._seen_role_term = (core.role, core.term)
             for listener in self._role_listeners:
                 listener(core.role, core.term)
+            self._fail_conf_waiters()
+
+    def _watch_conf(self) -> None:
+        """The configuration changed (a config entry appended, truncated or installed): dial new members."""
+        conf = self._core.configuration
+        self._seen_conf = conf
+        for member in conf.members:
+            if self.peers.learn(member, conf.address(member) or self.config.peers.get(member)):
+                t = asyncio.create_task(self.peers.sender(member), name=f"{self.id}-send-{member}")
+                t.add_done_callback(self._task_done)
+                self._tasks.append(t)
+        log.info("%s: configuration %s", self.id, conf.describe())
 
     def _on_applied(self, chunk: list[Applied]) -> None:
         """The apply loop applied ``chunk``: resolve proposers and reads waiting for it; snapshot by policy."""
@@ -378,7 +425,7 @@ class Node:
         core = self._core
         leader = core.leader_id if core is not None else None
         if leader and leader != self.id:
-            addr = self.config.peers.get(leader, "?")
+            addr = self.peers.addresses.get(leader, "?")
             return NotLeaderError(
                 leader, f"node {self.id} is not the leader; the leader is {leader} at {addr}"
             )
@@ -388,11 +435,11 @@ class Node:
         )
 
     def address_of(self, node_id: str) -> str | None:
-        return self.config.peers.get(node_id)
+        return self.peers.addresses.get(node_id)
 
     def leader_address(self) -> str | None:
         leader = self._core.leader_id if self._core is not None else None
-        return self.config.peers.get(leader) if leader else None
+        return self.peers.addresses.get(leader) if leader else None
 
     async def append(self, bodies: list[bytes], prepare: Prepare | None = None) -> AppendedRun:
         """Append bodies as consecutive entries; resolves once they are committed (and synced under ``sync``).
@@ -452,24 +499,32 @@ class Node:
             role=_ROLE_NAMES.get(st.role, str(st.role)),
             term=st.term,
             leader_id=leader,
-            leader_address=self.config.peers.get(leader) if leader else None,
+            leader_address=self.peers.addresses.get(leader) if leader else None,
             last_index=st.last_index,
             commit_index=self.commit_index,  # what this node holds in storage and serves (core may be ahead)
             applied_index=self._apply.applied_index if self._apply is not None else self.commit_index,
             peers=tuple(
-                PeerInfo(p, a, st.match.get(p, -1) if st.role is Role.LEADER else -1)
-                for p, a in sorted(self.config.peers.items())
+                PeerInfo(
+                    p,
+                    a,
+                    st.match.get(p, -1) if st.role is Role.LEADER else -1,
+                    "voter" if p in st.voters else "learner" if p in st.learners else "",
+                )
+                for p, a in sorted(self.peers.addresses.items())
             ),
             data_dir=str(self.config.data_dir),
             pid=os.getpid(),
             flush=self.config.flush,
+            voters=st.voters,
+            learners=st.learners,
+            conf_index=st.conf_index,
         )
 
     async def transfer_leadership(self, target: str) -> str:
         core = self._core
-        if target not in self.config.peers:
+        if target not in self.peers.addresses:
             raise InvalidRequestError(
-                f"unknown node {target!r}; members: {', '.join(sorted(self.config.peers))}"
+                f"unknown node {target!r}; members: {', '.join(sorted(self.peers.addresses))}"
             )
         if core.role is not Role.LEADER:
             raise self._not_leader()
@@ -486,6 +541,86 @@ class Node:
         raise UnavailableError(
             f"leadership transfer to {target} did not complete in time; {core.leader_id} leads"
         )
+
+    async def change_membership(self, kind: str, node_id: str, address: str) -> tuple[int, int, tuple, tuple]:
+        """One membership change (docs/membership.md), on the leader; returns (index, term, voters, learners)
+        once its config entry committed. Removing this leader transfers leadership first (to the most caught-up
+        voter), so clients see a transfer rather than an election; the change is then proposed on the new
+        leader by the caller (``NotLeaderError`` points there)."""
+        try:
+            change_kind = ConfChangeKind(kind)
+        except ValueError:
+            kinds = ", ".join(k.value for k in ConfChangeKind)
+            raise InvalidRequestError(f"unknown membership change {kind!r}; one of: {kinds}") from None
+        if not valid_id(node_id):
+            raise InvalidRequestError(
+                f"node id {node_id!r} is invalid: use 1-64 letters, digits, '_', '.', '-' (e.g. n3)"
+            )
+        adding = change_kind in (ConfChangeKind.ADD_LEARNER, ConfChangeKind.ADD_VOTER)
+        if adding and not address:
+            raise InvalidRequestError(f"{kind} {node_id} needs the new node's address (host:port)")
+        if address:
+            try:
+                parse_address(address, f"{kind} {node_id}")
+            except ConfigError as e:
+                raise InvalidRequestError(str(e)) from None
+        core = self._core
+        if core is None or self._stopping:
+            raise UnavailableError(f"node {self.id} is not running")
+        if core.role is not Role.LEADER:
+            raise self._not_leader()
+        if change_kind is ConfChangeKind.REMOVE and node_id == self.id:
+            others = [v for v in core.configuration.voters if v != self.id]
+            if others:
+                st = core.status()
+                target = max(others, key=lambda v: st.match.get(v, -1))
+                await self.transfer_leadership(target)
+                raise self._not_leader()
+        p = core.propose_conf_change(ConfChange(change_kind, node_id, address))
+        log.info("%s: proposed %s %s at index %d", self.id, kind, node_id, p.first_index)
+        self._wake.set()
+        fut = asyncio.get_running_loop().create_future()
+        self._conf_waiters.append((p.first_index, p.term, fut))
+        self._resolve_conf_waiters(self.commit_index)
+        timeout = 10 * self.config.raft.election_timeout_max_ms / 1000
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            raise OutcomeUnknownError(
+                f"the change {kind} {node_id} (index {p.first_index}) did not commit within {timeout:.1f} s; "
+                "check 'dledger member list'"
+            ) from None
+        conf = self._core.configuration_at(p.first_index)
+        return p.first_index, p.term, conf.voters, conf.learners
+
+    def _resolve_conf_waiters(self, commit_index: int) -> None:
+        log_view = self._core.raft_log if self._core is not None else None
+        keep = []
+        for index, term, fut in self._conf_waiters:
+            if fut.done():
+                continue
+            if index > commit_index:
+                keep.append((index, term, fut))
+            elif log_view is not None and log_view.match_term(index, term):
+                fut.set_result(None)
+            else:
+                fut.set_exception(OutcomeUnknownError(f"the config entry at index {index} was replaced"))
+        self._conf_waiters = keep
+
+    def _fail_conf_waiters(self) -> None:
+        """Leadership changed: a change still waiting may or may not commit."""
+        core = self._core
+        if core is not None and core.role is Role.LEADER:
+            return
+        for index, _, fut in self._conf_waiters:
+            if not fut.done():
+                fut.set_exception(
+                    OutcomeUnknownError(
+                        f"leadership was lost before the config entry at index {index} committed; "
+                        "check 'dledger member list'"
+                    )
+                )
+        self._conf_waiters = []
 
     async def read_index(self, timeout_s: float | None = None) -> int:
         """A linearizable read point (Raft thesis 6.4): the leader confirms with a quorum that it still leads,

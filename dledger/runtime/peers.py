@@ -130,6 +130,8 @@ class Peers:
         self.closing = False
         self.reply_waiters: list[ReplyWaiter] = []
         self.queues: dict[str, asyncio.Queue] = {p: asyncio.Queue() for p in config.peers if p != node_id}
+        # Every node we know an address for: the configured peers, then members the log adds (docs/membership.md).
+        self.addresses: dict[str, str] = dict(config.peers)
         self._unreachable_logged: dict[str, float] = {}
 
     # -- stepping ----------------------------------------------------------------------------------------------
@@ -166,11 +168,30 @@ class Peers:
             raise InvalidRequestError(
                 f"message for {msg.dst} delivered to {self.id}: check the peer addresses"
             )
-        if msg.src == self.id or msg.src not in self.config.peers:
+        if msg.src == self.id or msg.src not in self.addresses:
             raise InvalidRequestError(
                 f"{type(msg).__name__} from {msg.src!r}, which is not a member of group {self.group} "
-                f"(members: {', '.join(sorted(self.config.peers))}): refused"
+                f"(members: {', '.join(sorted(self.addresses))}): refused"
             )
+
+    def learn(self, peer: str, address: str | None) -> bool:
+        """A configuration names ``peer`` (at ``address`` when it says): accept its messages and give it a
+        queue. Returns True when a sender must be started for it. Addresses already known are kept: a node id
+        is never moved to another address (replace the node instead)."""
+        if peer == self.id:
+            return False
+        if peer not in self.addresses:
+            if not address:
+                log.warning("%s: member %s has no known address; it cannot be reached", self.id, peer)
+                return False
+            self.addresses[peer] = address
+            add = getattr(self.transport, "add_peer", None)
+            if add is not None:
+                add(peer, address)
+        if peer in self.queues:
+            return False
+        self.queues[peer] = asyncio.Queue()
+        return True
 
     def _check_open(self) -> None:
         if self.closing:

@@ -25,7 +25,7 @@ from dledger.core.raft import RaftCore
 from dledger.errors import StorageFullError
 from dledger.metrics import NodeMetrics
 from dledger.nodeconfig import NodeConfig
-from dledger.runtime.datadir import DataDir
+from dledger.runtime.datadir import SNAPSHOT_CONF_KEY, DataDir
 from dledger.runtime.iothread import IoThread
 from dledger.runtime.peers import Peers, ReplyWaiter
 from dledger.runtime.proposals import Proposals
@@ -203,6 +203,8 @@ class ReadyLoop:
             self._meta.save_hard_state(rd.hard_state)
         if rd.snapshot is not None:
             s = rd.snapshot
+            if s.conf is not None:  # the configuration survives the entries the snapshot replaces
+                self._meta.put(SNAPSHOT_CONF_KEY, s.conf.encode(), sync=True)
             self._log.reset_to_snapshot(s.index, s.term, s.chain_crc, s.end_pos)
         if rd.truncate_from is not None:
             self._log.truncate_suffix(rd.truncate_from)

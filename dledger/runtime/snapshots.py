@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
+from dledger.core.membership import Configuration
 from dledger.core.messages import InstallSnapshot, SnapshotMeta
 from dledger.errors import InvalidRequestError, UnavailableError
 from dledger.nodeconfig import NodeConfig
@@ -62,6 +63,8 @@ class Snapshots:
         )
         self._log: LogStore | None = None
         self._apply: ApplyLoop | None = None
+        self._conf_at: Callable[[int], Configuration] | None = None
+        self._save_conf: Callable[[Configuration], None] | None = None
         self._lock = asyncio.Lock()
         self.task: asyncio.Task | None = None  # the policy snapshot in progress, if any
         self._install_in_progress = False
@@ -69,9 +72,19 @@ class Snapshots:
         self._last_bytes = 0  # ApplyLoop.applied_bytes at that snapshot
         self._retry_after = -1  # after a failed policy snapshot: no retry before this applied index
 
-    def attach(self, log_store: LogStore, apply: ApplyLoop | None) -> None:
+    def attach(
+        self,
+        log_store: LogStore,
+        apply: ApplyLoop | None,
+        conf_at: Callable[[int], Configuration] | None = None,
+        save_conf: Callable[[Configuration], None] | None = None,
+    ) -> None:
+        """``conf_at(index)`` is the group's configuration at an index (the core's); ``save_conf`` records the one
+        at the compaction point before the log before it goes (runs in the I/O thread)."""
         self._log = log_store
         self._apply = apply
+        self._conf_at = conf_at
+        self._save_conf = save_conf
         if apply is not None:
             self._last_index = apply.applied_index
 
@@ -221,6 +234,9 @@ class Snapshots:
             self.stats["snapshots_taken"] += 1
             floor = self.retain_from()  # retention keeps what the policy keeps, however often snapshots come
             cut = index + 1 if floor is None else min(index + 1, floor)
+            if self._conf_at is not None and self._save_conf is not None:
+                # The configuration at the new compaction point: config entries from ``cut`` on stay in the log.
+                await self._io.run(self._save_conf, self._conf_at(cut - 1))
             await self._io.run(self._log.compact_prefix, cut)
             log.info(
                 "%s: snapshot of %s at index %d (%d bytes); the log now starts at %d",
@@ -265,7 +281,8 @@ class Snapshots:
             log.error("%s: no intact snapshot to send to %s: %s", self.id, msg.dst, e)
         if info is None:
             return None
-        meta = SnapshotMeta(info.index, info.term, info.chain_crc, info.end_pos)
+        conf = self._conf_at(info.index) if self._conf_at is not None else msg.snapshot.conf
+        meta = SnapshotMeta(info.index, info.term, info.chain_crc, info.end_pos, conf)
         return InstallSnapshot(msg.term, msg.src, msg.dst, meta), self.stream(info)
 
     async def stream(self, info: SnapshotInfo, chunk_size: int = 1 << 20) -> AsyncIterator[SnapshotChunk]:

@@ -66,6 +66,7 @@ class PeerInfo:
     id: str
     address: str
     match_index: int = -1
+    member: str = ""  # "voter", "learner", or "" (an address known, not in the configuration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,9 @@ class NodeInfo:
     data_dir: str = ""
     pid: int = 0
     flush: str = ""
+    voters: tuple[str, ...] = ()  # the configuration in effect on this node (docs/membership.md)
+    learners: tuple[str, ...] = ()
+    conf_index: int = -1
 
 
 class PeerTransport(Protocol):
@@ -149,6 +153,10 @@ class ClientHandler(Protocol):
     def metadata(self) -> NodeInfo: ...
 
     async def transfer_leadership(self, target: str) -> str: ...
+
+    async def change_membership(self, kind: str, node_id: str, address: str) -> tuple[int, int, tuple, tuple]:
+        """(index, term, voters, learners) once the config entry committed."""
+        ...
 
     def address_of(self, node_id: str) -> str | None:
         """A member's client address (for not-leader hints)."""

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import grpc
 
+from dledger.core.membership import Configuration, ConfigurationError
 from dledger.core.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -161,11 +162,21 @@ def timeout_now_from_pb(p: raft_pb2.TimeoutNowRequest) -> TimeoutNow:
 
 
 def snapshot_meta_to_pb(m: SnapshotMeta) -> raft_pb2.SnapshotMeta:
-    return raft_pb2.SnapshotMeta(index=m.index, term=m.term, chain_crc=m.chain_crc, end_pos=m.end_pos)
+    conf = m.conf.encode() if m.conf is not None else b""
+    return raft_pb2.SnapshotMeta(
+        index=m.index, term=m.term, chain_crc=m.chain_crc, end_pos=m.end_pos, conf=conf
+    )
 
 
 def snapshot_meta_from_pb(p: raft_pb2.SnapshotMeta) -> SnapshotMeta:
-    return SnapshotMeta(index=p.index, term=p.term, chain_crc=p.chain_crc, end_pos=p.end_pos)
+    """The snapshot's configuration travels as a config entry body; empty from a sender that does not know it."""
+    conf = None
+    if p.conf:
+        try:
+            conf = Configuration.decode(p.conf)
+        except ConfigurationError as e:
+            raise InvalidRequestError(f"snapshot meta at index {p.index}: {e}") from e
+    return SnapshotMeta(index=p.index, term=p.term, chain_crc=p.chain_crc, end_pos=p.end_pos, conf=conf)
 
 
 def install_snapshot_to_pb(m: InstallSnapshot, group: str) -> raft_pb2.InstallSnapshotChunk:

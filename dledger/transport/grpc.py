@@ -161,6 +161,11 @@ class GrpcPeerTransport:
     def address(self, peer_id: str) -> str:
         return self._peers[peer_id].address
 
+    def add_peer(self, peer_id: str, address: str) -> None:
+        """A member joined (a configuration change): dial it from now on. Known peers keep their channels."""
+        if peer_id not in self._peers:
+            self._peers[peer_id] = _Peer(peer_id, address)
+
     def set_reply_handler(self, handler: Callable[[list[Message]], None]) -> None:
         self._on_replies = handler
 
@@ -437,11 +442,15 @@ def node_info_to_pb(info: NodeInfo) -> client_pb2.MetadataResponse:
         commit_index=info.commit_index,
         applied_index=info.applied_index,
         peers=[
-            client_pb2.PeerInfo(id=p.id, address=p.address, match_index=p.match_index) for p in info.peers
+            client_pb2.PeerInfo(id=p.id, address=p.address, match_index=p.match_index, member=p.member)
+            for p in info.peers
         ],
         data_dir=info.data_dir,
         pid=info.pid,
         flush=info.flush,
+        voters=info.voters,
+        learners=info.learners,
+        conf_index=info.conf_index,
     )
 
 
@@ -535,6 +544,16 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
         except DLedgerError as e:
             await _abort(context, e, self._hint_address(e))
         return client_pb2.TransferLeadershipResponse(leader_id=leader)
+
+    async def ChangeMembership(self, request, context):
+        await self._check_group(request.group, context)
+        try:
+            index, term, voters, learners = await self._handler.change_membership(
+                request.kind, request.node_id, request.address
+            )
+        except DLedgerError as e:
+            await _abort(context, e, self._hint_address(e))
+        return client_pb2.ChangeMembershipResponse(index=index, term=term, voters=voters, learners=learners)
 
     async def TakeSnapshot(self, request, context):
         await self._check_group(request.group, context)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64ledger/v1/client.proto\x12\ndledger.v1\"B\n\rAppendRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06\x62odies\x18\x02 \x03(\x0c\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\"p\n\x0b\x41ppendError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\x17\n\x0foutcome_unknown\x18\x05 \x01(\x08\"|\n\x0e\x41ppendResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x66irst_index\x18\x02 \x01(\x03\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12\x0b\n\x03pos\x18\x04 \x03(\x03\x12&\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x17.dledger.v1.AppendError\"*\n\nGetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x03\"T\n\x0bGetResponse\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x0c\n\x04term\x18\x02 \x01(\x03\x12\x0b\n\x03pos\x18\x03 \x01(\x03\x12\r\n\x05magic\x18\x04 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\" \n\x0fMetadataRequest\x12\r\n\x05group\x18\x01 \x01(\t\"<\n\x08PeerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0bmatch_index\x18\x03 \x01(\x03\"\x9e\x02\n\x10MetadataResponse\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12\x11\n\tleader_id\x18\x06 \x01(\t\x12\x16\n\x0eleader_address\x18\x07 \x01(\t\x12\x12\n\nlast_index\x18\x08 \x01(\x03\x12\x14\n\x0c\x63ommit_index\x18\t \x01(\x03\x12\x15\n\rapplied_index\x18\n \x01(\x03\x12#\n\x05peers\x18\x0b \x03(\x0b\x32\x14.dledger.v1.PeerInfo\x12\x10\n\x08\x64\x61ta_dir\x18\x0c \x01(\t\x12\x0b\n\x03pid\x18\r \x01(\x03\x12\r\n\x05\x66lush\x18\x0e \x01(\t\":\n\x19TransferLeadershipRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"/\n\x1aTransferLeadershipResponse\x12\x11\n\tleader_id\x18\x01 \x01(\t\"$\n\x13TakeSnapshotRequest\x12\r\n\x05group\x18\x01 \x01(\t\"e\n\x14TakeSnapshotResponse\x12\r\n\x05taken\x18\x01 \x01(\x08\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x03\x12\x13\n\x0b\x66irst_index\x18\x05 \x01(\x03\x32\xcc\x03\n\x07\x44Ledger\x12?\n\x06\x41ppend\x12\x19.dledger.v1.AppendRequest\x1a\x1a.dledger.v1.AppendResponse\x12I\n\x0c\x41ppendStream\x12\x19.dledger.v1.AppendRequest\x1a\x1a.dledger.v1.AppendResponse(\x01\x30\x01\x12\x36\n\x03Get\x12\x16.dledger.v1.GetRequest\x1a\x17.dledger.v1.GetResponse\x12\x45\n\x08Metadata\x12\x1b.dledger.v1.MetadataRequest\x1a\x1c.dledger.v1.MetadataResponse\x12\x63\n\x12TransferLeadership\x12%.dledger.v1.TransferLeadershipRequest\x1a&.dledger.v1.TransferLeadershipResponse\x12Q\n\x0cTakeSnapshot\x12\x1f.dledger.v1.TakeSnapshotRequest\x1a .dledger.v1.TakeSnapshotResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64ledger/v1/client.proto\x12\ndledger.v1\"B\n\rAppendRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06\x62odies\x18\x02 \x03(\x0c\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\"p\n\x0b\x41ppendError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\x17\n\x0foutcome_unknown\x18\x05 \x01(\x08\"|\n\x0e\x41ppendResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x66irst_index\x18\x02 \x01(\x03\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12\x0b\n\x03pos\x18\x04 \x03(\x03\x12&\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x17.dledger.v1.AppendError\"*\n\nGetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x03\"T\n\x0bGetResponse\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x0c\n\x04term\x18\x02 \x01(\x03\x12\x0b\n\x03pos\x18\x03 \x01(\x03\x12\r\n\x05magic\x18\x04 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\" \n\x0fMetadataRequest\x12\r\n\x05group\x18\x01 \x01(\t\"L\n\x08PeerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0bmatch_index\x18\x03 \x01(\x03\x12\x0e\n\x06member\x18\x04 \x01(\t\"\xd4\x02\n\x10MetadataResponse\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12\x11\n\tleader_id\x18\x06 \x01(\t\x12\x16\n\x0eleader_address\x18\x07 \x01(\t\x12\x12\n\nlast_index\x18\x08 \x01(\x03\x12\x14\n\x0c\x63ommit_index\x18\t \x01(\x03\x12\x15\n\rapplied_index\x18\n \x01(\x03\x12#\n\x05peers\x18\x0b \x03(\x0b\x32\x14.dledger.v1.PeerInfo\x12\x10\n\x08\x64\x61ta_dir\x18\x0c \x01(\t\x12\x0b\n\x03pid\x18\r \x01(\x03\x12\r\n\x05\x66lush\x18\x0e \x01(\t\x12\x0e\n\x06voters\x18\x0f \x03(\t\x12\x10\n\x08learners\x18\x10 \x03(\t\x12\x12\n\nconf_index\x18\x11 \x01(\x03\":\n\x19TransferLeadershipRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"/\n\x1aTransferLeadershipResponse\x12\x11\n\tleader_id\x18\x01 \x01(\t\"$\n\x13TakeSnapshotRequest\x12\r\n\x05group\x18\x01 \x01(\t\"e\n\x14TakeSnapshotResponse\x12\r\n\x05taken\x18\x01 \x01(\x08\x12\r\n\x05index\x18\x02 \x01(\x03\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x03\x12\x13\n\x0b\x66irst_index\x18\x05 \x01(\x03\"X\n\x17\x43hangeMembershipRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\"Y\n\x18\x43hangeMembershipResponse\x12\r\n\x05index\x18\x01 \x01(\x03\x12\x0c\n\x04term\x18\x02 \x01(\x03\x12\x0e\n\x06voters\x18\x03 \x03(\t\x12\x10\n\x08learners\x18\x04 \x03(\t2\xab\x04\n\x07\x44Ledger\x12?\n\x06\x41ppend\x12\x19.dledger.v1.AppendRequest\x1a\x1a.dledger.v1.AppendResponse\x12I\n\x0c\x41ppendStream\x12\x19.dledger.v1.AppendRequest\x1a\x1a.dledger.v1.AppendResponse(\x01\x30\x01\x12\x36\n\x03Get\x12\x16.dledger.v1.GetRequest\x1a\x17.dledger.v1.GetResponse\x12\x45\n\x08Metadata\x12\x1b.dledger.v1.MetadataRequest\x1a\x1c.dledger.v1.MetadataResponse\x12\x63\n\x12TransferLeadership\x12%.dledger.v1.TransferLeadershipRequest\x1a&.dledger.v1.TransferLeadershipResponse\x12Q\n\x0cTakeSnapshot\x12\x1f.dledger.v1.TakeSnapshotRequest\x1a .dledger.v1.TakeSnapshotResponse\x12]\n\x10\x43hangeMembership\x12#.dledger.v1.ChangeMembershipRequest\x1a$.dledger.v1.ChangeMembershipResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,17 +44,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_METADATAREQUEST']._serialized_start=477
   _globals['_METADATAREQUEST']._serialized_end=509
   _globals['_PEERINFO']._serialized_start=511
-  _globals['_PEERINFO']._serialized_end=571
-  _globals['_METADATARESPONSE']._serialized_start=574
-  _globals['_METADATARESPONSE']._serialized_end=860
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=862
-  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=920
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=922
-  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=969
-  _globals['_TAKESNAPSHOTREQUEST']._serialized_start=971
-  _globals['_TAKESNAPSHOTREQUEST']._serialized_end=1007
-  _globals['_TAKESNAPSHOTRESPONSE']._serialized_start=1009
-  _globals['_TAKESNAPSHOTRESPONSE']._serialized_end=1110
-  _globals['_DLEDGER']._serialized_start=1113
-  _globals['_DLEDGER']._serialized_end=1573
+  _globals['_PEERINFO']._serialized_end=587
+  _globals['_METADATARESPONSE']._serialized_start=590
+  _globals['_METADATARESPONSE']._serialized_end=930
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_start=932
+  _globals['_TRANSFERLEADERSHIPREQUEST']._serialized_end=990
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_start=992
+  _globals['_TRANSFERLEADERSHIPRESPONSE']._serialized_end=1039
+  _globals['_TAKESNAPSHOTREQUEST']._serialized_start=1041
+  _globals['_TAKESNAPSHOTREQUEST']._serialized_end=1077
+  _globals['_TAKESNAPSHOTRESPONSE']._serialized_start=1079
+  _globals['_TAKESNAPSHOTRESPONSE']._serialized_end=1180
+  _globals['_CHANGEMEMBERSHIPREQUEST']._serialized_start=1182
+  _globals['_CHANGEMEMBERSHIPREQUEST']._serialized_end=1270
+  _globals['_CHANGEMEMBERSHIPRESPONSE']._serialized_start=1272
+  _globals['_CHANGEMEMBERSHIPRESPONSE']._serialized_end=1361
+  _globals['_DLEDGER']._serialized_start=1364
+  _globals['_DLEDGER']._serialized_end=1919
 # @@protoc_insertion_point(module_scope)

@@ -73,17 +73,19 @@ class MetadataRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ...) -> None: ...
 
 class PeerInfo(_message.Message):
-    __slots__ = ("id", "address", "match_index")
+    __slots__ = ("id", "address", "match_index", "member")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
     id: str
     address: str
     match_index: int
-    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., match_index: _Optional[int] = ...) -> None: ...
+    member: str
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., match_index: _Optional[int] = ..., member: _Optional[str] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("group", "node_id", "address", "role", "term", "leader_id", "leader_address", "last_index", "commit_index", "applied_index", "peers", "data_dir", "pid", "flush")
+    __slots__ = ("group", "node_id", "address", "role", "term", "leader_id", "leader_address", "last_index", "commit_index", "applied_index", "peers", "data_dir", "pid", "flush", "voters", "learners", "conf_index")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +100,9 @@ class MetadataResponse(_message.Message):
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     FLUSH_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    CONF_INDEX_FIELD_NUMBER: _ClassVar[int]
     group: str
     node_id: str
     address: str
@@ -112,7 +117,10 @@ class MetadataResponse(_message.Message):
     data_dir: str
     pid: int
     flush: str
-    def __init__(self, group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., last_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[PeerInfo, _Mapping]]] = ..., data_dir: _Optional[str] = ..., pid: _Optional[int] = ..., flush: _Optional[str] = ...) -> None: ...
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    conf_index: int
+    def __init__(self, group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., last_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[PeerInfo, _Mapping]]] = ..., data_dir: _Optional[str] = ..., pid: _Optional[int] = ..., flush: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., conf_index: _Optional[int] = ...) -> None: ...
 
 class TransferLeadershipRequest(_message.Message):
     __slots__ = ("group", "target")
@@ -147,3 +155,27 @@ class TakeSnapshotResponse(_message.Message):
     size: int
     first_index: int
     def __init__(self, taken: _Optional[bool] = ..., index: _Optional[int] = ..., term: _Optional[int] = ..., size: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
+
+class ChangeMembershipRequest(_message.Message):
+    __slots__ = ("group", "kind", "node_id", "address")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    kind: str
+    node_id: str
+    address: str
+    def __init__(self, group: _Optional[str] = ..., kind: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class ChangeMembershipResponse(_message.Message):
+    __slots__ = ("index", "term", "voters", "learners")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    term: int
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ...) -> None: ...

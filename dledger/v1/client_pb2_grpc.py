@@ -64,6 +64,11 @@ class DLedgerStub:
                 request_serializer=dledger_dot_v1_dot_client__pb2.TakeSnapshotRequest.SerializeToString,
                 response_deserializer=dledger_dot_v1_dot_client__pb2.TakeSnapshotResponse.FromString,
                 _registered_method=True)
+        self.ChangeMembership = channel.unary_unary(
+                '/dledger.v1.DLedger/ChangeMembership',
+                request_serializer=dledger_dot_v1_dot_client__pb2.ChangeMembershipRequest.SerializeToString,
+                response_deserializer=dledger_dot_v1_dot_client__pb2.ChangeMembershipResponse.FromString,
+                _registered_method=True)
 
 
 class DLedgerServicer:
@@ -106,6 +111,12 @@ class DLedgerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ChangeMembership(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DLedgerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +149,11 @@ def add_DLedgerServicer_to_server(servicer, server):
                     servicer.TakeSnapshot,
                     request_deserializer=dledger_dot_v1_dot_client__pb2.TakeSnapshotRequest.FromString,
                     response_serializer=dledger_dot_v1_dot_client__pb2.TakeSnapshotResponse.SerializeToString,
+            ),
+            'ChangeMembership': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeMembership,
+                    request_deserializer=dledger_dot_v1_dot_client__pb2.ChangeMembershipRequest.FromString,
+                    response_serializer=dledger_dot_v1_dot_client__pb2.ChangeMembershipResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -302,6 +318,33 @@ class DLedger:
             '/dledger.v1.DLedger/TakeSnapshot',
             dledger_dot_v1_dot_client__pb2.TakeSnapshotRequest.SerializeToString,
             dledger_dot_v1_dot_client__pb2.TakeSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeMembership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.DLedger/ChangeMembership',
+            dledger_dot_v1_dot_client__pb2.ChangeMembershipRequest.SerializeToString,
+            dledger_dot_v1_dot_client__pb2.ChangeMembershipResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -125,16 +125,18 @@ class TimeoutNowRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., term: _Optional[int] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ...) -> None: ...
 
 class SnapshotMeta(_message.Message):
-    __slots__ = ("index", "term", "chain_crc", "end_pos")
+    __slots__ = ("index", "term", "chain_crc", "end_pos", "conf")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     CHAIN_CRC_FIELD_NUMBER: _ClassVar[int]
     END_POS_FIELD_NUMBER: _ClassVar[int]
+    CONF_FIELD_NUMBER: _ClassVar[int]
     index: int
     term: int
     chain_crc: int
     end_pos: int
-    def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., chain_crc: _Optional[int] = ..., end_pos: _Optional[int] = ...) -> None: ...
+    conf: bytes
+    def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., chain_crc: _Optional[int] = ..., end_pos: _Optional[int] = ..., conf: _Optional[bytes] = ...) -> None: ...
 
 class InstallSnapshotChunk(_message.Message):
     __slots__ = ("group", "term", "src", "dst", "snapshot", "file", "offset", "data", "last")

@@ -369,8 +369,12 @@ def test_status_reports_progress_on_the_leader() -> None:
 
 
 def test_constructor_validates_membership_and_applied() -> None:
-    with pytest.raises(InvalidRequestError):
-        make("n9")
+    with pytest.raises(InvalidRequestError, match="duplicates"):
+        make(voters=["n1", "n2", "n1"])
+    outsider = make("n9")  # a node joining the group: it waits for the leader's log and never campaigns
+    for _ in range(200):
+        outsider.tick()
+    assert outsider.role is Role.FOLLOWER and drain(outsider) == []
     with pytest.raises(InvalidRequestError):
         RaftCore("n1", IDS, MemoryLogStore(), HardState(), BASIC, random.Random(), applied=5)
 
@@ -408,8 +412,11 @@ def test_propose_prepare_sees_each_place_and_may_fill_the_body():
     assert store.last_index == proposed.first_index + 1 and core.status().last_index == store.last_index
 
 
-def test_messages_from_non_members_are_ignored() -> None:
+def test_messages_from_nodes_outside_our_configuration_are_handled() -> None:
+    """Thesis §4.1: a node that has not yet appended the entry adding n4 must still follow n4 when it leads
+    (the transport, not the core, refuses ids that are not in the group at all: dledger/runtime/peers.py)."""
     core = make("n2")
-    core.step(RequestVote(9, "intruder", "n2", 100, 9))
-    core.step(AppendEntries(9, "intruder", "n2", -1, 0, -1))
-    assert core.term == 0 and core.leader_id is None and drain(core) == []
+    core.step(AppendEntries(9, "n4", "n2", -1, 0, -1))
+    assert core.term == 9 and core.leader_id == "n4"
+    out = drain(core)
+    assert [type(m).__name__ for m in out] == ["AppendEntriesResponse"] and out[0].dst == "n4"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dledger.core.membership import Configuration
 from dledger.core.messages import SnapshotMeta
 from dledger.core.raft_log import LogConflictError, RaftLog
 from storage import codec
@@ -119,8 +120,11 @@ def test_restore_to_a_snapshot_and_compaction_reads() -> None:
     log = RaftLog(store, 1 << 30)
     log.maybe_append(-1, 0, frames(0, [1, 1]))
     persist(log, store)
-    meta = SnapshotMeta(index=10, term=3, chain_crc=77, end_pos=5000)
+    meta = SnapshotMeta(
+        index=10, term=3, chain_crc=77, end_pos=5000, conf=Configuration(("a", "b", "c"), ("d",))
+    )
     log.restore(meta)
+    assert log.configuration == meta.conf and log.conf_index == 10
     assert log.term(10) == 3 and log.last_index == 10 and log.committed == 10
     with pytest.raises(Compacted):
         log.term(5)

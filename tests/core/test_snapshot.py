@@ -4,6 +4,7 @@ just learns that it is committed."""
 
 from __future__ import annotations
 
+from dledger.core.membership import Configuration
 from dledger.core.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -47,7 +48,8 @@ def test_a_follower_behind_the_compaction_point_gets_the_snapshot() -> None:
     snaps = [m for m in drain(core, store) if isinstance(m, InstallSnapshot)]
     assert [m.dst for m in snaps] == ["n2"]
     p = store.snapshot_point()
-    assert snaps[0].snapshot == SnapshotMeta(3, 1, p.chain_crc, p.end_pos)
+    # The snapshot carries the configuration as of its index, so a follower installing it knows the members.
+    assert snaps[0].snapshot == SnapshotMeta(3, 1, p.chain_crc, p.end_pos, Configuration(("n1", "n2", "n3")))
     pr = core.progress("n2")
     assert pr.state is ProgressState.SNAPSHOT and pr.pending_snapshot == 3
     core.tick()

@@ -66,9 +66,21 @@ def test_fresh_group_elects_one_leader_and_reports_status(group3):
 
     doc = json.loads(status_cli("--json"))
     assert [n["id"] for n in doc["nodes"]] == ["n0", "n1", "n2"]
-    keys = {"id", "address", "pid", "role", "term", "last_index", "commit_index", "applied_index", "data_dir"}
+    keys = {
+        "id",
+        "address",
+        "pid",
+        "role",
+        "term",
+        "last_index",
+        "commit_index",
+        "applied_index",
+        "data_dir",
+        "member",
+    }
     for n in doc["nodes"]:
         assert set(n) == keys
+        assert n["member"] == "voter"  # as the leader's configuration says (docs/membership.md)
         assert n["address"].startswith("127.0.0.1:") and isinstance(n["pid"], int)
         assert isinstance(n["applied_index"], int) and n["applied_index"] <= n["commit_index"]
         assert (Path(n["data_dir"]) / "data").is_dir()

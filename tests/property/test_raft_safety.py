@@ -1,9 +1,13 @@
 """Hypothesis drives fault schedules through the simulated cluster; Raft's safety properties hold after every step.
 
 Rules: tick, deliver one message, deliver everything due, drop, duplicate, delay, reorder, cut a link, isolate a
-node, heal, crash (optionally part-way through handling a Ready), restart, propose, transfer leadership, compact.
-Invariants (``Cluster.check_invariants``): one leader per term, log matching, state machine safety (committed
-entries never change or disappear), leader completeness, commit index monotonic. At the end of every schedule
+node, heal, crash (optionally part-way through handling a Ready), restart, propose, transfer leadership, compact,
+and membership changes: add a new node as a learner, promote a learner, remove a voter or a learner (the leader
+included), and replace (add a learner for a node that is down). Invariants (``Cluster.check_invariants``): one
+leader per term (under any configuration), log matching, state machine safety (committed entries never change or
+disappear), leader completeness, commit index monotonic, and for membership: each config entry changes one voter
+at most, so no two majorities of consecutive configurations are disjoint, it follows a committed one, and only
+voters campaign or win. At the end of every schedule
 the faults stop (heal, restart everyone) and a leader must be elected and commit a new proposal within a bounded
 virtual time: liveness.
 
@@ -31,7 +35,8 @@ from hypothesis.stateful import (
 )
 
 from dledger.core.config import RaftConfig
-from dledger.errors import NotLeaderError
+from dledger.core.membership import ConfChange, ConfChangeKind
+from dledger.errors import InvalidRequestError, NotLeaderError, UnavailableError
 from tests.sim.cluster import CRASH_STAGES, Cluster
 
 CI_SCHEDULES = int(os.environ.get("RAFT_SCHEDULES", "2000"))
@@ -60,6 +65,7 @@ settings.register_profile(
 # Small segments so entries roll over data-file boundaries (blank-filler placement is replicated state too).
 CONFIG = RaftConfig(segment_size=4096, max_append_bytes=1024, max_inflight=3)
 LIVENESS_TICKS = 3000
+MAX_NODES = 7  # membership rules add nodes up to this many (removed ones included)
 
 
 class RaftSchedule(RuleBasedStateMachine):
@@ -176,8 +182,60 @@ class RaftSchedule(RuleBasedStateMachine):
     def transfer(self, a: int) -> None:
         leader = self.cluster.leader()
         if leader is not None:
-            self.cluster.nodes[leader].core.transfer_leadership(self.node(a))
+            with contextlib.suppress(InvalidRequestError):  # a learner or a removed node: not a voter
+                self.cluster.nodes[leader].core.transfer_leadership(self.node(a))
             self.cluster.process(leader)
+
+    # -- membership --------------------------------------------------------------------------------------------------
+
+    def _change(self, kind: ConfChangeKind, node: str) -> None:
+        leader = self.cluster.leader()
+        if leader is None:
+            return
+        # Refusals are outcomes too: a change pending, no commit in the term yet, a learner behind, a bad change.
+        with contextlib.suppress(NotLeaderError, UnavailableError, InvalidRequestError):
+            self.cluster.change(leader, ConfChange(kind, node))
+
+    @rule()
+    def add_learner(self) -> None:
+        """A new, empty node joins as a learner (it catches up by log or snapshot)."""
+        c = self.cluster
+        if len(c.ids) >= MAX_NODES or c.leader() is None:
+            return
+        nid = f"n{len(c.ids) + 1}"
+        c.add_node(nid)
+        self._change(ConfChangeKind.ADD_LEARNER, nid)
+
+    @rule(a=st.integers(0, 8))
+    def promote(self, a: int) -> None:
+        leader = self.cluster.leader()
+        if leader is None:
+            return
+        learners = self.cluster.nodes[leader].core.configuration.learners
+        if learners:
+            self._change(ConfChangeKind.PROMOTE, learners[a % len(learners)])
+
+    @rule(a=st.integers(0, 8))
+    def remove(self, a: int) -> None:
+        """Remove any node (a voter, a learner, the leader itself; a non-member is refused)."""
+        self._change(ConfChangeKind.REMOVE, self.node(a))
+
+    @rule()
+    def remove_leader(self) -> None:
+        leader = self.cluster.leader()
+        if leader is not None:
+            self._change(ConfChangeKind.REMOVE, leader)
+
+    @rule(a=st.integers(0, 8))
+    def replace(self, a: int) -> None:
+        """The first step of replacing a node: crash it for good and add a new learner in its place (the
+        promote and remove rules finish the job when hypothesis picks them)."""
+        c = self.cluster
+        victim = self.node(a)
+        if len(c.ids) >= MAX_NODES or c.leader() in (None, victim):
+            return
+        c.crash(victim)
+        self.add_learner()
 
     @rule(a=st.integers(0, 4), back=st.integers(0, 5))
     def compact(self, a: int, back: int) -> None:
@@ -201,9 +259,11 @@ class RaftSchedule(RuleBasedStateMachine):
         c = self.cluster
 
         def done() -> bool:
+            members = c.members()  # removed nodes never hear of the proposal
             return all(
                 n.core.commit_index >= p.first_index and n.core.raft_log.match_term(p.first_index, p.term)
                 for n in c.nodes.values()
+                if n.id in members
             )
 
         for _ in range(ticks):
@@ -228,6 +288,9 @@ class RaftSchedule(RuleBasedStateMachine):
         stats["dropped a message"] += any(" drop " in line for line in c.transcript)
         stats["installed a snapshot"] += any("installed snapshot" in line for line in c.transcript)
         stats["truncated a follower log"] += c.truncations > 0
+        stats["changed membership"] += c.conf_changes > 0
+        stats["promoted a learner"] += any(": promote " in line for line in c.transcript)
+        stats["removed the leader"] += any("it is no longer a voter" in line for line in c.transcript)
         c.heal()
         for nid in c.ids:
             c.restart(nid)
@@ -270,6 +333,9 @@ def _check_coverage(stats: Counter[str]) -> None:
         ("dropped a message", 0.1),
         ("installed a snapshot", 0.002),
         ("truncated a follower log", 0.002),
+        ("changed membership", 0.1),
+        ("promoted a learner", 0.005),
+        ("removed the leader", 0.002),
     ]:
         assert stats[key] >= share * n, f"only {stats[key]} of {n} schedules {key}"
 

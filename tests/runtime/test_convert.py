@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dledger.core.membership import Configuration
 from dledger.core.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -104,6 +105,16 @@ def test_install_snapshot_round_trip_and_missing_meta():
     assert convert.install_snapshot_from_pb(chunk) == m
     with pytest.raises(InvalidRequestError):
         convert.install_snapshot_from_pb(raft_pb2.InstallSnapshotChunk(group="g", term=3))
+
+
+def test_snapshot_meta_carries_the_configuration():
+    conf = Configuration(("n0", "n1"), ("n2",), (("n2", "127.0.0.1:9"),))
+    m = InstallSnapshot(3, "n0", "n2", SnapshotMeta(99, 2, 7, 4096, conf))
+    assert convert.install_snapshot_from_pb(convert.install_snapshot_to_pb(m, "g")).snapshot.conf == conf
+    bad = convert.install_snapshot_to_pb(m, "g")
+    bad.snapshot.conf = b"not json"
+    with pytest.raises(InvalidRequestError, match="snapshot meta at index 99"):
+        convert.install_snapshot_from_pb(bad)
 
 
 def test_empty_envelope_is_invalid():

@@ -15,7 +15,15 @@ Safety is checked by ``check_invariants()`` (the property tests call it after ev
 - state machine safety: an index, once committed anywhere, always commits the same entry, and no node ever
   truncates or loses an entry it had as committed;
 - leader completeness: every leader whose term is newer than a commit holds the committed entry;
-- commit monotonicity: a core's commit index never decreases and never passes its last index.
+- commit monotonicity: a core's commit index never decreases and never passes its last index;
+- membership (``dledger/core/membership.py``): every config entry a node stores changes at most one voter from
+  the configuration before it in that log, so no two majorities of consecutive configurations are disjoint, and
+  the config entry before it was committed (one change at a time); only a voter campaigns or wins an election.
+
+Membership verbs: ``add_node`` starts an empty node that knows no configuration (it joins when the leader's log or
+snapshot reaches it), ``change(leader, ConfChange)`` proposes a configuration change on a leader. A compaction
+records the configuration at its index with the node's "snapshot" (meta key ``snapshot_conf``), as the runtime
+records it in the snapshot's metadata, so a restart recomputes the configuration from snapshot + log.
 
 Every verb appends one readable line to ``transcript`` (as do the cores: "n2 became leader at term 7"), so a
 failing schedule reads like a story.
@@ -28,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from dledger.core.config import RaftConfig
+from dledger.core.membership import ConfChange, Configuration, majorities_overlap
 from dledger.core.messages import InstallSnapshot, Message, Ready, Role, SnapshotStatus, split_early
 from dledger.core.raft import RaftCore
 from storage import codec
@@ -58,6 +67,7 @@ class SimNode:
     read_states: list[tuple[int, int]] = field(
         default_factory=list
     )  # (context, read index) as Ready gave them
+    initial_voters: tuple[str, ...] = ()  # the members it was started with (empty: a node joining the group)
 
     @property
     def alive(self) -> bool:
@@ -105,8 +115,14 @@ class Cluster:
         self._completeness_checked: dict[
             tuple[str, int], int
         ] = {}  # (leader, term) -> committed index checked
+        self.conf_changes = 0  # config entries proposed
         for nid in self.ids:
-            node = SimNode(nid, MemoryLogStore(self.config.segment_size), MemoryMetaStore())
+            node = SimNode(
+                nid,
+                MemoryLogStore(self.config.segment_size),
+                MemoryMetaStore(),
+                initial_voters=tuple(self.ids),
+            )
             self.nodes[nid] = node
             self._boot(node)
 
@@ -131,8 +147,18 @@ class Cluster:
         node.applied = applied
         node.last_commit = applied
         rng = random.Random(self._seeder.getrandbits(64))
+        raw_conf = node.meta.get("snapshot_conf")
+        conf = Configuration.decode(raw_conf) if raw_conf is not None else None
         node.core = RaftCore(
-            node.id, list(self.ids), node.store, hs, self.config, rng, applied, log_event=self.say
+            node.id,
+            list(node.initial_voters),
+            node.store,
+            hs,
+            self.config,
+            rng,
+            applied,
+            log_event=self.say,
+            conf=conf,
         )
 
     def crash(self, nid: str, stage: str = "before-ready") -> None:
@@ -160,6 +186,34 @@ class Cluster:
             return
         self._boot(node)
         self.say(f"restart {nid} at term {node.core.term} with log up to {node.store.last_index}")
+
+    def add_node(self, nid: str) -> None:
+        """Start a new, empty node: it knows no configuration, never campaigns, and joins once a leader that has
+        it in its configuration replicates to it (``change(leader, ConfChange(ADD_LEARNER, nid))``)."""
+        if nid in self.nodes:
+            raise ValueError(f"node {nid} exists")
+        node = SimNode(nid, MemoryLogStore(self.config.segment_size), MemoryMetaStore())
+        self.nodes[nid] = node
+        self.ids.append(nid)
+        self._boot(node)
+        self.say(f"add node {nid} (empty, knows no configuration)")
+
+    def change(self, nid: str, change: ConfChange):
+        """Propose ``change`` on leader ``nid`` (raises what ``RaftCore.propose_conf_change`` raises)."""
+        core = self.nodes[nid].core
+        assert core is not None
+        p = core.propose_conf_change(change)
+        self.conf_changes += 1
+        self.say(f"change on {nid}: {change} at index {p.first_index}")
+        self.process(nid)
+        return p
+
+    def members(self) -> tuple[str, ...]:
+        """Voters and learners of the configuration of the live leader (all nodes when there is none)."""
+        leader = self.leader()
+        if leader is None:
+            return tuple(self.ids)
+        return self.nodes[leader].core.configuration.members
 
     # -- network verbs ----------------------------------------------------------------------------------------------
 
@@ -344,8 +398,10 @@ class Cluster:
         """The runtime took a snapshot at ``upto`` (applied) and compacts the log before it."""
         node = self.nodes[nid]
         upto = min(upto, node.applied)
-        if upto < node.store.first_index:
+        if upto < node.store.first_index or node.core is None:
             return
+        # The snapshot records the configuration at its index; the log before it goes.
+        node.meta.put("snapshot_conf", node.core.configuration_at(upto).encode())
         node.store.compact_prefix(upto + 1)
         self.say(f"compact {nid} up to {upto}")
 
@@ -382,6 +438,8 @@ class Cluster:
             return
         if rd.snapshot is not None:
             s = rd.snapshot
+            if s.conf is not None:
+                node.meta.put("snapshot_conf", s.conf.encode())
             node.store.reset_to_snapshot(s.index, s.term, s.chain_crc, s.end_pos)
             node.applied = max(node.applied, s.index)
             node.meta.put("applied", str(node.applied).encode())
@@ -395,6 +453,7 @@ class Cluster:
             node.store.append(rd.frames)
             if self.check_logs:
                 self._check_appended(node, rd.frames)
+            self._check_conf_entries(node, rd.frames)
 
     def _apply(self, node: SimNode, rd: Ready) -> None:
         store = node.store
@@ -431,9 +490,46 @@ class Cluster:
                     f"{node.id} truncates committed entry {i} (truncate_from {frm}) (seed {self.seed})"
                 )
 
+    def _check_conf_entries(self, node: SimNode, frames: bytes) -> None:
+        """Membership safety, on every durable append of a config entry: it differs from the configuration before
+        it in this log by one voter at most (so their majorities overlap), and that earlier config entry was
+        committed when this one was proposed (one change at a time)."""
+        for off, h in codec.iter_headers(frames):
+            if h.magic != codec.MAGIC_CONFIG:
+                continue
+            new = Configuration.decode(frames[off + codec.HEADER_SIZE : off + h.size])
+            prev_index, prev = node.core.raft_log.conf_before(h.index)
+            if not prev.voters:
+                continue  # a joining node's empty start says nothing; the leader's own append was checked
+            if not majorities_overlap(prev, new):
+                raise InvariantViolation(
+                    f"membership: {node.id} stores config entry {h.index} ({new.describe()}) after "
+                    f"{prev.describe()}: two disjoint majorities could exist (seed {self.seed})"
+                )
+            if len(set(prev.voters) ^ set(new.voters)) > 1:
+                raise InvariantViolation(
+                    f"membership: config entry {h.index} changes more than one voter ({prev.describe()} -> "
+                    f"{new.describe()}) (seed {self.seed})"
+                )
+            if prev_index >= node.store.first_index and prev_index not in self.committed:
+                raise InvariantViolation(
+                    f"membership: config entry {h.index} was proposed while config entry {prev_index} was "
+                    f"uncommitted (seed {self.seed})"
+                )
+
     def _observe(self, node: SimNode) -> None:
         core = node.core
+        if core.role in (Role.PRE_CANDIDATE, Role.CANDIDATE) and not _may_lead(node.id, core):
+            raise InvariantViolation(
+                f"membership: {node.id} campaigns but is not a voter of {core.configuration.describe()} "
+                f"(seed {self.seed})"
+            )
         if core.role is Role.LEADER:
+            if core.term not in self.leaders_by_term and not _may_lead(node.id, core):
+                # (a leader may later lead outside its configuration: after removing itself, until that commits)
+                raise InvariantViolation(
+                    f"membership: non-voter {node.id} won term {core.term} (seed {self.seed})"
+                )
             prev = self.leaders_by_term.setdefault(core.term, node.id)
             if prev != node.id:
                 raise InvariantViolation(
@@ -498,6 +594,15 @@ class Cluster:
             known = self.committed.get(h.index)
             if known is not None and known[0] == h.term and known[1] != h.chain_crc:
                 raise InvariantViolation(f"committed entry {h.index} differs on {node.id} (seed {self.seed})")
+
+
+def _may_lead(nid: str, core: RaftCore) -> bool:
+    """A voter of the configuration in effect, or of the one before while the change removing it is uncommitted
+    (thesis §4.2.2); never a learner or a node outside the group."""
+    log = core.raft_log
+    if nid in log.configuration.voters:
+        return True
+    return log.conf_index > log.committed and nid in log.conf_before(log.conf_index)[1].voters
 
 
 def _describe(m: Message) -> str:
