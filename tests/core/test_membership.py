@@ -1,4 +1,4 @@
-"""Membership rules at the unit level (docs/decisions/0012-membership.md); the stories are in
+"""Membership rules at the unit level (docs/decisions/0017-membership.md); the stories are in
 tests/sim/test_membership.py, the random schedules in tests/property/test_raft_safety.py."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Membership changes in the simulated cluster: the classic cases of the Raft thesis chapter 4 (and etcd-io/raft's
 ``confchange_*`` transcripts), each a story checked line by line against ``transcripts/<name>.txt``.
 
-Rules under test: docs/decisions/0012-membership.md.
+Rules under test: docs/decisions/0017-membership.md.
 """
 
 from __future__ import annotations
