@@ -33,8 +33,8 @@ class NameServerRefusedError(DLedgerError):
     """A secure name server refused the call: missing or bad credentials (UNAUTHENTICATED) or an action this
     caller may not take (PERMISSION_DENIED). Not retriable: every name server of a cluster would say the same."""
 
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(f"{code.name}: {message}")
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.PERMISSION_DENIED):
+        super().__init__(message)
         self.code = code
 
 
@@ -75,7 +75,9 @@ class NameServerClient:
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise InvalidRequestError(err.details()) from None
                 if code in _REFUSALS:
-                    raise NameServerRefusedError(code, f"{self.nameservers[i]}: {err.details()}") from None
+                    raise NameServerRefusedError(
+                        f"{code.name}: {self.nameservers[i]}: {err.details()}", code
+                    ) from None
                 errors.append(f"{self.nameservers[i]}: {code.name} {err.details()}")
                 continue
             with self._lock:
@@ -118,7 +120,9 @@ class NameServerClient:
                 if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     raise InvalidRequestError(err.details()) from None
                 if err.code() in _REFUSALS:
-                    raise NameServerRefusedError(err.code(), f"{address}: {err.details()}") from None
+                    raise NameServerRefusedError(
+                        f"{err.code().name}: {address}: {err.details()}", err.code()
+                    ) from None
                 errors.append(f"{address}: {err.code().name}")
         if not answered:
             raise UnavailableError(
