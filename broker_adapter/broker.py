@@ -16,9 +16,10 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from broker_adapter import commands, message
+from broker_adapter import commands, groups, message
 from broker_adapter.allocator import QueueOffsetAllocator
 from broker_adapter.broker_commit import GroupCommit
+from broker_adapter.broker_delivery import Delivery
 from broker_adapter.broker_pop import Pops
 from broker_adapter.broker_send import Sender
 from broker_adapter.broker_types import (
@@ -31,6 +32,7 @@ from broker_adapter.broker_types import (
     UnknownTopicError,
     check_group,
     check_topic,
+    check_user_topic,
 )
 from broker_adapter.commitlog import CommitLog, CommitLogError
 from broker_adapter.dispatcher import BrokerStateMachine
@@ -63,6 +65,7 @@ class Broker:
         self._sender = Sender(self, allocator)
         self.send = self._sender.send  # bound once: the hot path pays no extra call
         self.pops = Pops(self)  # RocketMQ 5 consumption: pop, ack, change invisible duration
+        self.delivery = Delivery(self)  # delayed, transactional and dead-letter messages (the leader's loop)
 
     # -- hooks ---------------------------------------------------------------------------------------------
     def dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
@@ -72,9 +75,17 @@ class Broker:
             ev.set()
         self._sender.applied()
 
+    def wake(self, topic: str, queue_id: int) -> None:
+        """Wake receives long-polling this queue (something other than a dispatch may have made a message
+        deliverable: an ack in a FIFO message group)."""
+        ev = self._waiters.pop((topic, queue_id), None)
+        if ev is not None:
+            ev.set()
+
     def role_changed(self, role: Role, term: int) -> None:
         if role is Role.LEADER:
             self._barrier = (term, self.node.log_store.last_index)
+        self.delivery.role_changed(role, term)
 
     # -- leadership ----------------------------------------------------------------------------------------
     async def leader_state(self, timeout_s: float = 5.0) -> int:
@@ -147,6 +158,31 @@ class Broker:
             raise result
         # A CommandError here means a concurrent create chose another queue count first: that one stands.
         return self.queues(topic)
+
+    async def ensure_system_topic(self, topic: str) -> None:
+        """A topic the broker writes itself (timer, half, dead-letter): one queue, created through the log."""
+        if topic in self.sm.topics:
+            return
+        (result,) = await self.submit([commands.CreateTopic(topic, 1)])
+        if isinstance(result, BaseException) and not isinstance(result, commands.CommandError):
+            raise result
+
+    async def applied_through(self, index: int, timeout_s: float = 10.0) -> None:
+        """Until this node's state machine applied entry ``index``."""
+        await self._sender.wait_applied(index, asyncio.get_running_loop().time() + timeout_s)
+
+    async def set_group_settings(self, group: str, settings: dict[str, Any]) -> Any:
+        """Replace a consumer group's delivery settings (``broker_adapter.groups``) through the log."""
+        check_group(group)
+        try:
+            checked = groups.GroupSettings.from_json(settings)
+        except groups.GroupSettingsError as e:
+            raise InvalidRequestError(str(e)) from None
+        await self.leader_state()
+        (result,) = await self.submit([commands.GroupSettingsCmd(group, checked.to_json())])
+        if isinstance(result, BaseException):
+            raise result if isinstance(result, DLedgerError) else InvalidRequestError(str(result))
+        return result
 
     async def create_topic(self, topic: str, queues: int) -> commands.CreateTopic:
         try:
@@ -224,6 +260,7 @@ class Broker:
         self, topic: str, qid: int, offset: int, max_messages: int, max_wait_ms: int, allow_follower: bool
     ) -> tuple[int, int]:
         """How many messages a pull from ``offset`` takes (after its long poll), and the queue's end."""
+        check_user_topic(topic)
         self.check_queue(topic, qid)
         if offset < 0:
             raise InvalidRequestError(f"offset must be >= 0, got {offset}")
@@ -285,6 +322,7 @@ class Broker:
         """The messages among ``batch`` offsets from ``offset`` whose tags ``select`` accepts (messages this node
         no longer holds are passed over), waiting up to ``poll_ms`` (and not past ``deadline``, loop time) for
         one to be dispatched at the queue's end; and the offset after the ones looked at. On the leader."""
+        check_user_topic(topic)
         await self.leader_state()
         end = self.sm.next_offset(topic, queue_id)
         if not 0 <= offset <= end:
