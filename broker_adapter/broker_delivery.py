@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from broker_adapter import commands, groups, message
-from broker_adapter.broker_types import OutgoingMessage, SendResult, UnknownQueueError
+from broker_adapter.broker_types import OutgoingMessage, SendResult, UnknownQueueError, check_user_topic
 from broker_adapter.timer import DEFAULT_MAX_DELAY_MS, TIMER_TOPIC, Waiting
 from broker_adapter.transactions import COMMIT, HALF_TOPIC, ROLLBACK, Half
 from dledger.core.messages import Role
@@ -65,7 +65,9 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def copy_of(m: message.Message, queue_id: int, origin: str, extra: dict[str, str] | None = None) -> OutgoingMessage:
+def copy_of(
+    m: message.Message, queue_id: int, origin: str, extra: dict[str, str] | None = None
+) -> OutgoingMessage:
     """The broker's copy of a stored message, naming what it ends."""
     props = {k: v for k, v in m.properties.items() if k not in _NOT_COPIED}
     props.update(extra or {})
@@ -145,9 +147,13 @@ class Delivery:
                 f"{self.max_delay_ms} ms (max_delay_ms)"
             )
 
-    async def send_timed(self, topic: str, msgs: Sequence[OutgoingMessage], due_ms: Sequence[int]) -> list[SendResult]:
+    async def send_timed(
+        self, topic: str, msgs: Sequence[OutgoingMessage], due_ms: Sequence[int]
+    ) -> list[SendResult]:
         """Store messages to be delivered to ``topic`` at their due times (in the timer topic until then)."""
         b = self._broker
+        check_user_topic(topic)
+        await b.leader_state()
         n = await b.ensure_topic(topic)
         now = now_ms()
         held = []
@@ -182,9 +188,13 @@ class Delivery:
             await self.settled()  # also after a failure: a copy whose outcome is unknown is applied or gone
 
     # -- transactions --------------------------------------------------------------------------------------
-    async def send_half(self, topic: str, msgs: Sequence[OutgoingMessage], producer_group: str) -> list[SendResult]:
+    async def send_half(
+        self, topic: str, msgs: Sequence[OutgoingMessage], producer_group: str
+    ) -> list[SendResult]:
         """Store transactional messages for ``topic``; each result's queue offset is its transaction id."""
         b = self._broker
+        check_user_topic(topic)
+        await b.leader_state()
         n = await b.ensure_topic(topic)
         held = []
         for m in msgs:

@@ -151,8 +151,12 @@ class Pops:
                 return outcome
             m = b.read(topic, queue_id, offset)
             if m is None:
-                raise NotFoundError(f"{topic}/{queue_id} offset {offset}: the log no longer holds the message")
-            done = await b.delivery.forward_dead(group, topic, queue_id, offset, epoch, q.inflight[offset].attempt, m)
+                raise NotFoundError(
+                    f"{topic}/{queue_id} offset {offset}: the log no longer holds the message"
+                )
+            done = await b.delivery.forward_dead(
+                group, topic, queue_id, offset, epoch, q.inflight[offset].attempt, m
+            )
         return Outcome.DONE if done else Outcome.REDELIVERED
 
     def _wake(self, topic: str, queue_ids: Sequence[int]) -> None:

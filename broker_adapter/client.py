@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import time
 import uuid
@@ -206,6 +207,14 @@ class BrokerConnection:
     def route(self) -> broker_pb2.RouteResponse:
         return self.call("Route", broker_pb2.RouteRequest(), retry_unknown=True)
 
+    def set_group_settings(self, group: str, **settings) -> dict:
+        """Replace a consumer group's delivery settings (``broker_adapter.groups.GroupSettings`` fields: fifo,
+        max_attempts, backoff, levels_ms, initial_ms, max_ms, multiplier); returns those now in force."""
+        r = self.call(
+            "SetGroupSettings", broker_pb2.GroupSettingsRequest(group=group, **settings), retry_unknown=True
+        )
+        return json.loads(r.settings_json)
+
 
 class Producer(BrokerConnection, _Numbering):
     """Sends messages; queue selection round robin, or by key hash when a message has keys. Thread-safe:
@@ -227,9 +236,18 @@ class Producer(BrokerConnection, _Numbering):
         return self._number(self._queue_count(topic), body, tags, keys)
 
     def send(
-        self, topic: str, body: bytes, tags: str | None = None, keys: Sequence[str] | None = None
+        self,
+        topic: str,
+        body: bytes,
+        tags: str | None = None,
+        keys: Sequence[str] | None = None,
+        deliver_at_ms: int = 0,
     ) -> SendResult:
-        return self.send_messages(topic, [self.outgoing(topic, body, tags, keys)])[0]
+        """Send one message; with ``deliver_at_ms`` (ms since the epoch) it is delivered then, not before."""
+        m = self.outgoing(topic, body, tags, keys)
+        if deliver_at_ms:
+            m.delivery_timestamp = deliver_at_ms
+        return self.send_messages(topic, [m])[0]
 
     def send_batch(
         self, topic: str, items: Sequence[bytes | tuple[bytes, str | None, Sequence[str] | None]]

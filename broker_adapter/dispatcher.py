@@ -242,7 +242,9 @@ class BrokerStateMachine:
             real_topic = p[message.PROPERTY_REAL_TOPIC]
             real_qid = int(p.get(message.PROPERTY_REAL_QUEUE_ID, "0"))
             if topic == TIMER_TOPIC:
-                self.timer.add(Waiting(offset, int(p[message.PROPERTY_TIMER_DELIVER_MS]), real_topic, real_qid))
+                self.timer.add(
+                    Waiting(offset, int(p[message.PROPERTY_TIMER_DELIVER_MS]), real_topic, real_qid)
+                )
             else:
                 stored = message.peek_store_timestamp(body)
                 immunity = int(p.get(message.PROPERTY_CHECK_IMMUNITY_S, "0")) * 1000 or self.tx_immunity_ms

@@ -62,10 +62,18 @@ class GroupSettings:
 
     def check(self) -> GroupSettings:
         if not 1 <= self.max_attempts <= MAX_ATTEMPTS_LIMIT:
-            raise GroupSettingsError(f"max_attempts must be in 1..{MAX_ATTEMPTS_LIMIT}, got {self.max_attempts}")
+            raise GroupSettingsError(
+                f"max_attempts must be in 1..{MAX_ATTEMPTS_LIMIT}, got {self.max_attempts}"
+            )
         if self.backoff not in (CUSTOMIZED, EXPONENTIAL):
-            raise GroupSettingsError(f"backoff must be {CUSTOMIZED!r} or {EXPONENTIAL!r}, got {self.backoff!r}")
-        if not self.levels_ms or len(self.levels_ms) > 64 or any(not 0 < v <= 86_400_000 for v in self.levels_ms):
+            raise GroupSettingsError(
+                f"backoff must be {CUSTOMIZED!r} or {EXPONENTIAL!r}, got {self.backoff!r}"
+            )
+        if (
+            not self.levels_ms
+            or len(self.levels_ms) > 64
+            or any(not 0 < v <= 86_400_000 for v in self.levels_ms)
+        ):
             raise GroupSettingsError("levels_ms needs 1..64 delays, each 1 ms..1 day")
         if not 0 < self.initial_ms <= self.max_ms <= 86_400_000:
             raise GroupSettingsError("exponential backoff needs 0 < initial_ms <= max_ms <= 1 day")

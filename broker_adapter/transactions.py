@@ -79,7 +79,16 @@ class HalfMessages:
     def to_json(self) -> dict[str, Any]:
         return {
             "open": [
-                [h.offset, h.stored_ms, h.topic, h.queue_id, h.producer_group, h.msg_id, h.checks, h.next_check_ms]
+                [
+                    h.offset,
+                    h.stored_ms,
+                    h.topic,
+                    h.queue_id,
+                    h.producer_group,
+                    h.msg_id,
+                    h.checks,
+                    h.next_check_ms,
+                ]
                 for _, h in sorted(self.open.items())
             ],
             "ended": [[o, how] for o, how in self.ended.items()],
@@ -89,7 +98,9 @@ class HalfMessages:
     def from_json(cls, d: dict[str, Any]) -> HalfMessages:
         t = cls()
         for off, stored, topic, qid, pgroup, msg_id, checks, nxt in d.get("open", []):
-            t.open[int(off)] = Half(int(off), int(stored), str(topic), int(qid), str(pgroup), str(msg_id), int(checks), int(nxt))
+            t.open[int(off)] = Half(
+                int(off), int(stored), str(topic), int(qid), str(pgroup), str(msg_id), int(checks), int(nxt)
+            )
         for off, how in d.get("ended", []):
             t.ended[int(off)] = str(how)
         return t

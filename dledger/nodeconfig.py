@@ -73,7 +73,7 @@ _TOP_KEYS = {
     "broker",
     "security",
 }
-_BROKER_KEYS = {"auto_create_topic_queues", "nameservers", "cluster", "nameserver_heartbeat_ms"}
+_BROKER_KEYS = {"auto_create_topic_queues", "nameservers", "cluster", "nameserver_heartbeat_ms", "max_delay_ms"}
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
 _SNAPSHOT_KEYS = {"entries": "snapshot_entries", "bytes": "snapshot_bytes", "keep": "snapshot_keep"}
 
@@ -106,6 +106,9 @@ class NodeConfig:
     nameserver_heartbeat_ms: int = 2_000  # re-registration period; the name server expires a node after 120 s
     # [security] TLS on the port, peer identity, users and permissions; None (no table): off (docs/security.md)
     security: SecurityConfig | None = None
+    # [broker] how far ahead a delayed message's delivery time may be (RocketMQ's proxy default: 1 day); a later
+    # one is refused (RocketMQ 5: ILLEGAL_DELIVERY_TIME).
+    max_delay_ms: int = 86_400_000
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
@@ -167,6 +170,9 @@ class NodeConfig:
             raise ConfigError(
                 f"[broker] cluster {self.cluster!r} is invalid: use 1-64 letters, digits, '_', '.', '-'"
             )
+        d = self.max_delay_ms
+        if isinstance(d, bool) or not isinstance(d, int) or not 1_000 <= d <= 400 * 86_400_000:
+            raise ConfigError(f"[broker] max_delay_ms must be an integer in 1000..{400 * 86_400_000}, got {d!r}")
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise ConfigError(f"data_dir {self.data_dir} exists and is not a directory")
 

@@ -273,6 +273,9 @@ class PopStates:
                 int(low),
                 int(nxt),
                 int(epoch),
-                {int(r[0]): InFlight(int(r[1]), int(r[2]), int(r[3]), str(r[4]) if len(r) > 4 else "") for r in inflight},
+                {
+                    int(r[0]): InFlight(int(r[1]), int(r[2]), int(r[3]), str(r[4]) if len(r) > 4 else "")
+                    for r in inflight
+                },
             )
         return st
