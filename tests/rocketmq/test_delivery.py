@@ -58,13 +58,15 @@ def test_delayed_messages_stay_invisible_until_due_and_come_once_through_a_leade
     g = own_group
     topic = "rmq-delay"
     create_topic(g, topic, 2)
-    due = int(time.time() * 1000) + 6_000
+    # The 5.1.2 client takes delivery_timestamp in seconds (it fills the protobuf Timestamp's seconds with it).
+    due_s = int(time.time()) + 6
+    due = due_s * 1000
     ids = {}
     with running(Producer(client_config(g), (topic,))) as producer:
         for i in range(20):
             m = new_message(topic, b"d%d" % i)
-            m.delivery_timestamp = due + i * 50
-            ids[producer.send(m).message_id] = due + i * 50
+            m.delivery_timestamp = due_s + i // 10
+            ids[producer.send(m).message_id] = (due_s + i // 10) * 1000
         normal = producer.send(new_message(topic, b"now")).message_id
     received: dict[str, float] = {}
     with running(
@@ -95,7 +97,7 @@ def test_a_delay_beyond_the_maximum_is_illegal_delivery_time(broker_group):
     g = broker_group
     create_topic(g, "rmq-delay-max", 1)
     m = new_message("rmq-delay-max", b"too late")
-    m.delivery_timestamp = int(time.time() * 1000) + 2 * 86_400_000
+    m.delivery_timestamp = int(time.time()) + 2 * 86_400  # seconds, as the 5.1.2 client takes it
     with stub(g.addresses[0]) as s:
         req = service_pb2.SendMessageRequest()
         req.messages.add().CopyFrom(_proto(m))
@@ -113,7 +115,7 @@ def _proto(m):
     sp = out.system_properties
     sp.message_id = "01" + "0" * 31 + "1"
     sp.message_type = MessageType.DELAY
-    sp.delivery_timestamp.FromMilliseconds(m.delivery_timestamp)
+    sp.delivery_timestamp.FromSeconds(m.delivery_timestamp)
     sp.born_timestamp.FromMilliseconds(int(time.time() * 1000))
     sp.born_host = "127.0.0.1"
     return out
