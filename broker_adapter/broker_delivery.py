@@ -11,6 +11,8 @@ what is still open (docs/decisions/0012-delivery-state-in-the-log.md).
 One task per leadership (``run``) ticks every ``TICK_S``: due timer messages are copied (within about a tick and
 a commit of their due time), and open transactions past their check time are counted (``TxCheck``) and handed to
 ``on_tx_check`` (the RocketMQ face sends RecoverOrphanedTransactionCommand on a producer's Telemetry stream).
+Every ``REVIVE_MS`` it also moves messages that used up their delivery attempts to their dead-letter topics
+(``Pops.revive``), so that happens without a consumer polling the queue (RocketMQ's revive service does too).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TICK_S: Final = 0.05
+REVIVE_MS: Final = 1_000  # how often the leader looks for messages that used up their attempts, unasked
 BATCH: Final = 256  # copies per tick
 # Properties of a stored timer / half message that its copy does not carry (the send path sets the ones it owns).
 _NOT_COPIED: Final = frozenset(
@@ -88,6 +91,7 @@ class Delivery:
         self._broker = broker
         self._task: asyncio.Task | None = None
         self._term = -1
+        self._next_revive = 0
         self.on_tx_check: Callable[[Half, message.Message], None] | None = None
         self.max_delay_ms = int(getattr(broker.node.config, "max_delay_ms", DEFAULT_MAX_DELAY_MS))
 
@@ -132,6 +136,9 @@ class Delivery:
         checks = sm.halves.to_check(now, BATCH)
         if checks:
             await self._check(checks, now)
+        if now >= self._next_revive:
+            self._next_revive = now + REVIVE_MS
+            await self._broker.pops.revive(now)
 
     async def settled(self) -> None:
         """Until this node applied everything in its log now (every copy it appended is reflected in state)."""

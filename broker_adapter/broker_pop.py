@@ -137,6 +137,24 @@ class Pops:
             return
         await b.delivery.forward_dead(group, topic, qid, offset, epoch, attempt, m)
 
+    async def revive(self, now: int) -> int:
+        """Move every message that used up its group's attempts to the dead-letter topic (queues a receive is
+        popping are left to it); returns how many were moved."""
+        sm = self._broker.sm
+        moved = 0
+        for key in [k for k, q in sm.pops.queues.items() if q.inflight]:
+            lock = self._locks.setdefault(key, asyncio.Lock())
+            if lock.locked():
+                continue
+            async with lock:
+                q = sm.pops.get(key)
+                if q is None:
+                    continue
+                for o, f in q.exhausted(now, sm.group_settings(key[0]).max_attempts):
+                    await self._dead(key, o, f.epoch, f.attempt)
+                    moved += 1
+        return moved
+
     async def forward_dead(self, group: str, topic: str, queue_id: int, offset: int, epoch: int) -> Any:
         """A consumer's own verdict (ForwardMessageToDeadLetterQueue): copy this delivery to the dead-letter
         topic now. The ``Outcome`` of the receipt handle (DONE when the copy ended it)."""

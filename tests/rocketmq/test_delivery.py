@@ -40,6 +40,12 @@ def group_settings(g: grp.GroupSpec, group: str, **settings) -> dict:
         return c.set_group_settings(group, **settings)
 
 
+def wait_topic(g: grp.GroupSpec, topic: str) -> None:
+    """Until the broker created ``topic`` (a dead-letter topic appears with its first message)."""
+    with BrokerConnection(g.addresses) as c:
+        poll(lambda: any(t.topic == topic for t in c.list_topics()), 60, f"topic {topic}", 0.2)
+
+
 def drain(consumer: SimpleConsumer, until, timeout_s: float = 60.0, invisible_s: int = 20, on_message=None):
     """Receive (and, unless ``on_message`` says otherwise, ack) until ``until()``; every message received."""
     got = []
@@ -151,6 +157,7 @@ def test_a_message_never_acked_goes_to_the_dead_letter_topic_after_its_attempts_
                 break
     assert attempts == [1, 2, 3], attempts
     dlq = f"%DLQ%{group}"
+    wait_topic(g, dlq)
     with running(SimpleConsumer(client_config(g), "dlq-reader", {dlq: FilterExpression()}, await_duration=1)) as d:
         dead_msgs = []
         deadline = time.monotonic() + 60
@@ -192,6 +199,7 @@ def test_push_consumer_failures_back_off_then_forward_to_the_dead_letter_queue(b
     with running(PushConsumer(client_config(g), group, listener, {topic: FilterExpression()})):
         poll(lambda: len(listener.attempts) >= 2, 60, "two failed deliveries")
         dlq = f"%DLQ%{group}"
+        wait_topic(g, dlq)
         with running(SimpleConsumer(client_config(g), "pdlq-reader", {dlq: FilterExpression()}, await_duration=1)) as d:
             found = []
             deadline = time.monotonic() + 60
