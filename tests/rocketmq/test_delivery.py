@@ -15,7 +15,16 @@ from rocketmq.v5.consumer.push.message_listener import ConsumeResult, MessageLis
 
 from broker_adapter.client import BrokerConnection
 from dledger import group as grp
-from tests.rocketmq.conftest import META, client_config, create_topic, new_message, poll, running, start_group, stub
+from tests.rocketmq.conftest import (
+    META,
+    client_config,
+    create_topic,
+    new_message,
+    poll,
+    running,
+    start_group,
+    stub,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -81,7 +90,9 @@ def test_delayed_messages_stay_invisible_until_due_and_come_once_through_a_leade
         killed = False
         deadline = time.monotonic() + 90
         while not set(ids) <= set(received):
-            assert time.monotonic() < deadline, f"{len(set(ids) & set(received))} of {len(ids)} delayed arrived"
+            assert time.monotonic() < deadline, (
+                f"{len(set(ids) & set(received))} of {len(ids)} delayed arrived"
+            )
             if not killed and time.time() * 1000 > due - 1_500:
                 kill_and_restart_leader(g)  # the messages fall due during the failover
                 killed = True
@@ -128,7 +139,9 @@ def _proto(m):
 
 
 # -- retry and dead letters ------------------------------------------------------------------------------------
-def test_a_message_never_acked_goes_to_the_dead_letter_topic_after_its_attempts_through_a_leader_kill(own_group):
+def test_a_message_never_acked_goes_to_the_dead_letter_topic_after_its_attempts_through_a_leader_kill(
+    own_group,
+):
     g = own_group
     topic, group = "rmq-retry", "rmq-retry-g"
     create_topic(g, topic, 1)
@@ -158,7 +171,9 @@ def test_a_message_never_acked_goes_to_the_dead_letter_topic_after_its_attempts_
     assert attempts == [1, 2, 3], attempts
     dlq = f"%DLQ%{group}"
     wait_topic(g, dlq)
-    with running(SimpleConsumer(client_config(g), "dlq-reader", {dlq: FilterExpression()}, await_duration=1)) as d:
+    with running(
+        SimpleConsumer(client_config(g), "dlq-reader", {dlq: FilterExpression()}, await_duration=1)
+    ) as d:
         dead_msgs = []
         deadline = time.monotonic() + 60
         while not dead_msgs:
@@ -200,11 +215,15 @@ def test_push_consumer_failures_back_off_then_forward_to_the_dead_letter_queue(b
         poll(lambda: len(listener.attempts) >= 2, 60, "two failed deliveries")
         dlq = f"%DLQ%{group}"
         wait_topic(g, dlq)
-        with running(SimpleConsumer(client_config(g), "pdlq-reader", {dlq: FilterExpression()}, await_duration=1)) as d:
+        with running(
+            SimpleConsumer(client_config(g), "pdlq-reader", {dlq: FilterExpression()}, await_duration=1)
+        ) as d:
             found = []
             deadline = time.monotonic() + 60
             while not found:
-                assert time.monotonic() < deadline, "the push consumer's failure never reached the dead-letter topic"
+                assert time.monotonic() < deadline, (
+                    "the push consumer's failure never reached the dead-letter topic"
+                )
                 for m in d.receive(32, 20):
                     found.append(m.message_id)
                     d.ack(m)
