@@ -17,7 +17,6 @@ Every process started is stopped by its pid at the end, also on failure.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 import zlib
