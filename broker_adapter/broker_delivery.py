@@ -24,7 +24,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from broker_adapter import commands, groups, message
-from broker_adapter.broker_types import OutgoingMessage, SendResult, UnknownQueueError, check_user_topic
+from broker_adapter.broker_types import (
+    OutgoingMessage,
+    SendResult,
+    UnknownQueueError,
+    check_group,
+    check_user_topic,
+)
 from broker_adapter.timer import DEFAULT_MAX_DELAY_MS, TIMER_TOPIC, Waiting
 from broker_adapter.transactions import COMMIT, HALF_TOPIC, ROLLBACK, Half
 from dledger.core.messages import Role
@@ -258,6 +264,48 @@ class Delivery:
                 m = b.read(HALF_TOPIC, 0, h.offset)
                 if m is not None:
                     self.on_tx_check(r, m)
+
+    # -- retry for offset consumers ------------------------------------------------------------------------
+    async def later(self, group: str, topic: str, queue_id: int, offset: int) -> tuple[bool, int, int]:
+        """A consumer of ``group`` failed the message at ``topic``/``queue_id``/``offset``: schedule it again in
+        ``%RETRY%<group>`` after the group's backoff, or past its attempts copy it to ``%DLQ%<group>``.
+        Returns (dead-lettered, when it comes back, attempts so far)."""
+        b = self._broker
+        check_group(group)
+        await b.leader_state()
+        b.check_queue(topic, queue_id)
+        m = b.read(topic, queue_id, offset)
+        if m is None:
+            raise NotFoundError(f"{topic}/{queue_id} offset {offset}: no such message on the leader")
+        try:
+            attempt = int(m.properties.get(message.PROPERTY_RECONSUME_TIME, "0")) + 1
+        except ValueError:
+            attempt = 1
+        settings = b.sm.group_settings(group)
+        extra = {
+            message.PROPERTY_RETRY_TOPIC: m.properties.get(message.PROPERTY_RETRY_TOPIC, topic),
+            message.PROPERTY_ORIGIN_MESSAGE_ID: m.properties.get(
+                message.PROPERTY_ORIGIN_MESSAGE_ID, m.msg_id or ""
+            ),
+            message.PROPERTY_RECONSUME_TIME: str(attempt),
+        }
+        copy = copy_of(m, 0, "retry", extra)
+        if attempt >= settings.max_attempts:
+            dlq = groups.dlq_topic(group)
+            await b.ensure_system_topic(dlq)
+            await b.send(dlq, [copy], system=True)
+            return True, 0, attempt
+        retry = groups.RETRY_PREFIX + group
+        await b.ensure_system_topic(retry)
+        due = now_ms() + settings.backoff_ms(attempt)
+        props = dict(copy.properties)
+        del props[message.PROPERTY_ORIGIN]
+        props[message.PROPERTY_TIMER_DELIVER_MS] = str(due)
+        props[message.PROPERTY_REAL_TOPIC] = retry
+        props[message.PROPERTY_REAL_QUEUE_ID] = "0"
+        await b.ensure_system_topic(TIMER_TOPIC)
+        await b.send(TIMER_TOPIC, [_with(copy, 0, props)], system=True)
+        return False, due, attempt
 
     # -- dead letters --------------------------------------------------------------------------------------
     async def forward_dead(

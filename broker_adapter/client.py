@@ -289,6 +289,20 @@ class Consumer(BrokerConnection):
         req = _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower)
         return _pulled(self.call("Pull", req, retry_unknown=True, address=address))
 
+    def later(self, m: PulledMessage) -> broker_pb2.LaterResponse:
+        """This group failed ``m`` now: it comes back in ``retry_topic`` after the group's backoff, or goes to
+        ``%DLQ%<group>`` past its attempts (docs/rocketmq.md, Delivery). At least once: a retried call whose
+        outcome was unknown may schedule it twice."""
+        req = broker_pb2.LaterRequest(
+            group=self.group, topic=m.topic, queue_id=m.queue_id, queue_offset=m.queue_offset
+        )
+        return self.call("Later", req, retry_unknown=True)
+
+    @property
+    def retry_topic(self) -> str:
+        """Where this group's messages come back after ``later`` (read it like any topic)."""
+        return "%RETRY%" + self.group
+
     def commit(self, topic: str, queue_id: int, offset: int) -> None:
         req = broker_pb2.CommitOffsetRequest(group=self.group, topic=topic, queue_id=queue_id, offset=offset)
         self.call("CommitOffset", req, retry_unknown=True)

@@ -276,6 +276,8 @@ class BrokerStateMachine:
                 group = topic.removeprefix(groups.DLQ_PREFIX)
                 ended = self.pops.dead(group, src, int(qid), int(offset), int(epoch))
                 self._follow_low((group, src, int(qid)))
+            elif kind == "retry":
+                ended = True  # a dead letter of an offset consumer's "later": nothing was open
             else:
                 ended = False
         except ValueError:

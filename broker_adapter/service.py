@@ -86,6 +86,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             await self._abort(context, e)
         return broker_pb2.GroupSettingsResponse(settings_json=json.dumps(got.to_json(), sort_keys=True))
 
+    async def Later(self, request, context):
+        try:
+            dead, due, attempt = await self._broker.delivery.later(
+                request.group, request.topic, request.queue_id, request.queue_offset
+            )
+        except DLedgerError as e:
+            await self._abort(context, e)
+        return broker_pb2.LaterResponse(dead_lettered=dead, deliver_at_ms=due, attempt=attempt)
+
     async def Pull(self, request, context):
         if request.raw:
             return await self._pull_raw(request, context)

@@ -232,6 +232,28 @@ class GroupSettingsResponse(_message.Message):
     settings_json: str
     def __init__(self, settings_json: _Optional[str] = ...) -> None: ...
 
+class LaterRequest(_message.Message):
+    __slots__ = ("group", "topic", "queue_id", "queue_offset")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ...) -> None: ...
+
+class LaterResponse(_message.Message):
+    __slots__ = ("dead_lettered", "deliver_at_ms", "attempt")
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    dead_lettered: bool
+    deliver_at_ms: int
+    attempt: int
+    def __init__(self, dead_lettered: _Optional[bool] = ..., deliver_at_ms: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+
 class RouteRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -316,3 +316,42 @@ def test_transactions_commit_rollback_and_check_back_through_a_leader_kill(own_g
     assert seen == {committed: b"commit me", orphan: b"orphan"}
     assert rolled not in seen
     assert orphan in checker.checked
+
+
+# -- our own Consumer: "later" ---------------------------------------------------------------------------------
+def test_our_consumer_later_retries_with_backoff_then_dead_letters_through_a_leader_kill(own_group):
+    from broker_adapter.client import Consumer as OurConsumer
+    from broker_adapter.client import Producer as OurProducer
+
+    g = own_group
+    topic, group = "ours-later", "ours-later-g"
+    create_topic(g, topic, 1)
+    group_settings(g, group, max_attempts=3, levels_ms=[1000, 2000])
+    with OurProducer(g.addresses) as p:
+        p.send(topic, b"flaky", keys=["k1"])
+    with OurConsumer(g.addresses, group) as c:
+        (m,) = c.pull(topic, 0, 0)
+        first = c.later(m)
+        assert (first.dead_lettered, first.attempt) == (False, 1)
+        c.commit(topic, 0, 1)  # the group moves on; the retry topic brings it back
+        kill_and_restart_leader(g)  # the retry is due during or after the failover: it comes once
+        wait_topic(g, c.retry_topic)
+        seen = []
+        for attempt in (2, 3):
+            deadline = time.monotonic() + 60
+            got = []
+            while not got:
+                assert time.monotonic() < deadline, f"retry {attempt} never came"
+                got = c.pull(c.retry_topic, 0, len(seen), wait_ms=500)
+            assert len(got) == 1, f"retry {attempt} came {len(got)} times"
+            (r,) = got
+            assert r.body == b"flaky" and r.properties["RETRY_TOPIC"] == topic
+            assert int(r.properties["RECONSUME_TIME"]) == attempt - 1
+            assert time.time() * 1000 >= int(r.properties["TIMER_DELIVER_MS"]), "a retry came before its backoff"
+            seen.append(r)
+            verdict = c.later(r)
+            assert verdict.attempt == attempt
+            assert verdict.dead_lettered == (attempt == 3)
+        wait_topic(g, f"%DLQ%{group}")
+        dead = c.pull(f"%DLQ%{group}", 0, 0, wait_ms=500)
+        assert [d.body for d in dead] == [b"flaky"] and dead[0].properties["RECONSUME_TIME"] == "3"
