@@ -66,6 +66,7 @@ class Broker:
         self.send = self._sender.send  # bound once: the hot path pays no extra call
         self.pops = Pops(self)  # RocketMQ 5 consumption: pop, ack, change invisible duration
         self.delivery = Delivery(self)  # delayed, transactional and dead-letter messages (the leader's loop)
+        state_machine.on_tx_check = self.delivery.tx_checked
 
     # -- hooks ---------------------------------------------------------------------------------------------
     def dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
@@ -99,6 +100,7 @@ class Broker:
             barrier_term, index = self._barrier
             if barrier_term == term and self.node.metadata().applied_index >= index:
                 self._barrier_passed_term = term
+                self.delivery.ensure_running(term)
                 return term
             if loop.time() >= deadline:
                 raise UnavailableError(

@@ -10,7 +10,8 @@ what is still open (docs/decisions/0012-delivery-state-in-the-log.md).
 
 One task per leadership (``run``) ticks every ``TICK_S``: due timer messages are copied (within about a tick and
 a commit of their due time), and open transactions past their check time are counted (``TxCheck``) and handed to
-``on_tx_check`` (the RocketMQ face sends RecoverOrphanedTransactionCommand on a producer's Telemetry stream).
+``on_tx_check`` on every node as the count is applied (the RocketMQ face sends RecoverOrphanedTransactionCommand
+on the Telemetry streams of that topic's producers connected to the node).
 Every ``REVIVE_MS`` it also moves messages that used up their delivery attempts to their dead-letter topics
 (``Pops.revive``), so that happens without a consumer polling the queue (RocketMQ's revive service does too).
 """
@@ -42,7 +43,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TICK_S: Final = 0.05
-REVIVE_MS: Final = 1_000  # how often the leader looks for messages that used up their attempts, unasked
+REVIVE_MS: Final = 1_000
+STALE_CHECK_MS: Final = 10_000  # a check-back applied this long after the leader counted it is not sent  # how often the leader looks for messages that used up their attempts, unasked
 BATCH: Final = 256  # copies per tick
 # Properties of a stored timer / half message that its copy does not carry (the send path sets the ones it owns).
 _NOT_COPIED: Final = frozenset(
@@ -104,6 +106,11 @@ class Delivery:
     # -- leadership ----------------------------------------------------------------------------------------
     def role_changed(self, role: Role, term: int) -> None:
         if role is Role.LEADER and term != self._term:
+            self.start(term)
+
+    def ensure_running(self, term: int) -> None:
+        """Start the loop for ``term`` unless it runs (a role change seen before the event loop ran)."""
+        if self._term != term or self._task is None or self._task.done():
             self.start(term)
 
     def start(self, term: int) -> None:
@@ -257,13 +264,17 @@ class Delivery:
         return how
 
     async def _check(self, halves: list[Half], now: int) -> None:
-        b = self._broker
-        results = await b.submit([commands.TxCheck(h.offset, now) for h in halves])
-        for h, r in zip(halves, results, strict=True):
-            if isinstance(r, Half) and self.on_tx_check is not None:
-                m = b.read(HALF_TOPIC, 0, h.offset)
-                if m is not None:
-                    self.on_tx_check(r, m)
+        await self._broker.submit([commands.TxCheck(h.offset, now) for h in halves])
+
+    def tx_checked(self, half: Half, at_ms: int) -> None:
+        """Applied on every node (``BrokerStateMachine.on_tx_check``): a check-back was counted; ask the
+        producers whose Telemetry streams this node holds (a producer may be connected to any node). A check
+        replayed from an old part of the log (a restart) is not sent again."""
+        if self.on_tx_check is None or abs(now_ms() - at_ms) > STALE_CHECK_MS:
+            return
+        m = self._broker.read(HALF_TOPIC, 0, half.offset)
+        if m is not None:
+            asyncio.get_running_loop().call_soon(self.on_tx_check, half, m)
 
     # -- retry for offset consumers ------------------------------------------------------------------------
     async def later(self, group: str, topic: str, queue_id: int, offset: int) -> tuple[bool, int, int]:

@@ -99,6 +99,9 @@ class BrokerStateMachine:
         self.timer = TimerIndex()
         self.halves = HalfMessages()
         self.repeats = 0  # broker copies whose origin had already ended: should stay 0
+        # (half message, the leader's time of the check): a transaction check-back was counted (a side effect
+        # for the node's own clients, never state)
+        self.on_tx_check: Callable[[Half, int], None] | None = None
         self.applied_index = -1  # the last entry given to ``apply`` (with the apply loop's, after a restore)
         self.duplicates = 0  # messages whose (producer, sequence) was already in the log: should stay 0
         self.short_queues: dict[tuple[str, int], int] = {}  # after a snapshot: queues with a hole to repair
@@ -307,7 +310,10 @@ class BrokerStateMachine:
                 return self.timer.remove(cmd.offset)
             return self.halves.end(cmd.offset, ROLLBACK)
         if isinstance(cmd, commands.TxCheck):
-            return self.halves.checked(cmd.offset, cmd.now_ms)
+            checked = self.halves.checked(cmd.offset, cmd.now_ms)
+            if checked is not None and self.on_tx_check is not None:
+                self.on_tx_check(checked, cmd.now_ms)  # every node asks the producers connected to it
+            return checked
         if isinstance(cmd, commands.CreateTopic):
             have = self.topics.get(cmd.topic)
             if have is not None and have != cmd.queues:

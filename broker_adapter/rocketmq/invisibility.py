@@ -61,6 +61,8 @@ class PopQueue:
     def heads(self) -> dict[int, InFlight]:
         """The in-flight offsets that may be granted again once expired: every one, except in FIFO message
         groups, where only each message group's lowest offset is."""
+        if not any(f.mgroup for f in self.inflight.values()):
+            return self.inflight  # no FIFO entries: every one is a head
         out: dict[int, InFlight] = {}
         seen: set[str] = set()
         for o in sorted(self.inflight):

@@ -286,8 +286,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     def _check_transaction(self, half: Half, m: message.Message) -> None:
         """Ask a producer of the half message's topic whose stream this node holds to resolve it (the leader's
-        check-back, already counted in the log). Without one here, the check counts and nobody is asked."""
-        for topics, outbox in self._producers.values():
+        check-back, counted in the log and applied on every node). Nodes without one ask nobody."""
+        for topics, outbox in list(self._producers.values()):
             if half.topic in topics or not topics:
                 msg = convert.incoming(m)
                 msg.topic.name = half.topic
