@@ -100,6 +100,8 @@ class Delivery:
         self._task: asyncio.Task | None = None
         self._term = -1
         self._next_revive = 0
+        self._tick_lock = asyncio.Lock()
+        self._tx_locks: dict[int, asyncio.Lock] = {}  # per transaction id: a retried end waits for the first
         self.on_tx_check: Callable[[Half, message.Message], None] | None = None
         self.max_delay_ms = int(getattr(broker.node.config, "max_delay_ms", DEFAULT_MAX_DELAY_MS))
 
@@ -141,6 +143,11 @@ class Delivery:
                 await asyncio.sleep(1.0)
 
     async def tick(self) -> None:
+        """One look at what is due (serialized: two looks at once could copy one origin twice)."""
+        async with self._tick_lock:
+            await self._tick()
+
+    async def _tick(self) -> None:
         sm = self._broker.sm
         now = now_ms()
         due = sm.timer.due(now, BATCH)
@@ -233,6 +240,15 @@ class Delivery:
     async def end_transaction(self, offset: int, commit: bool, topic: str | None = None) -> str:
         """Commit (copy to the real topic) or roll back an open transaction; a retried end that matches how it
         ended answers the same. Returns COMMIT or ROLLBACK."""
+        lock = self._tx_locks.setdefault(offset, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._end(offset, commit, topic)
+        finally:
+            if not lock.locked() and self._tx_locks.get(offset) is lock:
+                del self._tx_locks[offset]
+
+    async def _end(self, offset: int, commit: bool, topic: str | None) -> str:
         b = self._broker
         await b.leader_state()
         sm = b.sm

@@ -63,6 +63,12 @@ class Sender:
             check_topic(topic)
         else:
             check_user_topic(topic)
+            for i, m in enumerate(msgs):
+                if message.PROPERTY_ORIGIN in m.properties:
+                    raise InvalidRequestError(
+                        f"message {i}: property {message.PROPERTY_ORIGIN} is the broker's own (it marks the copies "
+                        "the broker makes of delayed, transactional and dead-letter messages)"
+                    )
         await b.leader_state()  # a follower redirects before judging a topic by its possibly stale state
         queues = await b.ensure_topic(topic)
         if not msgs or len(msgs) > MAX_SEND_BATCH:

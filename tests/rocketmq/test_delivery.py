@@ -351,7 +351,9 @@ def test_our_consumer_later_retries_with_backoff_then_dead_letters_through_a_lea
             (r,) = got
             assert r.body == b"flaky" and r.properties["RETRY_TOPIC"] == topic
             assert int(r.properties["RECONSUME_TIME"]) == attempt - 1
-            assert time.time() * 1000 >= int(r.properties["TIMER_DELIVER_MS"]), "a retry came before its backoff"
+            assert time.time() * 1000 >= int(r.properties["TIMER_DELIVER_MS"]), (
+                "a retry came before its backoff"
+            )
             seen.append(r)
             verdict = c.later(r)
             assert verdict.attempt == attempt
