@@ -297,3 +297,41 @@ def test_replay_in_any_batching_and_from_a_snapshot_gives_the_same_state(tmp_pat
     for w in whole.timer.entries.values():
         assert w.topic == T
     assert all(h.checks <= MAX_CHECKS for h in whole.halves.open.values())
+
+
+names = st.from_regex(r"[a-zA-Z0-9_%-]{1,20}", fullmatch=True)
+delivery_commands = st.one_of(
+    st.builds(
+        commands.Pop,
+        names,
+        names,
+        st.integers(0, 7),
+        st.integers(0, 2**40),
+        st.integers(0, 2**31),
+        st.lists(st.integers(0, 2**40), max_size=5).map(tuple),
+        st.lists(st.integers(0, 2**40), max_size=5).map(tuple),
+        st.lists(st.tuples(st.integers(0, 2**40), st.text(max_size=10)), max_size=5).map(tuple),
+    ),
+    st.builds(
+        commands.GroupSettingsCmd,
+        names,
+        st.builds(groups.GroupSettings, st.booleans(), st.integers(1, 100)).map(lambda g: g.to_json()),
+    ),
+    st.builds(commands.Settle, st.sampled_from(commands.SETTLE_KINDS), st.integers(0, 2**40), st.text(max_size=20)),
+    st.builds(commands.TxCheck, st.integers(0, 2**40), st.integers(0, 2**45)),
+)
+
+
+@given(delivery_commands)
+def test_delivery_commands_round_trip(cmd):
+    assert commands.decode(commands.encode(cmd)) == cmd
+
+
+def test_malformed_delivery_commands_are_refused():
+    with pytest.raises(commands.CommandError):
+        commands.encode(commands.Settle("other", 1, "x"))
+    with pytest.raises(commands.CommandError):
+        commands.encode(commands.TxCheck(-1, 0))
+    body = commands.encode(commands.TxCheck(1, 2)).replace(b'"offset"', b'"offzet"')
+    with pytest.raises(commands.CommandError):
+        commands.decode(body)
