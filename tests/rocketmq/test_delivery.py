@@ -270,6 +270,40 @@ def test_fifo_group_one_in_flight_per_message_group_order_held_through_retries_a
     assert failed_once == set(groups)
 
 
+class _Ordered(MessageListener):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.bodies: list[str] = []
+        self.failed: set[str] = set()
+
+    def consume(self, message) -> ConsumeResult:
+        body = message.body.decode()
+        with self.lock:
+            if body.endswith(":2") and body not in self.failed:
+                self.failed.add(body)  # the first try of every group's third message fails: retried in order
+                return ConsumeResult.FAILURE
+            self.bodies.append(body)
+        return ConsumeResult.SUCCESS
+
+
+def test_push_consumer_in_a_fifo_group_sees_each_message_group_in_order(broker_group):
+    g = broker_group
+    topic, group = "rmq-fifo-push", "rmq-fifo-push-g"
+    create_topic(g, topic, 2)
+    group_settings(g, group, fifo=True, levels_ms=[500])
+    mgroups = [f"pg{k}" for k in range(3)]
+    with running(Producer(client_config(g), (topic,))) as producer:
+        for i in range(8):
+            for mg in mgroups:
+                producer.send(new_message(topic, f"{mg}:{i}".encode(), group=mg))
+    listener = _Ordered()
+    with running(PushConsumer(client_config(g), group, listener, {topic: FilterExpression()})):
+        poll(lambda: len(listener.bodies) >= 24, 90, "every message consumed")
+    for mg in mgroups:
+        assert [b for b in listener.bodies if b.startswith(mg + ":")] == [f"{mg}:{i}" for i in range(8)]
+    assert listener.failed == {f"{mg}:2" for mg in mgroups}
+
+
 # -- transactions ----------------------------------------------------------------------------------------------
 class _Checker(TransactionChecker):
     def __init__(self) -> None:
