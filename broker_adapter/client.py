@@ -444,6 +444,13 @@ class AsyncBrokerConnection:
     async def route(self) -> broker_pb2.RouteResponse:
         return await self.call("Route", broker_pb2.RouteRequest(), retry_unknown=True)
 
+    async def set_group_settings(self, group: str, **settings) -> dict:
+        """``BrokerConnection.set_group_settings``, async."""
+        r = await self.call(
+            "SetGroupSettings", broker_pb2.GroupSettingsRequest(group=group, **settings), retry_unknown=True
+        )
+        return json.loads(r.settings_json)
+
 
 class AsyncProducer(AsyncBrokerConnection, _Numbering):
     """``Producer`` for asyncio: concurrent sends to one topic are packed into shared ``Send`` calls, several
@@ -464,9 +471,18 @@ class AsyncProducer(AsyncBrokerConnection, _Numbering):
         return self._number(await self._queue_count(topic), body, tags, keys)
 
     async def send(
-        self, topic: str, body: bytes, tags: str | None = None, keys: Sequence[str] | None = None
+        self,
+        topic: str,
+        body: bytes,
+        tags: str | None = None,
+        keys: Sequence[str] | None = None,
+        deliver_at_ms: int = 0,
     ) -> SendResult:
-        return (await self.send_messages(topic, [await self.outgoing(topic, body, tags, keys)]))[0]
+        """Send one message; with ``deliver_at_ms`` (ms since the epoch) it is delivered then, not before."""
+        m = await self.outgoing(topic, body, tags, keys)
+        if deliver_at_ms:
+            m.delivery_timestamp = deliver_at_ms
+        return (await self.send_messages(topic, [m]))[0]
 
     async def send_batch(
         self, topic: str, items: Sequence[bytes | tuple[bytes, str | None, Sequence[str] | None]]
@@ -505,6 +521,17 @@ class AsyncConsumer(AsyncBrokerConnection):
     ) -> list[PulledMessage]:
         req = _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower)
         return _pulled(await self.call("Pull", req, retry_unknown=True, address=address))
+
+    async def later(self, m: PulledMessage) -> broker_pb2.LaterResponse:
+        """``Consumer.later``, async."""
+        req = broker_pb2.LaterRequest(
+            group=self.group, topic=m.topic, queue_id=m.queue_id, queue_offset=m.queue_offset
+        )
+        return await self.call("Later", req, retry_unknown=True)
+
+    @property
+    def retry_topic(self) -> str:
+        return "%RETRY%" + self.group
 
     async def commit(self, topic: str, queue_id: int, offset: int) -> None:
         req = broker_pb2.CommitOffsetRequest(group=self.group, topic=topic, queue_id=queue_id, offset=offset)
