@@ -395,3 +395,39 @@ def test_our_consumer_later_retries_with_backoff_then_dead_letters_through_a_lea
         wait_topic(g, f"%DLQ%{group}")
         dead = c.pull(f"%DLQ%{group}", 0, 0, wait_ms=500)
         assert [d.body for d in dead] == [b"flaky"] and dead[0].properties["RECONSUME_TIME"] == "3"
+
+
+def test_cli_sets_a_consumer_groups_delivery_settings(broker_group):
+    import json
+    import subprocess
+    import sys
+
+    def cli(*args):
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dledger",
+                "consumer-group",
+                "settings",
+                "--addresses",
+                ",".join(g.addresses),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    g = broker_group
+    r = cli("--group", "cli-g", "--fifo", "--max-attempts", "4", "--levels-ms", "100,200")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert (got["group"], got["fifo"], got["max_attempts"], got["levels_ms"]) == (
+        "cli-g",
+        True,
+        4,
+        [100, 200],
+    )
+    bad = cli("--group", "cli-g", "--backoff", "linear")
+    assert bad.returncode != 0 and "backoff" in (bad.stdout + bad.stderr)
