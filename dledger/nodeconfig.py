@@ -73,7 +73,13 @@ _TOP_KEYS = {
     "broker",
     "security",
 }
-_BROKER_KEYS = {"auto_create_topic_queues", "nameservers", "cluster", "nameserver_heartbeat_ms", "max_delay_ms"}
+_BROKER_KEYS = {
+    "auto_create_topic_queues",
+    "nameservers",
+    "cluster",
+    "nameserver_heartbeat_ms",
+    "max_delay_ms",
+}
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
 _SNAPSHOT_KEYS = {"entries": "snapshot_entries", "bytes": "snapshot_bytes", "keep": "snapshot_keep"}
 
@@ -172,7 +178,9 @@ class NodeConfig:
             )
         d = self.max_delay_ms
         if isinstance(d, bool) or not isinstance(d, int) or not 1_000 <= d <= 400 * 86_400_000:
-            raise ConfigError(f"[broker] max_delay_ms must be an integer in 1000..{400 * 86_400_000}, got {d!r}")
+            raise ConfigError(
+                f"[broker] max_delay_ms must be an integer in 1000..{400 * 86_400_000}, got {d!r}"
+            )
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise ConfigError(f"data_dir {self.data_dir} exists and is not a directory")
 

@@ -317,7 +317,9 @@ delivery_commands = st.one_of(
         names,
         st.builds(groups.GroupSettings, st.booleans(), st.integers(1, 100)).map(lambda g: g.to_json()),
     ),
-    st.builds(commands.Settle, st.sampled_from(commands.SETTLE_KINDS), st.integers(0, 2**40), st.text(max_size=20)),
+    st.builds(
+        commands.Settle, st.sampled_from(commands.SETTLE_KINDS), st.integers(0, 2**40), st.text(max_size=20)
+    ),
     st.builds(commands.TxCheck, st.integers(0, 2**40), st.integers(0, 2**45)),
 )
 
