@@ -161,14 +161,6 @@ class Broker:
         # A CommandError here means a concurrent create chose another queue count first: that one stands.
         return self.queues(topic)
 
-    async def ensure_system_topic(self, topic: str) -> None:
-        """A topic the broker writes itself (timer, half, dead-letter): one queue, created through the log."""
-        if topic in self.sm.topics:
-            return
-        (result,) = await self.submit([commands.CreateTopic(topic, 1)])
-        if isinstance(result, BaseException) and not isinstance(result, commands.CommandError):
-            raise result
-
     async def applied_through(self, index: int, timeout_s: float = 10.0) -> None:
         """Until this node's state machine applied entry ``index``."""
         await self._sender.wait_applied(index, asyncio.get_running_loop().time() + timeout_s)

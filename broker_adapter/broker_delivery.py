@@ -193,7 +193,6 @@ class Delivery:
             props[message.PROPERTY_REAL_TOPIC] = topic
             props[message.PROPERTY_REAL_QUEUE_ID] = str(m.queue_id)
             held.append(_with(m, 0, props))
-        await b.ensure_system_topic(TIMER_TOPIC)
         return await b.send(TIMER_TOPIC, held, system=True)
 
     async def _release(self, due: list[Waiting]) -> None:
@@ -201,7 +200,7 @@ class Delivery:
         by_topic: dict[str, list[OutgoingMessage]] = {}
         for w in due:
             m = b.read(TIMER_TOPIC, 0, w.offset)
-            n = b.sm.topics.get(w.topic, 0)
+            n = b.sm.topics.get(w.topic, 1 if w.topic.startswith(groups.RETRY_PREFIX) else 0)
             if m is None or w.queue_id >= n:
                 why = "the log no longer holds it" if m is None else f"{w.topic}/{w.queue_id} does not exist"
                 log.warning("%s: timer message %d is not delivered: %s", b.node.id, w.offset, why)
@@ -234,7 +233,6 @@ class Delivery:
             if producer_group:
                 props[message.PROPERTY_PRODUCER_GROUP] = producer_group
             held.append(_with(m, 0, props))
-        await b.ensure_system_topic(HALF_TOPIC)
         return await b.send(HALF_TOPIC, held, system=True)
 
     async def end_transaction(self, offset: int, commit: bool, topic: str | None = None) -> str:
@@ -319,18 +317,15 @@ class Delivery:
         copy = copy_of(m, 0, "retry", extra)
         if attempt >= settings.max_attempts:
             dlq = groups.dlq_topic(group)
-            await b.ensure_system_topic(dlq)
             await b.send(dlq, [copy], system=True)
             return True, 0, attempt
         retry = groups.RETRY_PREFIX + group
-        await b.ensure_system_topic(retry)
         due = now_ms() + settings.backoff_ms(attempt)
         props = dict(copy.properties)
         del props[message.PROPERTY_ORIGIN]
         props[message.PROPERTY_TIMER_DELIVER_MS] = str(due)
         props[message.PROPERTY_REAL_TOPIC] = retry
         props[message.PROPERTY_REAL_QUEUE_ID] = "0"
-        await b.ensure_system_topic(TIMER_TOPIC)
         await b.send(TIMER_TOPIC, [_with(copy, 0, props)], system=True)
         return False, due, attempt
 
@@ -341,7 +336,6 @@ class Delivery:
         """Copy delivery ``epoch`` of a message to the group's dead-letter topic; True when that ended it."""
         b = self._broker
         dlq = groups.dlq_topic(group)
-        await b.ensure_system_topic(dlq)
         extra = {
             message.PROPERTY_RETRY_TOPIC: topic,
             message.PROPERTY_ORIGIN_MESSAGE_ID: m.msg_id or "",

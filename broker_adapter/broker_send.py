@@ -70,7 +70,13 @@ class Sender:
                         "the broker makes of delayed, transactional and dead-letter messages)"
                     )
         await b.leader_state()  # a follower redirects before judging a topic by its possibly stale state
-        queues = await b.ensure_topic(topic)
+        if system and topic not in b.sm.topics:
+            # The broker's own topics (timer, half, retry, dead-letter) come into being with their first
+            # message, one queue (the dispatcher records a topic it has not seen): nothing is written before
+            # the message itself, so a send refused below leaves no trace.
+            queues = 1
+        else:
+            queues = await b.ensure_topic(topic)
         if not msgs or len(msgs) > MAX_SEND_BATCH:
             raise InvalidRequestError(f"a send carries 1..{MAX_SEND_BATCH} messages, got {len(msgs)}")
         encoded = self._encode(topic, queues, msgs)
