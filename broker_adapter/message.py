@@ -44,6 +44,9 @@ from broker_adapter.formats import (  # the layout's constants and pure helpers 
     decode_properties,
 )
 from broker_adapter.formats import (
+    PROPERTY_ORIGIN as PROPERTY_ORIGIN,  # re-exported: the delivery code reads it with the other property names
+)
+from broker_adapter.formats import (
     java_string_hash as java_string_hash,  # re-exported: the message API users know
 )
 from broker_adapter.formats import (
@@ -90,9 +93,6 @@ PROPERTY_CHECK_IMMUNITY_S: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"  # a dead letter's original topic
 PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
 PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
-# Ours: a copy the broker made of a stored message (a due timer message, a committed half message, a dead
-# letter) names what it ends, so dispatching the copy is the state change (docs/rocketmq.md, Delivery).
-PROPERTY_ORIGIN: Final = "DLEDGER_ORIGIN"
 KEY_SEPARATOR: Final = " "
 
 
