@@ -17,8 +17,9 @@ Delivery state (docs/rocketmq.md, Delivery): consumer-group settings (FIFO, atte
 delayed messages (``timer``), open transactions (``transactions``) and the pop state's dead letters. A message
 dispatched to the timer or half topic opens an entry; a copy the leader made of it (a due timer message, a
 committed half message, a dead letter) carries ``message.PROPERTY_ORIGIN`` and ends its entry when dispatched, so
-the copy and the state change are one log entry. ``repeats`` counts copies whose entry had already ended (a
-leader's mistake, like ``duplicates``; should stay 0).
+the copy and the state change are one log entry. ``repeats`` counts copies whose entry had already ended: a
+leader's mistake for timer and half copies (should stay 0), or, for a dead letter, a consumer's late ack of its
+last delivery that raced the move (the message was then both processed and dead-lettered: at least once).
 """
 
 from __future__ import annotations
