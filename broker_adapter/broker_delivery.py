@@ -6,7 +6,7 @@ when a consumer group's message ran out of attempts, the leader appends a copy t
 that names its origin, and the dispatcher ends the origin when it applies the copy. The leader then waits until
 its own state machine has applied everything it appended before it looks again, so it never copies one origin
 twice; a new leader starts from its read barrier (everything its log holds is applied), so it takes over exactly
-what is still open (docs/decisions/0014-delivery-state-in-the-log.md).
+what is still open (docs/decisions/0016-delivery-state-in-the-log.md).
 
 One task per leadership (``run``) ticks every ``TICK_S``: due timer messages are copied (within about a tick and
 a commit of their due time), and open transactions past their check time are counted (``TxCheck``) and handed to

@@ -8,7 +8,7 @@ that queue. When it is due, the leader appends a copy to the real topic naming t
 removal and the copy are all in the log, so every node holds the same index and a new leader takes over exactly
 what is still waiting: a message due during a failover is copied by whichever leader finds it still here, once
 (the leader's read barrier means it has applied every copy its log holds before it looks;
-docs/decisions/0014-delivery-state-in-the-log.md).
+docs/decisions/0016-delivery-state-in-the-log.md).
 
 A timer message the log no longer holds (it cannot be copied) ends with a ``Settle`` command.
 """
