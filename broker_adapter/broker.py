@@ -255,6 +255,8 @@ class Broker:
     ) -> tuple[int, int]:
         """How many messages a pull from ``offset`` takes (after its long poll), and the queue's end."""
         check_user_topic(topic)
+        if not allow_follower and not self.node.is_leader():
+            self.require_leader()  # a follower redirects before judging a topic by its possibly stale state
         self.check_queue(topic, qid)
         if offset < 0:
             raise InvalidRequestError(f"offset must be >= 0, got {offset}")
