@@ -55,7 +55,7 @@ format: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
 
-.PHONY: bench-replication bench-statemachine bench-broker bench-rocketmq bench-audit bench-retention
+.PHONY: bench-replication bench-statemachine bench-broker bench-rocketmq bench-delivery bench-audit bench-retention
 bench-replication: $(STAMP)
 	$(BIN)/python -m bench.replication
 
@@ -85,6 +85,9 @@ bench-security: $(STAMP)
 # The official RocketMQ 5 client against ours, on one broker group.
 bench-rocketmq: $(STAMP)
 	$(BIN)/python -m bench.rocketmq_client
+
+bench-delivery: $(STAMP)
+	$(BIN)/python -m bench.delivery
 
 bench-audit: $(STAMP) check-java
 	$(BIN)/python -m bench.audit

@@ -16,9 +16,10 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from broker_adapter import commands, message, retention
+from broker_adapter import commands, groups, message, retention
 from broker_adapter.allocator import QueueOffsetAllocator
 from broker_adapter.broker_commit import GroupCommit
+from broker_adapter.broker_delivery import Delivery
 from broker_adapter.broker_pop import Pops
 from broker_adapter.broker_send import Sender
 from broker_adapter.broker_types import (
@@ -31,6 +32,7 @@ from broker_adapter.broker_types import (
     UnknownTopicError,
     check_group,
     check_topic,
+    check_user_topic,
 )
 from broker_adapter.commitlog import CommitLog, CommitLogError
 from broker_adapter.dispatcher import BrokerStateMachine
@@ -65,6 +67,8 @@ class Broker:
         self.pops = Pops(self)  # RocketMQ 5 consumption: pop, ack, change invisible duration
         # (topic, queue id) -> (the log's first index, the first offset held then): ``first_held``
         self._first_held: dict[tuple[str, int], tuple[int, int]] = {}
+        self.delivery = Delivery(self)  # delayed, transactional and dead-letter messages (the leader's loop)
+        state_machine.on_tx_check = self.delivery.tx_checked
 
     # -- hooks ---------------------------------------------------------------------------------------------
     def dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
@@ -74,9 +78,17 @@ class Broker:
             ev.set()
         self._sender.applied()
 
+    def wake(self, topic: str, queue_id: int) -> None:
+        """Wake receives long-polling this queue (something other than a dispatch may have made a message
+        deliverable: an ack in a FIFO message group)."""
+        ev = self._waiters.pop((topic, queue_id), None)
+        if ev is not None:
+            ev.set()
+
     def role_changed(self, role: Role, term: int) -> None:
         if role is Role.LEADER:
             self._barrier = (term, self.node.log_store.last_index)
+        self.delivery.role_changed(role, term)
 
     # -- leadership ----------------------------------------------------------------------------------------
     async def leader_state(self, timeout_s: float = 5.0) -> int:
@@ -90,6 +102,7 @@ class Broker:
             barrier_term, index = self._barrier
             if barrier_term == term and self.node.metadata().applied_index >= index:
                 self._barrier_passed_term = term
+                self.delivery.ensure_running(term)
                 return term
             if loop.time() >= deadline:
                 raise UnavailableError(
@@ -149,6 +162,23 @@ class Broker:
             raise result
         # A CommandError here means a concurrent create chose another queue count first: that one stands.
         return self.queues(topic)
+
+    async def applied_through(self, index: int, timeout_s: float = 10.0) -> None:
+        """Until this node's state machine applied entry ``index``."""
+        await self._sender.wait_applied(index, asyncio.get_running_loop().time() + timeout_s)
+
+    async def set_group_settings(self, group: str, settings: dict[str, Any]) -> Any:
+        """Replace a consumer group's delivery settings (``broker_adapter.groups``) through the log."""
+        check_group(group)
+        try:
+            checked = groups.GroupSettings.from_json(settings)
+        except groups.GroupSettingsError as e:
+            raise InvalidRequestError(str(e)) from None
+        await self.leader_state()
+        (result,) = await self.submit([commands.GroupSettingsCmd(group, checked.to_json())])
+        if isinstance(result, BaseException):
+            raise result if isinstance(result, DLedgerError) else InvalidRequestError(str(result))
+        return result
 
     async def create_topic(self, topic: str, queues: int) -> commands.CreateTopic:
         try:
@@ -258,6 +288,9 @@ class Broker:
         """Where a pull from ``offset`` starts (the first offset this node holds, when retention deleted what
         came before: a consumer that fell behind goes on from there), how many messages it takes (after its
         long poll), and the queue's end."""
+        check_user_topic(topic)
+        if not allow_follower and not self.node.is_leader():
+            self.require_leader()  # a follower redirects before judging a topic by its possibly stale state
         self.check_queue(topic, qid)
         if offset < 0:
             raise InvalidRequestError(f"offset must be >= 0, got {offset}")
@@ -337,6 +370,7 @@ class Broker:
         """The messages among ``batch`` offsets from ``offset`` that ``select`` accepts (messages this node
         no longer holds are passed over), waiting up to ``poll_ms`` (and not past ``deadline``, loop time) for
         one to be dispatched at the queue's end; and the offset after the ones looked at. On the leader."""
+        check_user_topic(topic)
         await self.leader_state()
         end = self.sm.next_offset(topic, queue_id)
         if not 0 <= offset <= end:

@@ -5,6 +5,11 @@ command stamped with its clock, and returns what the applied command granted. Ac
 are ``Ack`` / ``ChangeInvisible`` commands naming a delivery epoch. The replicated state they change is
 ``broker_adapter.rocketmq.invisibility`` inside the dispatcher; receipt handles and protocol statuses belong to
 the RocketMQ face.
+
+The group's settings (``broker_adapter.groups``) shape a pop: a FIFO group's pop names each offset's message
+group, and a message that used up the group's delivery attempts is copied to the group's dead-letter topic
+(``broker_delivery.forward_dead``) before anything else of that queue is popped. Acks and invisible-time changes
+wake receives waiting on the queue, since they can make a FIFO message group's next message deliverable.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from broker_adapter import commands, message
-from broker_adapter.rocketmq.invisibility import Popped
+from broker_adapter.broker_types import check_user_topic
+from broker_adapter.rocketmq.invisibility import Outcome, Popped, PopStates
 from broker_adapter.selectors import Select  # does a consumer's filter take this message?
 from dledger.errors import DLedgerError, NotFoundError
 
@@ -55,6 +61,7 @@ class Pops:
         with nothing anywhere, wait for a dispatch to any queue or an invisible time running out, for ``poll_ms``
         and not past ``deadline`` (loop time). Returns (queue id, what was granted, the granted messages by offset), or None."""
         b = self._broker
+        check_user_topic(topic)
         await b.leader_state()
         sm = b.sm
         loop = asyncio.get_running_loop()
@@ -97,16 +104,25 @@ class Pops:
         group, topic, qid = key
         while True:
             now = now_ms()
+            settings = sm.group_settings(group)
             q = sm.pops.view(key, sm.offsets.get(key, 0))
             if await self._pass_over_deleted(key, q.next, now, invisible_ms):
                 continue
-            offsets = q.deliverable(now, sm.next_offset(topic, qid), batch)
+            for o, f in q.exhausted(now, settings.max_attempts):
+                await self._dead(key, o, f.epoch, f.attempt)
+            offsets = q.deliverable(now, sm.next_offset(topic, qid), batch, settings.max_attempts)
             if not offsets:
                 return None
             msgs = {o: b.read(topic, qid, o) for o in offsets}
             take = tuple(o for o in offsets if msgs[o] is not None and select(msgs[o]))
             skip = tuple(o for o in offsets if o not in take)  # filtered out, or gone from the log
-            (popped,) = await b.submit([commands.Pop(group, topic, qid, now, invisible_ms, take, skip)])
+            mgroups: tuple[tuple[int, str], ...] = ()
+            if settings.fifo:
+                mgroups = tuple(
+                    (o, g) for o in take if (g := msgs[o].properties.get(message.PROPERTY_MESSAGE_GROUP))
+                )
+            pop = commands.Pop(group, topic, qid, now, invisible_ms, take, skip, mgroups)
+            (popped,) = await b.submit([pop])
             if isinstance(popped, BaseException):
                 raise popped if isinstance(popped, DLedgerError) else NotFoundError(str(popped))
             if popped.deliveries:
@@ -130,10 +146,66 @@ class Pops:
         sm = self._broker.sm
         return sm.pops.view(key, sm.offsets.get(key, 0)).next > next_offset  # no progress: the usual path
 
+    async def _dead(self, key: tuple[str, str, int], offset: int, epoch: int, attempt: int) -> None:
+        """Copy a message that used up its attempts to the group's dead-letter topic (ends it in the pop state)."""
+        b = self._broker
+        group, topic, qid = key
+        m = b.read(topic, qid, offset)
+        if m is None:  # the log no longer holds it: nothing to copy, the group is done with it
+            await b.submit([commands.Ack(group, topic, qid, offset, epoch)])
+            return
+        await b.delivery.forward_dead(group, topic, qid, offset, epoch, attempt, m)
+
+    async def revive(self, now: int) -> int:
+        """Move every message that used up its group's attempts to the dead-letter topic (queues a receive is
+        popping are left to it); returns how many were moved."""
+        sm = self._broker.sm
+        moved = 0
+        for key in [k for k, q in sm.pops.queues.items() if q.inflight]:
+            lock = self._locks.setdefault(key, asyncio.Lock())
+            if lock.locked():
+                continue
+            async with lock:
+                q = sm.pops.get(key)
+                if q is None:
+                    continue
+                for o, f in q.exhausted(now, sm.group_settings(key[0]).max_attempts):
+                    await self._dead(key, o, f.epoch, f.attempt)
+                    moved += 1
+        return moved
+
+    async def forward_dead(self, group: str, topic: str, queue_id: int, offset: int, epoch: int) -> Any:
+        """A consumer's own verdict (ForwardMessageToDeadLetterQueue): copy this delivery to the dead-letter
+        topic now. The ``Outcome`` of the receipt handle (DONE when the copy ended it)."""
+        b = self._broker
+        await b.leader_state()
+        key = (group, topic, queue_id)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            q = b.sm.pops.get(key)
+            outcome = PopStates._owner(q, offset, epoch)
+            if outcome is not Outcome.DONE:
+                return outcome
+            m = b.read(topic, queue_id, offset)
+            if m is None:
+                raise NotFoundError(
+                    f"{topic}/{queue_id} offset {offset}: the log no longer holds the message"
+                )
+            done = await b.delivery.forward_dead(
+                group, topic, queue_id, offset, epoch, q.inflight[offset].attempt, m
+            )
+        return Outcome.DONE if done else Outcome.REDELIVERED
+
+    def _wake(self, topic: str, queue_ids: Sequence[int]) -> None:
+        for q in set(queue_ids):
+            self._broker.wake(topic, q)
+
     async def ack(self, group: str, topic: str, deliveries: Sequence[tuple[int, int, int]]) -> list[Any]:
         """Acknowledge deliveries (queue id, offset, epoch) of a group: one ``Handled`` (or error) each."""
         await self._broker.leader_state()
-        return await self._broker.submit([commands.Ack(group, topic, q, o, e) for q, o, e in deliveries])
+        out = await self._broker.submit([commands.Ack(group, topic, q, o, e) for q, o, e in deliveries])
+        self._wake(topic, [q for q, _, _ in deliveries])
+        return out
 
     async def change_invisible(
         self, group: str, topic: str, queue_id: int, offset: int, epoch: int, invisible_ms: int
@@ -143,4 +215,5 @@ class Pops:
         (r,) = await self._broker.submit(
             [commands.ChangeInvisible(group, topic, queue_id, offset, epoch, now_ms(), invisible_ms)]
         )
+        self._wake(topic, [queue_id])
         return r

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from broker_adapter import message
-from broker_adapter.broker_types import Outgoing, SendResult, UnknownQueueError, check_topic
+from broker_adapter.broker_types import Outgoing, SendResult, UnknownQueueError, check_topic, check_user_topic
 from broker_adapter.dispatcher import Dispatched
 from dledger.errors import DLedgerError, InvalidRequestError, OutcomeUnknownError
 
@@ -41,7 +41,7 @@ class Sender:
             self._applied_event = None
             ev.set()
 
-    async def _wait_applied(self, index: int, deadline: float) -> None:
+    async def wait_applied(self, index: int, deadline: float) -> None:
         loop = asyncio.get_running_loop()
         while self._broker.sm.applied_index < index:
             left = deadline - loop.time()
@@ -54,13 +54,29 @@ class Sender:
                 await asyncio.wait_for(self._applied_event.wait(), min(left, 0.05))
 
     # -- send ----------------------------------------------------------------------------------------------
-    async def send(self, topic: str, msgs: Sequence[Outgoing]) -> list[SendResult]:
+    async def send(self, topic: str, msgs: Sequence[Outgoing], system: bool = False) -> list[SendResult]:
         """Store messages in one topic on the leader, each once per (producer_id, sequence); acknowledged at
-        quorum commit. A retried send is answered with the first attempt's place (``duplicate``)."""
+        quorum commit. A retried send is answered with the first attempt's place (``duplicate``). Only the
+        broker itself (``system``) writes to its system topics."""
         b = self._broker
-        check_topic(topic)
+        if system:
+            check_topic(topic)
+        else:
+            check_user_topic(topic)
+            for i, m in enumerate(msgs):
+                if message.PROPERTY_ORIGIN in m.properties:
+                    raise InvalidRequestError(
+                        f"message {i}: property {message.PROPERTY_ORIGIN} is the broker's own (it marks the copies "
+                        "the broker makes of delayed, transactional and dead-letter messages)"
+                    )
         await b.leader_state()  # a follower redirects before judging a topic by its possibly stale state
-        queues = await b.ensure_topic(topic)
+        if system and topic not in b.sm.topics:
+            # The broker's own topics (timer, half, retry, dead-letter) come into being with their first
+            # message, one queue (the dispatcher records a topic it has not seen): nothing is written before
+            # the message itself, so a send refused below leaves no trace.
+            queues = 1
+        else:
+            queues = await b.ensure_topic(topic)
         if not msgs or len(msgs) > MAX_SEND_BATCH:
             raise InvalidRequestError(f"a send carries 1..{MAX_SEND_BATCH} messages, got {len(msgs)}")
         encoded = self._encode(topic, queues, msgs)
@@ -160,7 +176,7 @@ class Sender:
         if isinstance(found, asyncio.Future):
             return await asyncio.shield(found)
         if isinstance(found, int) and not isinstance(found, bool):
-            await self._wait_applied(found, deadline)
+            await self.wait_applied(found, deadline)
             found = self._broker.sm.sent(m.producer_id, m.sequence)
         if isinstance(found, Dispatched):
             return found

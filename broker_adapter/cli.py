@@ -1,4 +1,5 @@
-"""Broker commands of the ``dledger`` CLI: ``topic create``, ``topic list``, ``produce``, ``consume``.
+"""Broker commands of the ``dledger`` CLI: ``topic create``, ``topic list``, ``consumer-group settings``,
+``produce``, ``consume``.
 
 ``dledger.cli`` calls ``register(app)`` at start. Every command talks to a group given by ``--dir`` (a local
 group directory) or ``--addresses host:port,...``. ``produce --ack-log FILE`` writes one JSON line per
@@ -79,6 +80,52 @@ def topic_list(dir: DirOpt = None, addresses: AddressesOpt = None) -> None:
         console.print(
             f"{t.topic}\tqueues={t.queues}\tmessages={sum(t.max_offsets)}\tends={list(t.max_offsets)}"
         )
+
+
+consumer_group_app = typer.Typer(
+    no_args_is_help=True, help="Consumer groups' delivery settings (replicated through the log)."
+)
+
+
+@consumer_group_app.command("settings")
+def consumer_group_settings(
+    group: Annotated[str, typer.Option("--group", help="consumer group")],
+    fifo: Annotated[
+        bool, typer.Option("--fifo/--no-fifo", help="one message per message group in flight")
+    ] = False,
+    max_attempts: Annotated[
+        int, typer.Option("--max-attempts", help="deliveries before the dead-letter topic (0: 17)")
+    ] = 0,
+    backoff: Annotated[str, typer.Option("--backoff", help="customized or exponential")] = "customized",
+    levels_ms: Annotated[
+        str, typer.Option("--levels-ms", help="customized: comma-separated delays before retry 1, 2, ...")
+    ] = "",
+    initial_ms: Annotated[int, typer.Option("--initial-ms", help="exponential: first delay")] = 0,
+    max_ms: Annotated[int, typer.Option("--max-ms", help="exponential: largest delay")] = 0,
+    multiplier: Annotated[float, typer.Option("--multiplier", help="exponential: growth per retry")] = 0.0,
+    dir: DirOpt = None,
+    addresses: AddressesOpt = None,
+) -> None:
+    """Replace a consumer group's delivery settings (docs/rocketmq.md, Delivery); prints those now in force."""
+    try:
+        levels = [int(v) for v in levels_ms.split(",") if v.strip()]
+    except ValueError:
+        fail(f"--levels-ms must be comma-separated integers, got {levels_ms!r}", 2)
+    with BrokerConnection(addresses_of(dir, addresses, state_machine="broker")) as c:
+        try:
+            got = c.set_group_settings(
+                group,
+                fifo=fifo,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                levels_ms=levels,
+                initial_ms=initial_ms,
+                max_ms=max_ms,
+                multiplier=multiplier,
+            )
+        except DLedgerError as e:
+            fail(f"{type(e).__name__}: {e}")
+    console.print_json(json.dumps({"group": group, **got}))
 
 
 def produce(
@@ -314,5 +361,6 @@ def _consume_cluster(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(topic_app, name="topic")
+    app.add_typer(consumer_group_app, name="consumer-group")
     app.command("produce")(produce)
     app.command("consume")(consume)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import time
 import uuid
@@ -219,6 +220,14 @@ class BrokerConnection:
     def route(self) -> broker_pb2.RouteResponse:
         return self.call("Route", broker_pb2.RouteRequest(), retry_unknown=True)
 
+    def set_group_settings(self, group: str, **settings) -> dict:
+        """Replace a consumer group's delivery settings (``broker_adapter.groups.GroupSettings`` fields: fifo,
+        max_attempts, backoff, levels_ms, initial_ms, max_ms, multiplier); returns those now in force."""
+        r = self.call(
+            "SetGroupSettings", broker_pb2.GroupSettingsRequest(group=group, **settings), retry_unknown=True
+        )
+        return json.loads(r.settings_json)
+
 
 class Producer(BrokerConnection, _Numbering):
     """Sends messages; queue selection round robin, or by key hash when a message has keys. Thread-safe:
@@ -240,9 +249,18 @@ class Producer(BrokerConnection, _Numbering):
         return self._number(self._queue_count(topic), body, tags, keys)
 
     def send(
-        self, topic: str, body: bytes, tags: str | None = None, keys: Sequence[str] | None = None
+        self,
+        topic: str,
+        body: bytes,
+        tags: str | None = None,
+        keys: Sequence[str] | None = None,
+        deliver_at_ms: int = 0,
     ) -> SendResult:
-        return self.send_messages(topic, [self.outgoing(topic, body, tags, keys)])[0]
+        """Send one message; with ``deliver_at_ms`` (ms since the epoch) it is delivered then, not before."""
+        m = self.outgoing(topic, body, tags, keys)
+        if deliver_at_ms:
+            m.delivery_timestamp = deliver_at_ms
+        return self.send_messages(topic, [m])[0]
 
     def send_batch(
         self, topic: str, items: Sequence[bytes | tuple[bytes, str | None, Sequence[str] | None]]
@@ -292,6 +310,20 @@ class Consumer(BrokerConnection):
         req = _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower, self.sql_filter)
         r = self.call("Pull", req, retry_unknown=True, address=address)
         return _pulled(r), r.next_offset
+
+    def later(self, m: PulledMessage) -> broker_pb2.LaterResponse:
+        """This group failed ``m`` now: it comes back in ``retry_topic`` after the group's backoff, or goes to
+        ``%DLQ%<group>`` past its attempts (docs/rocketmq.md, Delivery). At least once: a retried call whose
+        outcome was unknown may schedule it twice."""
+        req = broker_pb2.LaterRequest(
+            group=self.group, topic=m.topic, queue_id=m.queue_id, queue_offset=m.queue_offset
+        )
+        return self.call("Later", req, retry_unknown=True)
+
+    @property
+    def retry_topic(self) -> str:
+        """Where this group's messages come back after ``later`` (read it like any topic)."""
+        return "%RETRY%" + self.group
 
     def commit(self, topic: str, queue_id: int, offset: int) -> None:
         req = broker_pb2.CommitOffsetRequest(group=self.group, topic=topic, queue_id=queue_id, offset=offset)
@@ -434,6 +466,13 @@ class AsyncBrokerConnection:
     async def route(self) -> broker_pb2.RouteResponse:
         return await self.call("Route", broker_pb2.RouteRequest(), retry_unknown=True)
 
+    async def set_group_settings(self, group: str, **settings) -> dict:
+        """``BrokerConnection.set_group_settings``, async."""
+        r = await self.call(
+            "SetGroupSettings", broker_pb2.GroupSettingsRequest(group=group, **settings), retry_unknown=True
+        )
+        return json.loads(r.settings_json)
+
 
 class AsyncProducer(AsyncBrokerConnection, _Numbering):
     """``Producer`` for asyncio: concurrent sends to one topic are packed into shared ``Send`` calls, several
@@ -454,9 +493,18 @@ class AsyncProducer(AsyncBrokerConnection, _Numbering):
         return self._number(await self._queue_count(topic), body, tags, keys)
 
     async def send(
-        self, topic: str, body: bytes, tags: str | None = None, keys: Sequence[str] | None = None
+        self,
+        topic: str,
+        body: bytes,
+        tags: str | None = None,
+        keys: Sequence[str] | None = None,
+        deliver_at_ms: int = 0,
     ) -> SendResult:
-        return (await self.send_messages(topic, [await self.outgoing(topic, body, tags, keys)]))[0]
+        """Send one message; with ``deliver_at_ms`` (ms since the epoch) it is delivered then, not before."""
+        m = await self.outgoing(topic, body, tags, keys)
+        if deliver_at_ms:
+            m.delivery_timestamp = deliver_at_ms
+        return (await self.send_messages(topic, [m]))[0]
 
     async def send_batch(
         self, topic: str, items: Sequence[bytes | tuple[bytes, str | None, Sequence[str] | None]]
@@ -503,6 +551,17 @@ class AsyncConsumer(AsyncBrokerConnection):
         req = _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower, self.sql_filter)
         r = await self.call("Pull", req, retry_unknown=True, address=address)
         return _pulled(r), r.next_offset
+
+    async def later(self, m: PulledMessage) -> broker_pb2.LaterResponse:
+        """``Consumer.later``, async."""
+        req = broker_pb2.LaterRequest(
+            group=self.group, topic=m.topic, queue_id=m.queue_id, queue_offset=m.queue_offset
+        )
+        return await self.call("Later", req, retry_unknown=True)
+
+    @property
+    def retry_topic(self) -> str:
+        return "%RETRY%" + self.group
 
     async def commit(self, topic: str, queue_id: int, offset: int) -> None:
         req = broker_pb2.CommitOffsetRequest(group=self.group, topic=topic, queue_id=queue_id, offset=offset)

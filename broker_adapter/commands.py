@@ -9,12 +9,17 @@ A command body mirrors the message layout's first two fields so that one look at
 
     0  TOTALSIZE  4
     4  MAGIC      4   0x444C4243
-    8  OP         1   1 create topic, 2 commit consumer offset, 3 pop, 4 ack, 5 change invisible duration
+    8  OP         1   1 create topic, 2 commit consumer offset, 3 pop, 4 ack, 5 change invisible duration,
+                      6 group settings, 7 settle a pending timer / half message, 8 transaction check
     9  PAYLOAD    n   UTF-8 JSON object
 
 Ops 3-5 carry the consumption state of RocketMQ 5 consumers (``broker_adapter.rocketmq``): which messages a group
 received and until when they stay invisible, and which it acknowledged. Time is decided once, by the leader:
 it stamps ``now_ms`` into the command and every node applies the same deadline.
+
+Ops 6-8 carry delivery state (docs/rocketmq.md, Delivery): a consumer group's FIFO / retry settings, the end of a
+timer or half message that is not delivered (a rolled-back or unreadable one), and a transaction check-back
+counted before it is sent, so the check limit holds across failovers.
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ OP_COMMIT_OFFSET: Final = 2
 OP_POP: Final = 3
 OP_ACK: Final = 4
 OP_CHANGE_INVISIBLE: Final = 5
+OP_GROUP_SETTINGS: Final = 6
+OP_SETTLE: Final = 7
+OP_TX_CHECK: Final = 8
+SETTLE_KINDS: Final = ("timer", "half")
 
 MAX_QUEUES: Final = 1024
 # RocketMQ's topic rule: letters, digits, '%', '-', '_', '|', at most 127 characters.
@@ -71,6 +80,9 @@ class Pop:
     invisible_ms: int
     offsets: tuple[int, ...]
     skip: tuple[int, ...] = ()
+    # FIFO groups: the message group of each offset the pop names (pairs), so the state machine holds one
+    # message of each message group in flight at a time.
+    groups: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +109,33 @@ class ChangeInvisible:
     invisible_ms: int
 
 
-Command = CreateTopic | CommitOffset | Pop | Ack | ChangeInvisible
+@dataclass(frozen=True, slots=True)
+class GroupSettingsCmd:
+    """Replace a consumer group's delivery settings (``broker_adapter.groups.GroupSettings`` as JSON)."""
+
+    group: str
+    settings: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """A pending ``kind`` message (a timer or half message, by its offset in the system queue) ends without
+    being delivered: a rollback, a check limit reached, or a message the log no longer holds."""
+
+    kind: str
+    offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TxCheck:
+    """The leader checks back an orphaned half message at ``now_ms`` (counted before the check is sent)."""
+
+    offset: int
+    now_ms: int
+
+
+Command = CreateTopic | CommitOffset | Pop | Ack | ChangeInvisible | GroupSettingsCmd | Settle | TxCheck
 
 
 def check_topic(topic: str) -> str:
@@ -137,11 +175,24 @@ def encode(cmd: Command) -> bytes:
             *(getattr(cmd, f) for f in ("offset", "epoch", "now_ms", "invisible_ms") if hasattr(cmd, f)),
         ]
         if isinstance(cmd, Pop):
-            numbers += [*cmd.offsets, *cmd.skip]
+            numbers += [*cmd.offsets, *cmd.skip, *(o for o, _ in cmd.groups)]
         if any(n < 0 for n in numbers):
             raise CommandError(f"queue ids, offsets, epochs and times must be >= 0: {cmd!r}")
         op = {Pop: OP_POP, Ack: OP_ACK, ChangeInvisible: OP_CHANGE_INVISIBLE}[type(cmd)]
         payload = {f: (list(v) if isinstance(v, tuple) else v) for f, v in _fields(cmd)}
+        if isinstance(cmd, Pop) and not cmd.groups:
+            del payload["groups"]
+    elif isinstance(cmd, GroupSettingsCmd):
+        check_group(cmd.group)
+        op, payload = OP_GROUP_SETTINGS, {"group": cmd.group, "settings": cmd.settings}
+    elif isinstance(cmd, Settle):
+        if cmd.kind not in SETTLE_KINDS or cmd.offset < 0:
+            raise CommandError(f"a settle names a kind in {SETTLE_KINDS} and an offset >= 0: {cmd!r}")
+        op, payload = OP_SETTLE, {"kind": cmd.kind, "offset": cmd.offset, "reason": cmd.reason}
+    elif isinstance(cmd, TxCheck):
+        if cmd.offset < 0 or cmd.now_ms < 0:
+            raise CommandError(f"a transaction check names an offset and a time >= 0: {cmd!r}")
+        op, payload = OP_TX_CHECK, {"offset": cmd.offset, "now_ms": cmd.now_ms}
     else:
         raise TypeError(f"not a broker command: {cmd!r}")
     raw = json.dumps(payload, separators=(",", ":")).encode()
@@ -179,6 +230,7 @@ def decode(body: bytes | memoryview) -> Command:
                 int(payload["invisible_ms"]),
                 tuple(int(o) for o in payload["offsets"]),
                 tuple(int(o) for o in payload.get("skip", ())),
+                tuple((int(o), str(g)) for o, g in payload.get("groups", ())),
             )
         if op == OP_ACK:
             return Ack(
@@ -198,6 +250,14 @@ def decode(body: bytes | memoryview) -> Command:
                 int(payload["now_ms"]),
                 int(payload["invisible_ms"]),
             )
+        if op == OP_GROUP_SETTINGS:
+            if not isinstance(payload["settings"], dict):
+                raise TypeError("settings must be an object")
+            return GroupSettingsCmd(str(payload["group"]), payload["settings"])
+        if op == OP_SETTLE:
+            return Settle(str(payload["kind"]), int(payload["offset"]), str(payload["reason"]))
+        if op == OP_TX_CHECK:
+            return TxCheck(int(payload["offset"]), int(payload["now_ms"]))
     except (ValueError, KeyError, TypeError) as err:
         raise CommandError(f"malformed command payload: {err}") from err
     raise CommandError(f"unknown command op {op}")

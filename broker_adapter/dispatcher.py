@@ -12,6 +12,14 @@ highest sequence and a bounded window of recent results). The table is derived f
 holds the same one and it survives failovers and restarts (it is part of the snapshot). The leader consults it
 (with the allocator's view of the uncommitted tail) before appending a send, so a retried send is answered with
 the original result instead of being stored twice; ``duplicates`` counts any that got through anyway.
+
+Delivery state (docs/rocketmq.md, Delivery): consumer-group settings (FIFO, attempts, backoff), the timer index of
+delayed messages (``timer``), open transactions (``transactions``) and the pop state's dead letters. A message
+dispatched to the timer or half topic opens an entry; a copy the leader made of it (a due timer message, a
+committed half message, a dead letter) carries ``message.PROPERTY_ORIGIN`` and ends its entry when dispatched, so
+the copy and the state change are one log entry. ``repeats`` counts copies whose entry had already ended: a
+leader's mistake for timer and half copies (should stay 0), or, for a dead letter, a consumer's late ack of its
+last delivery that raced the move (the message was then both processed and dead-lettered: at least once).
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
-from broker_adapter import commands, message
+from broker_adapter import commands, groups, message
 from broker_adapter.consumequeue import UNITS_PER_FILE, ConsumeQueue
 from broker_adapter.rocketmq.invisibility import PopStates
+from broker_adapter.timer import TIMER_TOPIC, TimerIndex, Waiting
+from broker_adapter.transactions import COMMIT, DEFAULT_IMMUNITY_MS, HALF_TOPIC, ROLLBACK, Half, HalfMessages
 from statemachine.api import CommittedEntry
 from storage.codec import HEADER_SIZE
 
@@ -72,7 +82,9 @@ class BrokerStateMachine:
         consumequeue_root: str | Path,
         units_per_file: int = UNITS_PER_FILE,
         on_dispatch: Callable[[str, int, int], None] | None = None,
+        tx_immunity_ms: int = DEFAULT_IMMUNITY_MS,
     ):
+        self.tx_immunity_ms = tx_immunity_ms  # a half message's first check-back: the same on every node
         self.root = Path(consumequeue_root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._units_per_file = units_per_file
@@ -84,6 +96,13 @@ class BrokerStateMachine:
         self.producers: dict[str, ProducerState] = {}
         # RocketMQ 5 consumption (receive / ack / change invisible duration): replicated like everything else.
         self.pops = PopStates()
+        self.groups: dict[str, groups.GroupSettings] = {}
+        self.timer = TimerIndex()
+        self.halves = HalfMessages()
+        self.repeats = 0  # broker copies whose origin had already ended: should stay 0
+        # (half message, the leader's time of the check): a transaction check-back was counted (a side effect
+        # for the node's own clients, never state)
+        self.on_tx_check: Callable[[Half, int], None] | None = None
         self.applied_index = -1  # the last entry given to ``apply`` (with the apply loop's, after a restore)
         self.duplicates = 0  # messages whose (producer, sequence) was already in the log: should stay 0
         self.short_queues: dict[tuple[str, int], int] = {}  # after a snapshot: queues with a hole to repair
@@ -131,6 +150,9 @@ class BrokerStateMachine:
         if i < len(self._positions) and self._positions[i] == commitlog_offset:
             return self._indices[i]
         return None
+
+    def group_settings(self, group: str) -> groups.GroupSettings:
+        return self.groups.get(group, groups.DEFAULT)
 
     def sent(self, producer_id: str, seq: int) -> Dispatched | bool:
         """A committed send of (producer, seq): its result if remembered, True if older than the window, False
@@ -222,13 +244,90 @@ class BrokerStateMachine:
             if self.sent(pid, seq) is not False:
                 self.duplicates += 1
             st.record(seq, d)
+        if r.topic == TIMER_TOPIC or r.topic == HALF_TOPIC:
+            self._pending(e.body, r.topic, q)
+        else:
+            origin = message.peek_property(e.body, message.PROPERTY_ORIGIN)
+            if origin is not None:
+                self._origin(origin, r.topic)
         return d
+
+    def _pending(self, body: bytes | memoryview, topic: str, offset: int) -> None:
+        """A timer or half message: index it (a malformed one is kept out of the index on every node alike)."""
+        p = message.peek_properties(body)
+        try:
+            real_topic = p[message.PROPERTY_REAL_TOPIC]
+            real_qid = int(p.get(message.PROPERTY_REAL_QUEUE_ID, "0"))
+            if topic == TIMER_TOPIC:
+                self.timer.add(
+                    Waiting(offset, int(p[message.PROPERTY_TIMER_DELIVER_MS]), real_topic, real_qid)
+                )
+            else:
+                stored = message.peek_store_timestamp(body)
+                immunity = int(p.get(message.PROPERTY_CHECK_IMMUNITY_S, "0")) * 1000 or self.tx_immunity_ms
+                self.halves.add(
+                    Half(
+                        offset,
+                        stored,
+                        real_topic,
+                        real_qid,
+                        p.get(message.PROPERTY_PRODUCER_GROUP, ""),
+                        p.get(message.PROPERTY_UNIQ_KEY, ""),
+                        0,
+                        stored + immunity,
+                    )
+                )
+        except (KeyError, ValueError):
+            self.repeats += 1
+
+    def _origin(self, origin: str, topic: str) -> None:
+        """A copy the leader made: end what it names."""
+        kind, _, rest = origin.partition("/")
+        try:
+            if kind == "timer":
+                ended = self.timer.remove(int(rest)) is not None
+            elif kind == "half":
+                ended = self.halves.end(int(rest), COMMIT) is not None
+            elif kind == "dlq":
+                qid, offset, epoch, src = rest.split("/", 3)
+                group = topic.removeprefix(groups.DLQ_PREFIX)
+                ended = self.pops.dead(group, src, int(qid), int(offset), int(epoch))
+                self._follow_low((group, src, int(qid)))
+            elif kind == "retry":
+                ended = True  # a dead letter of an offset consumer's "later": nothing was open
+            else:
+                ended = False
+        except ValueError:
+            ended = False
+        if not ended:
+            self.repeats += 1
+
+    def _follow_low(self, key: tuple[str, str, int]) -> None:
+        q = self.pops.get(key)
+        if q is not None and q.low != self.offsets.get(key, 0):
+            self.offsets[key] = q.low  # the group's committed offset follows its acknowledgements
 
     def _command(self, body) -> Any:
         try:
             cmd = commands.decode(body)
         except commands.CommandError as err:
             return err
+        if isinstance(cmd, commands.GroupSettingsCmd):
+            try:
+                settings = groups.GroupSettings.from_json(cmd.settings)
+            except groups.GroupSettingsError as err:
+                return commands.CommandError(str(err))
+            self.groups[cmd.group] = settings
+            return settings
+        if isinstance(cmd, commands.Settle):
+            if cmd.kind == "timer":
+                return self.timer.remove(cmd.offset)
+            return self.halves.end(cmd.offset, ROLLBACK)
+        if isinstance(cmd, commands.TxCheck):
+            checked = self.halves.checked(cmd.offset, cmd.now_ms)
+            if checked is not None and self.on_tx_check is not None:
+                self.on_tx_check(checked, cmd.now_ms)  # every node asks the producers connected to it
+            return checked
         if isinstance(cmd, commands.CreateTopic):
             have = self.topics.get(cmd.topic)
             if have is not None and have != cmd.queues:
@@ -244,14 +343,13 @@ class BrokerStateMachine:
             return cmd
         if isinstance(cmd, commands.Pop):
             end = self.next_offsets.get((cmd.topic, cmd.queue_id), 0)
-            result: Any = self.pops.pop(cmd, self.offsets.get(key, 0), end)
+            gs = self.group_settings(cmd.group)
+            result: Any = self.pops.pop(cmd, self.offsets.get(key, 0), end, gs.fifo, gs.max_attempts)
         elif isinstance(cmd, commands.Ack):
             result = self.pops.ack(cmd)
         else:
             result = self.pops.change_invisible(cmd)
-        q = self.pops.get(key)
-        if q is not None and q.low != self.offsets.get(key, 0):
-            self.offsets[key] = q.low  # the group's committed offset follows its acknowledgements
+        self._follow_low(key)
         return result
 
     # -- repair --------------------------------------------------------------------------------------------
@@ -289,6 +387,10 @@ class BrokerStateMachine:
             "applied_index": self.applied_index,
             "duplicates": self.duplicates,
             "pops": self.pops.to_json(),
+            "groups": {g: st.to_json() for g, st in sorted(self.groups.items())},
+            "timer": self.timer.to_json(),
+            "halves": self.halves.to_json(),
+            "repeats": self.repeats,
         }
         writer.write(json.dumps(state, sort_keys=True).encode())
 
@@ -308,6 +410,10 @@ class BrokerStateMachine:
         self.applied_index = int(state.get("applied_index", -1))
         self.duplicates = int(state.get("duplicates", 0))
         self.pops = PopStates.from_json(state.get("pops", []))
+        self.groups = {str(g): groups.GroupSettings.from_json(d) for g, d in state.get("groups", {}).items()}
+        self.timer = TimerIndex.from_json(state.get("timer", []))
+        self.halves = HalfMessages.from_json(state.get("halves", {}))
+        self.repeats = int(state.get("repeats", 0))
         for t, q, max_offset in state["queues"]:
             cq = self.queue(t, int(q))
             if cq.max_offset < max_offset:

@@ -25,6 +25,9 @@ PROPERTY_TAGS: Final = "TAGS"
 PROPERTY_UNIQ_KEY: Final = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
 PROPERTY_PRODUCER_ID: Final = "PRODUCER_ID"  # ours: idempotent producer identity
 PROPERTY_SEQUENCE: Final = "PRODUCER_SEQ"  # ours: per-producer sequence number
+PROPERTY_ORIGIN: Final = (
+    "DLEDGER_ORIGIN"  # ours: a broker copy names what it ends (docs/rocketmq.md, Delivery)
+)
 
 # -- broker command (an entry body that is not a message) -----------------------------------------------------------
 COMMAND_MAGIC: Final = 0x444C4243  # b"DLBC" at bytes 4..8
@@ -86,7 +89,10 @@ def message_fields(body: bytes | memoryview) -> MessageFields:
     """Routing fields of an encoded message; raises ``MessageFormatError`` naming the bad field.
 
     A message's identity (``msg_id``) is RocketMQ's unique client key, or, when a producer did not set one,
-    ``<PRODUCER_ID>:<PRODUCER_SEQ>`` from the idempotent producer's properties."""
+    ``<PRODUCER_ID>:<PRODUCER_SEQ>`` from the idempotent producer's properties. A copy the broker made (a due
+    delayed message, a committed transaction, a dead letter: it carries ``DLEDGER_ORIGIN``) keeps the client's
+    key for its consumers, and is identified here as ``<key>@<origin>``: the original the producer's ack names
+    and each copy are then one message each (the broker copies one origin once, docs/rocketmq.md, Delivery)."""
     n = len(body)
     if n < OVERHEAD:
         raise MessageFormatError(f"message is {n} bytes, shorter than the {OVERHEAD}-byte minimum")
@@ -117,6 +123,9 @@ def message_fields(body: bytes | memoryview) -> MessageFields:
         seq = props.get(PROPERTY_SEQUENCE)
         if producer is not None and seq is not None:
             msg_id = f"{producer}:{seq}"
+    origin = props.get(PROPERTY_ORIGIN)
+    if origin is not None and msg_id is not None:
+        msg_id = f"{msg_id}@{origin}"
     return MessageFields(
         topic=topic,
         queue_id=queue_id,

@@ -44,6 +44,9 @@ from broker_adapter.formats import (  # the layout's constants and pure helpers 
     decode_properties,
 )
 from broker_adapter.formats import (
+    PROPERTY_ORIGIN as PROPERTY_ORIGIN,  # re-exported: the delivery code reads it with the other property names
+)
+from broker_adapter.formats import (
     java_string_hash as java_string_hash,  # re-exported: the message API users know
 )
 from broker_adapter.formats import (
@@ -59,9 +62,37 @@ MAX_TOPIC_BYTES: Final = 127
 MAX_PROPERTIES_BYTES: Final = 32767
 
 
+def peek_property(buf: bytes | bytearray | memoryview, name: str) -> str | None:
+    """One property of an encoded message, read without decoding the others (None when absent)."""
+    v = _property(_properties_view(buf), (name + NAME_VALUE_SEPARATOR).encode())
+    return None if v is None else v.decode()
+
+
+def peek_store_timestamp(buf: bytes | bytearray | memoryview) -> int:
+    """STORETIMESTAMP of an encoded message (the leader's clock when it placed it)."""
+    return struct.unpack_from(">q", buf, _STORE_TIMESTAMP_AT)[0]
+
+
+_STORE_TIMESTAMP_AT: Final = 56  # after TOTALSIZE .. BORNTIMESTAMP (40) and BORNHOST (8, IPv4)
+
+
+def peek_properties(buf: bytes | bytearray | memoryview) -> dict[str, str]:
+    """Every property of an encoded message."""
+    return decode_properties(_properties_view(buf))
+
+
 # Property names RocketMQ uses (MessageConst).
 PROPERTY_KEYS: Final = "KEYS"
 PROPERTY_MESSAGE_GROUP: Final = "__SHARDINGKEY"
+PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"  # a timer message's due time, ms since the epoch
+PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"  # where a timer / half message goes when due / committed
+PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
+PROPERTY_TRANSACTION_PREPARED: Final = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
+PROPERTY_CHECK_IMMUNITY_S: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"  # a dead letter's original topic
+PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
+PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
 KEY_SEPARATOR: Final = " "
 
 

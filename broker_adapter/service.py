@@ -5,12 +5,15 @@ FAILED_PRECONDITION with the leader's id and address in the trailing metadata).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import grpc
 
 from broker_adapter import selectors
 from broker_adapter.broker import Broker
+from broker_adapter.broker_delivery import now_ms
+from broker_adapter.groups import GroupSettings
 from broker_adapter.sqlfilter import FilterSyntaxError
 from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError
 from dledger.transport import convert
@@ -30,7 +33,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     async def Send(self, request, context):
         try:
-            sent = await self._broker.send(request.topic, request.messages)
+            msgs = request.messages
+            if any(m.delivery_timestamp for m in msgs):
+                sent = await self._send_timed(request.topic, msgs)
+            else:
+                sent = await self._broker.send(request.topic, msgs)
         except DLedgerError as e:
             await self._abort(context, e)
         out = broker_pb2.SendResponse()
@@ -45,6 +52,50 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 duplicate=r.duplicate,
             )
         return out
+
+    async def _send_timed(self, topic: str, msgs) -> list:
+        """Messages with a delivery time: the due ones at once, the others through the timer topic."""
+        b = self._broker
+        now = now_ms()
+        later = [i for i, m in enumerate(msgs) if m.delivery_timestamp > now]
+        soon = [i for i in range(len(msgs)) if i not in set(later)]
+        sent: list = [None] * len(msgs)
+        if soon:
+            for i, r in zip(soon, await b.send(topic, [msgs[i] for i in soon]), strict=True):
+                sent[i] = r
+        if later:
+            got = await b.delivery.send_timed(
+                topic, [msgs[i] for i in later], [msgs[i].delivery_timestamp for i in later]
+            )
+            for i, r in zip(later, got, strict=True):
+                sent[i] = r
+        return sent
+
+    async def SetGroupSettings(self, request, context):
+        defaults = GroupSettings()
+        settings = {
+            "fifo": request.fifo,
+            "max_attempts": request.max_attempts or defaults.max_attempts,
+            "backoff": request.backoff or defaults.backoff,
+            "levels_ms": list(request.levels_ms) or list(defaults.levels_ms),
+            "initial_ms": request.initial_ms or defaults.initial_ms,
+            "max_ms": request.max_ms or defaults.max_ms,
+            "multiplier": request.multiplier or defaults.multiplier,
+        }
+        try:
+            got = await self._broker.set_group_settings(request.group, settings)
+        except DLedgerError as e:
+            await self._abort(context, e)
+        return broker_pb2.GroupSettingsResponse(settings_json=json.dumps(got.to_json(), sort_keys=True))
+
+    async def Later(self, request, context):
+        try:
+            dead, due, attempt = await self._broker.delivery.later(
+                request.group, request.topic, request.queue_id, request.queue_offset
+            )
+        except DLedgerError as e:
+            await self._abort(context, e)
+        return broker_pb2.LaterResponse(dead_lettered=dead, deliver_at_ms=due, attempt=attempt)
 
     async def Pull(self, request, context):
         if request.raw:

@@ -83,6 +83,7 @@ _BROKER_KEYS = {
     "retention_hours",
     "retention_bytes",
     "disk_max_used_percent",
+    "max_delay_ms",
 }
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
 _SNAPSHOT_KEYS = {"entries": "snapshot_entries", "bytes": "snapshot_bytes", "keep": "snapshot_keep"}
@@ -125,6 +126,9 @@ class NodeConfig:
     # it knows no configuration and never campaigns until the leader's log or snapshot tells it its membership
     # (docs/membership.md). [peers] then lists the members it may hear from, itself included.
     join: bool = False
+    # [broker] how far ahead a delayed message's delivery time may be (RocketMQ's proxy default: 1 day); a later
+    # one is refused (RocketMQ 5: ILLEGAL_DELIVERY_TIME).
+    max_delay_ms: int = 86_400_000
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
@@ -196,6 +200,11 @@ class NodeConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= hi:
                 raise ConfigError(f"[broker] {name} must be a number in 0..{hi:g} (0: off), got {v!r}")
+        d = self.max_delay_ms
+        if isinstance(d, bool) or not isinstance(d, int) or not 1_000 <= d <= 400 * 86_400_000:
+            raise ConfigError(
+                f"[broker] max_delay_ms must be an integer in 1000..{400 * 86_400_000}, got {d!r}"
+            )
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise ConfigError(f"data_dir {self.data_dir} exists and is not a directory")
 

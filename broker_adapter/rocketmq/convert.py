@@ -7,8 +7,9 @@ properties as properties. So our own ``Consumer`` reads it like any message, and
 (PRODUCER_ID / PRODUCER_SEQ) come from the client id and the sequence inside the client's message id, which the
 official clients keep across retries: a send retried after a failover is stored once.
 
-Only what the broker supports passes: normal messages and messages with a message group (stored in the queue
-the group hashes to). Delayed, transactional, lite and priority messages are refused with UNSUPPORTED.
+Normal, FIFO (a message group, stored in the queue the group hashes to), delayed (``delivery_timestamp``, kept
+in ``TIMER_DELIVER_MS``) and transactional messages pass (``check_type`` says which; the servicer sends the
+last two through ``broker_delivery``). Lite and priority messages are refused with UNSUPPORTED.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ SYSTEM_PROPERTIES: Final = frozenset(
         message.PROPERTY_MESSAGE_GROUP,
         message.PROPERTY_PRODUCER_ID,
         message.PROPERTY_SEQUENCE,
+        message.PROPERTY_TIMER_DELIVER_MS,
+        message.PROPERTY_REAL_TOPIC,
+        message.PROPERTY_REAL_QUEUE_ID,
+        message.PROPERTY_TRANSACTION_PREPARED,
+        message.PROPERTY_ORIGIN,
     }
 )
 # A v1 message id of the official clients: "01" + MAC (6 bytes) + pid (2) + seconds (4) + sequence (4), in hex.
@@ -49,14 +55,19 @@ _IDENTITY: Final = int(Encoding.IDENTITY)
 _CRC32: Final = int(DigestType.CRC32)
 _NORMAL: Final = int(MessageType.NORMAL)
 _FIFO: Final = int(MessageType.FIFO)
-_SUPPORTED_TYPES: Final = frozenset({int(MessageType.MESSAGE_TYPE_UNSPECIFIED), _NORMAL, _FIFO})
+_DELAY: Final = int(MessageType.DELAY)
+_TRANSACTION: Final = int(MessageType.TRANSACTION)
+_SUPPORTED_TYPES: Final = frozenset(
+    {int(MessageType.MESSAGE_TYPE_UNSPECIFIED), _NORMAL, _FIFO, _DELAY, _TRANSACTION}
+)
 
 _UNSUPPORTED_TYPES: Final = {
-    MessageType.DELAY: "delayed delivery (delivery_timestamp)",
-    MessageType.TRANSACTION: "transactional messages",
     MessageType.LITE: "lite topics",
     MessageType.PRIORITY: "priority messages",
 }
+NORMAL: Final = "normal"
+DELAY: Final = "delay"
+TRANSACTION: Final = "transaction"
 
 
 def _ms(ts: Timestamp) -> int:
@@ -67,12 +78,11 @@ def timestamp(ms: int) -> Timestamp:
     return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
-def check_type(m: definition_pb2.Message) -> None:
-    """Refuse what the broker does not implement, by declared type or by the fields that imply it."""
+def check_type(m: definition_pb2.Message) -> str:
+    """How the broker stores a message (NORMAL, DELAY or TRANSACTION), by declared type or by the fields that
+    imply it; refuses what it does not implement."""
     sp = m.system_properties
     what = _UNSUPPORTED_TYPES.get(sp.message_type)
-    if what is None and sp.HasField("delivery_timestamp"):
-        what = _UNSUPPORTED_TYPES[MessageType.DELAY]
     if what is None and sp.HasField("lite_topic"):
         what = _UNSUPPORTED_TYPES[MessageType.LITE]
     if what is None and sp.HasField("priority"):
@@ -81,6 +91,27 @@ def check_type(m: definition_pb2.Message) -> None:
         raise unsupported(what)
     if sp.message_type not in _SUPPORTED_TYPES:
         raise bad_request(f"unknown message type {sp.message_type}")
+    if sp.message_type == _TRANSACTION:
+        if sp.HasField("delivery_timestamp") or sp.HasField("message_group"):
+            raise bad_request(
+                "a transactional message cannot also be delayed or FIFO",
+                Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            )
+        return TRANSACTION
+    if sp.HasField("delivery_timestamp") or sp.message_type == _DELAY:
+        if not sp.HasField("delivery_timestamp"):
+            raise bad_request("a DELAY message needs a delivery_timestamp", Code.ILLEGAL_DELIVERY_TIME)
+        if sp.HasField("message_group"):
+            raise bad_request(
+                "a delayed message cannot also be FIFO", Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+            )
+        return DELAY
+    return NORMAL
+
+
+def delivery_ms(m: definition_pb2.Message) -> int:
+    """A delayed message's due time, ms since the epoch."""
+    return _ms(m.system_properties.delivery_timestamp)
 
 
 def producer_sequence(message_id: str) -> int | None:
@@ -183,9 +214,15 @@ def incoming(
     digest.checksum = format(zlib.crc32(m.body), "08X")
     sp.body_encoding = _IDENTITY
     group = props.get(message.PROPERTY_MESSAGE_GROUP)
-    sp.message_type = _FIFO if group else _NORMAL
+    due = props.get(message.PROPERTY_TIMER_DELIVER_MS)
+    sp.message_type = _FIFO if group else _DELAY if due else _NORMAL
     if group:
         sp.message_group = group
+    if due and due.isdigit():
+        sp.delivery_timestamp.seconds, sp.delivery_timestamp.nanos = (
+            int(due) // 1000,
+            (int(due) % 1000) * 1_000_000,
+        )
     born, stored = m.born_timestamp, m.store_timestamp
     sp.born_timestamp.seconds, sp.born_timestamp.nanos = born // 1000, (born % 1000) * 1_000_000
     sp.born_host = m.born_host[0]

@@ -19,6 +19,15 @@ deliverable at that ``now_ms`` (new and in order, or in flight with an expired d
 retried pops can never deliver one offset twice within its invisible time. Each grant gets a new ``epoch``
 (per queue): receipt handles carry it, so an ack of a delivery that was since redelivered is recognised.
 Everything here is pure and deterministic: replaying the same commands gives the same state on every node.
+
+Delivery rules that the state itself enforces (so no leader can break them, docs/rocketmq.md, Delivery):
+
+- a group's last attempt: an expired offset already delivered ``max_attempts`` times is never granted again; the
+  leader moves it to the group's dead-letter topic, and dispatching that copy (``dead``) ends it here;
+- FIFO groups: at most one message of each message group in flight. A new offset whose message group has an
+  unacknowledged one is taken in as *waiting* (in ``inflight`` with attempt 0 and deadline 0, never delivered),
+  and only the lowest offset of a message group can be granted, once its invisible time is over. So order per
+  message group holds across retries, expiries and failovers.
 """
 
 from __future__ import annotations
@@ -38,7 +47,8 @@ Key = tuple[str, str, int]  # (group, topic, queue_id)
 class InFlight:
     deadline_ms: int
     epoch: int
-    attempt: int  # delivery attempt: 1 for the first delivery
+    attempt: int  # delivery attempt: 1 for the first delivery; 0: waiting (FIFO), never delivered
+    mgroup: str = ""  # the message group (FIFO groups only)
 
 
 @dataclass(slots=True)
@@ -48,17 +58,46 @@ class PopQueue:
     epoch: int = 0  # the last epoch handed out for this queue
     inflight: dict[int, InFlight] = field(default_factory=dict)
 
-    def deliverable(self, now_ms: int, end: int, limit: int) -> list[int]:
+    def heads(self) -> dict[int, InFlight]:
+        """The in-flight offsets that may be granted again once expired: every one, except in FIFO message
+        groups, where only each message group's lowest offset is."""
+        if not any(f.mgroup for f in self.inflight.values()):
+            return self.inflight  # no FIFO entries: every one is a head
+        out: dict[int, InFlight] = {}
+        seen: set[str] = set()
+        for o in sorted(self.inflight):
+            f = self.inflight[o]
+            if f.mgroup:
+                if f.mgroup in seen:
+                    continue
+                seen.add(f.mgroup)
+            out[o] = f
+        return out
+
+    def deliverable(self, now_ms: int, end: int, limit: int, max_attempts: int = 0) -> list[int]:
         """Up to ``limit`` offsets a pop at ``now_ms`` may deliver: expired in-flight ones first (oldest offset
-        first), then never-delivered ones below ``end`` and within the window."""
-        out = sorted(o for o, f in self.inflight.items() if f.deadline_ms <= now_ms)[:limit]
+        first; with ``max_attempts``, not those already delivered that often), then never-delivered ones below
+        ``end`` and within the window."""
+        out = sorted(
+            o
+            for o, f in self.heads().items()
+            if f.deadline_ms <= now_ms and not (max_attempts and f.attempt >= max_attempts)
+        )[:limit]
         hi = min(end, self.low + WINDOW)
         out.extend(range(self.next, min(hi, self.next + limit - len(out))))
         return out
 
+    def exhausted(self, now_ms: int, max_attempts: int) -> list[tuple[int, InFlight]]:
+        """Expired offsets already delivered ``max_attempts`` times: bound for the dead-letter topic."""
+        return [
+            (o, f)
+            for o, f in sorted(self.heads().items())
+            if f.deadline_ms <= now_ms and f.attempt >= max_attempts
+        ]
+
     def next_deadline(self) -> int | None:
-        """The earliest deadline among in-flight offsets (when something becomes deliverable again)."""
-        return min((f.deadline_ms for f in self.inflight.values()), default=None)
+        """The earliest deadline among offsets that can be granted again (when something becomes deliverable)."""
+        return min((f.deadline_ms for f in self.heads().values()), default=None)
 
     def _advance(self) -> None:
         while self.low < self.next and self.low not in self.inflight:
@@ -118,35 +157,58 @@ class PopStates:
         return q if q is not None else PopQueue(start, start)
 
     # -- commands ------------------------------------------------------------------------------------------
-    def pop(self, cmd: commands.Pop, start: int, end: int) -> Popped:
+    def pop(
+        self, cmd: commands.Pop, start: int, end: int, fifo: bool = False, max_attempts: int = 0
+    ) -> Popped:
         """Apply a pop. ``start``: where a group's first pop of this queue begins (its committed offset);
-        ``end``: the queue's dispatched end (no offset at or past it exists yet)."""
+        ``end``: the queue's dispatched end (no offset at or past it exists yet); ``fifo`` and
+        ``max_attempts``: the group's settings (``broker_adapter.groups``) at this point of the log."""
         key = (cmd.group, cmd.topic, cmd.queue_id)
         q = self.queues.get(key)
         if q is None:
             q = self.queues[key] = PopQueue(start, start)
         deadline = cmd.now_ms + cmd.invisible_ms
         skip = set(cmd.skip)
+        mgroups = dict(cmd.groups) if fifo else {}
         granted: list[Delivery] = []
         for o in sorted(set(cmd.offsets) | skip):
             f = q.inflight.get(o)
+            mgroup = mgroups.get(o, "")
             if f is not None:
                 if f.deadline_ms > cmd.now_ms:
                     continue  # still invisible: another pop holds it
+                if max_attempts and f.attempt >= max_attempts:
+                    continue  # the last attempt was made: only the dead-letter topic takes it now
+                if f.mgroup and any(p < o and g.mgroup == f.mgroup for p, g in q.inflight.items()):
+                    continue  # an earlier message of its message group is not acknowledged yet
                 attempt = f.attempt + 1
+                mgroup = f.mgroup
             elif o == q.next and o < end and o < q.low + WINDOW:
                 q.next += 1
                 attempt = 1
+                if mgroup and o not in skip and any(g.mgroup == mgroup for g in q.inflight.values()):
+                    q.inflight[o] = InFlight(0, 0, 0, mgroup)  # waits for its message group's turn
+                    continue
             else:
                 continue  # acknowledged, not yet stored, beyond the window or not in order
             if o in skip:
                 q.inflight.pop(o, None)  # filtered out: done without delivery
                 continue
             q.epoch += 1
-            q.inflight[o] = InFlight(deadline, q.epoch, attempt)
+            q.inflight[o] = InFlight(deadline, q.epoch, attempt, mgroup)
             granted.append(Delivery(o, q.epoch, attempt))
         q._advance()
         return Popped(cmd.group, cmd.topic, cmd.queue_id, deadline, tuple(granted))
+
+    def dead(self, group: str, topic: str, queue_id: int, offset: int, epoch: int) -> bool:
+        """The delivery ``epoch`` of an offset was copied to the group's dead-letter topic: it is done here.
+        False (nothing changed) when that delivery is no longer the current one."""
+        q = self.queues.get((group, topic, queue_id))
+        if q is None or self._owner(q, offset, epoch) is not Outcome.DONE:
+            return False
+        del q.inflight[offset]
+        q._advance()
+        return True
 
     def ack(self, cmd: commands.Ack) -> Handled:
         key = (cmd.group, cmd.topic, cmd.queue_id)
@@ -166,7 +228,7 @@ class PopStates:
         f = q.inflight[cmd.offset]
         q.epoch += 1
         deadline = cmd.now_ms + cmd.invisible_ms
-        q.inflight[cmd.offset] = InFlight(deadline, q.epoch, f.attempt)
+        q.inflight[cmd.offset] = InFlight(deadline, q.epoch, f.attempt, f.mgroup)
         return Handled(cmd.group, cmd.topic, cmd.queue_id, cmd.offset, Outcome.DONE, q.epoch, deadline)
 
     @staticmethod
@@ -177,7 +239,7 @@ class PopStates:
         f = q.inflight.get(offset)
         if f is None:
             return Outcome.ALREADY
-        return Outcome.DONE if f.epoch == epoch else Outcome.REDELIVERED
+        return Outcome.DONE if f.epoch == epoch and f.attempt > 0 else Outcome.REDELIVERED
 
     def reset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """The group's offset was set explicitly (UpdateOffset / CommitOffset): consumption restarts there and
@@ -197,7 +259,10 @@ class PopStates:
                 q.low,
                 q.next,
                 q.epoch,
-                [[o, f.deadline_ms, f.epoch, f.attempt] for o, f in sorted(q.inflight.items())],
+                [
+                    [o, f.deadline_ms, f.epoch, f.attempt, *([f.mgroup] if f.mgroup else [])]
+                    for o, f in sorted(q.inflight.items())
+                ],
             ]
             for (g, t, qid), q in sorted(self.queues.items())
         ]
@@ -210,6 +275,9 @@ class PopStates:
                 int(low),
                 int(nxt),
                 int(epoch),
-                {int(o): InFlight(int(d), int(e), int(a)) for o, d, e, a in inflight},
+                {
+                    int(r[0]): InFlight(int(r[1]), int(r[2]), int(r[3]), str(r[4]) if len(r) > 4 else "")
+                    for r in inflight
+                },
             )
         return st

@@ -9,9 +9,9 @@ one address and must be answered with that one. Every node serves every call and
 (``forward``), which is how a failover stays invisible to a client that knows one node (or a name that
 resolves to several). A request without endpoints (a raw stub) gets every node's address.
 
-Topics accept NORMAL and FIFO messages: a message group is stored and hashed to one queue (per-queue order),
-but FIFO consumption (one message of a group in flight at a time) is not provided, so settings say
-``fifo = false``. Every push consumer is assigned every queue: pop-style consumption shares queues safely.
+Topics accept NORMAL, FIFO, DELAY and TRANSACTION messages. A consumer's settings carry its group's replicated
+delivery settings (``broker_adapter.groups``): ``fifo``, the delivery attempts and the retry backoff a push
+consumer applies. Every push consumer is assigned every queue: pop-style consumption shares queues safely.
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ from rocketmq.grpc_protocol import (
     service_pb2,
 )
 
+from broker_adapter.groups import DEFAULT as DEFAULT_GROUP
+from broker_adapter.groups import EXPONENTIAL, GroupSettings
+
 LONG_POLLING_S: Final = 20  # what push consumers are told to use (RocketMQ's proxy default is 20-30 s)
 RECEIVE_BATCH: Final = 32
-CONSUME_ATTEMPTS: Final = 16
-ACCEPTED_TYPES: Final = (MessageType.NORMAL, MessageType.FIFO)
+ACCEPTED_TYPES: Final = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION)
 
 
 def endpoints(addresses: Iterable[str], first: str | None = None) -> definition_pb2.Endpoints:
@@ -87,8 +89,11 @@ def assignments(queues: list[definition_pb2.MessageQueue]) -> list[definition_pb
     return [definition_pb2.Assignment(message_queue=mq) for mq in queues]
 
 
-def settings_for(client: definition_pb2.Settings, max_body_size: int) -> definition_pb2.Settings:
-    """The server's answer to a client's settings: the client's own, completed with what the broker decides."""
+def settings_for(
+    client: definition_pb2.Settings, max_body_size: int, group: GroupSettings = DEFAULT_GROUP
+) -> definition_pb2.Settings:
+    """The server's answer to a client's settings: the client's own, completed with what the broker decides
+    (for a consumer: its group's delivery settings)."""
     out = definition_pb2.Settings()
     out.CopyFrom(client)
     policy = out.backoff_policy
@@ -101,12 +106,16 @@ def settings_for(client: definition_pb2.Settings, max_body_size: int) -> definit
         out.publishing.max_body_size = max_body_size
         out.publishing.validate_message_type = True
     else:
-        policy.max_attempts = CONSUME_ATTEMPTS
-        policy.exponential_backoff.initial.FromSeconds(1)
-        policy.exponential_backoff.max.FromSeconds(60)
-        policy.exponential_backoff.multiplier = 2.0
+        policy.max_attempts = group.max_attempts
+        if group.backoff == EXPONENTIAL:
+            policy.exponential_backoff.initial.FromMilliseconds(group.initial_ms)
+            policy.exponential_backoff.max.FromMilliseconds(group.max_ms)
+            policy.exponential_backoff.multiplier = group.multiplier
+        else:
+            for ms in group.levels_ms:
+                policy.customized_backoff.next.add().FromMilliseconds(ms)
         sub = out.subscription
-        sub.fifo = False
+        sub.fifo = group.fifo
         sub.receive_batch_size = RECEIVE_BATCH
         if client.client_type == ClientType.PUSH_CONSUMER or not sub.HasField("long_polling_timeout"):
             sub.long_polling_timeout.FromSeconds(LONG_POLLING_S)

@@ -10,16 +10,21 @@ follower forwards them (``forward``). What each call does:
 - QueryRoute / QueryAssignment: the topic's queues on one broker (the group), the client's own access point
   as its endpoints (``route.advertised``); an unknown topic is TOPIC_NOT_FOUND. Every push consumer is assigned every queue.
 - Heartbeat / NotifyClientTermination: the node's table of live clients (not replicated: it is only advice).
-- Telemetry: answers each client ``Settings`` with the server's settings (``route.settings_for``).
+- Telemetry: answers each client ``Settings`` with the server's settings (``route.settings_for``, with a
+  consumer group's replicated delivery settings), and sends a producer the leader's transaction check-backs
+  (RecoverOrphanedTransactionCommand) on its stream.
 - SendMessage: the messages become the broker's outgoing messages (``convert``), sent through ``Broker.send``
   (idempotent, acknowledged at quorum commit); the queue is the message group's hash, else round robin.
+  Delayed messages wait in the timer topic and transactional ones in the half topic (``broker_delivery``).
+- EndTransaction: commits (a copy to the topic) or rolls back an open transaction, by its transaction id.
+- ForwardMessageToDeadLetterQueue: copies the delivery named by a receipt handle to ``%DLQ%<group>``.
 - ReceiveMessage: a pop (``broker_pop``), streamed with a receipt handle per message. With nothing deliverable
   it long-polls until a message is dispatched, an invisible time runs out, or the client's polling time ends
   (then MESSAGE_NOT_FOUND).
 - AckMessage / ChangeInvisibleDuration: ``Ack`` / ``ChangeInvisible`` commands through the log.
 - PullMessage / UpdateOffset / GetOffset / QueryOffset: ConsumeQueue reads and the replicated committed offsets
   our own ``Consumer`` uses (``CommitOffset`` commands).
-- EndTransaction, RecallMessage, ForwardMessageToDeadLetterQueue, SyncLiteSubscription: UNSUPPORTED.
+- RecallMessage, SyncLiteSubscription: UNSUPPORTED.
 """
 
 from __future__ import annotations
@@ -35,17 +40,28 @@ from typing import Any, Final
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
-from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2, service_pb2_grpc
+from rocketmq.grpc_protocol import (
+    ClientType,
+    Code,
+    MessageType,
+    TransactionResolution,
+    definition_pb2,
+    service_pb2,
+    service_pb2_grpc,
+)
 
+from broker_adapter import message
 from broker_adapter.broker import Broker
 from broker_adapter.broker_pop import now_ms
 from broker_adapter.broker_types import UnknownTopicError, check_group
+from broker_adapter.groups import DEFAULT as DEFAULT_GROUP
 from broker_adapter.rocketmq import convert, route
 from broker_adapter.rocketmq.forward import Forwarder, client_id, forwarded
 from broker_adapter.rocketmq.invisibility import Handled, Outcome
 from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
 from broker_adapter.rocketmq.renewal import Renewals
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, from_dledger, of, status, unsupported
+from broker_adapter.transactions import Half
 from dledger.errors import DLedgerError, NotFoundError
 
 MAX_SEND_BATCH: Final = 1024
@@ -57,6 +73,7 @@ MAX_POLLING_MS: Final = 60_000
 DEFAULT_DEADLINE_S: Final = 10.0
 HEADROOM: Final = 1024  # bytes of a CommitLog message besides the body (fixed fields, topic, properties)
 MAX_CLIENTS: Final = 10_000
+TELEMETRY_OUTBOX: Final = 1024  # commands waiting to go out on one Telemetry stream; more are dropped
 
 SERVICE_NAME: Final = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name
 
@@ -85,6 +102,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # the PushConsumer's auto_renew: the leader keeps its messages invisible while its listener runs
         self.renewals = Renewals(broker.pops.change_invisible, now_ms)
         self._node.add_role_listener(self.renewals.clear)
+        # Producers' open Telemetry streams on this node, by client id: (their topics, the stream's outbox).
+        self._producers: dict[str, tuple[frozenset[str], asyncio.Queue]] = {}
+        broker.delivery.on_tx_check = self._check_transaction
 
     async def close(self) -> None:
         await self.renewals.close()
@@ -228,25 +248,68 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return service_pb2.NotifyClientTerminationResponse(status=status())
 
     async def Telemetry(self, request_iterator, context):
+        """Answers settings as they come, and relays what the broker sends a producer (transaction
+        check-backs) through the same stream: one reader task feeds one outbox."""
         max_body = self._node.config.max_body_bytes - HEADROOM
-        async for cmd in request_iterator:
-            if not cmd.HasField("settings"):
-                continue  # thread stack traces, verify-message results: nothing asked them of this broker
-            s = cmd.settings
-            if not s.HasField("client_type") or s.client_type == 0:
-                yield service_pb2.TelemetryCommand(
-                    status=status(Code.UNRECOGNIZED_CLIENT_TYPE, "settings carry no client type")
-                )
-                continue
+        outbox: asyncio.Queue = asyncio.Queue(maxsize=TELEMETRY_OUTBOX)
+        cid = client_id(context)
+
+        async def read() -> None:
             try:
-                convert.check_subscriptions(s)
-            except RocketMQError as e:
-                yield service_pb2.TelemetryCommand(status=of(e))
-                continue
-            group = s.subscription.group.name if s.HasField("subscription") else ""
-            with contextlib.suppress(RocketMQError):
-                self._seen(context, s.client_type, group)
-            yield service_pb2.TelemetryCommand(status=status(), settings=route.settings_for(s, max_body))
+                async for cmd in request_iterator:
+                    if not cmd.HasField("settings"):
+                        continue  # thread stack traces, verify-message results: nothing asked them of this broker
+                    s = cmd.settings
+                    if not s.HasField("client_type") or s.client_type == 0:
+                        await outbox.put(
+                            service_pb2.TelemetryCommand(
+                                status=status(Code.UNRECOGNIZED_CLIENT_TYPE, "settings carry no client type")
+                            )
+                        )
+                        continue
+                    try:
+                        convert.check_subscriptions(s)
+                    except RocketMQError as e:
+                        await outbox.put(service_pb2.TelemetryCommand(status=of(e)))
+                        continue
+                    group = s.subscription.group.name if s.HasField("subscription") else ""
+                    with contextlib.suppress(RocketMQError):
+                        self._seen(context, s.client_type, group)
+                    if s.client_type == ClientType.PRODUCER and cid:
+                        self._producers[cid] = (frozenset(t.name for t in s.publishing.topics), outbox)
+                    gs = self._broker.sm.group_settings(group) if group else DEFAULT_GROUP
+                    await outbox.put(
+                        service_pb2.TelemetryCommand(
+                            status=status(), settings=route.settings_for(s, max_body, gs)
+                        )
+                    )
+            finally:
+                await outbox.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (item := await outbox.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            if cid and self._producers.get(cid, (None, None))[1] is outbox:
+                del self._producers[cid]
+
+    def _check_transaction(self, half: Half, m: message.Message) -> None:
+        """Ask a producer of the half message's topic whose stream this node holds to resolve it (the leader's
+        check-back, counted in the log and applied on every node). Nodes without one ask nobody."""
+        for topics, outbox in list(self._producers.values()):
+            if half.topic in topics or not topics:
+                msg = convert.incoming(m)
+                msg.topic.name = half.topic
+                msg.system_properties.message_type = int(MessageType.TRANSACTION)
+                cmd = service_pb2.TelemetryCommand(status=status())
+                rc = cmd.recover_orphaned_transaction_command
+                rc.message.CopyFrom(msg)
+                rc.transaction_id = str(half.offset)
+                with contextlib.suppress(asyncio.QueueFull):
+                    outbox.put_nowait(cmd)
+                return
 
     # -- send ----------------------------------------------------------------------------------------------
     async def SendMessage(self, request, context, raw=None):
@@ -273,22 +336,50 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
         b = self._broker
         b.queues(topic)  # a bad name or an unknown topic is refused before anything else
-        for m in msgs:
-            convert.check_type(m)
+        kinds = [convert.check_type(m) for m in msgs]
         await b.leader_state()
         queues = b.queues(topic)
         max_body = self._max_body
         cid = client_id(context)
         out = [convert.outgoing(m, self._queue_for(topic, m, queues), cid, max_body) for m in msgs]
+        now = now_ms()
+        for i, m in enumerate(msgs):
+            if kinds[i] == convert.DELAY:
+                due = convert.delivery_ms(m)
+                if due <= now:
+                    kinds[i] = convert.NORMAL  # already due: delivered at once, as RocketMQ does
+                else:
+                    b.delivery.check_delivery_time(due, now)
         try:
-            sent = await b.send(topic, out)
+            if all(k == convert.NORMAL for k in kinds):
+                sent = await b.send(topic, out)
+            else:
+                sent = [None] * len(msgs)
+                for kind in (convert.NORMAL, convert.DELAY, convert.TRANSACTION):
+                    idx = [i for i, k in enumerate(kinds) if k == kind]
+                    if not idx:
+                        continue
+                    part = [out[i] for i in idx]
+                    if kind == convert.DELAY:
+                        got = await b.delivery.send_timed(
+                            topic, part, [convert.delivery_ms(msgs[i]) for i in idx]
+                        )
+                    elif kind == convert.TRANSACTION:
+                        got = await b.delivery.send_half(topic, part, "")
+                    else:
+                        got = await b.send(topic, part)
+                    for i, r in zip(idx, got, strict=True):
+                        sent[i] = r
         except NotFoundError as e:
             raise RocketMQError(Code.TOPIC_NOT_FOUND, str(e)) from None
         ok = status()
         resp = service_pb2.SendMessageResponse(status=ok)
         add = resp.entries.add
-        for m, r in zip(msgs, sent, strict=True):
-            add(status=ok, message_id=m.system_properties.message_id, offset=r.queue_offset)
+        for m, r, kind in zip(msgs, sent, kinds, strict=True):
+            tx = str(r.queue_offset) if kind == convert.TRANSACTION else ""
+            add(
+                status=ok, message_id=m.system_properties.message_id, offset=r.queue_offset, transaction_id=tx
+            )
         return resp
 
     # -- receive, ack, change invisible duration -----------------------------------------------------------
@@ -498,20 +589,51 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             raise bad_request(f"unknown query_offset_policy {policy}")
         return service_pb2.QueryOffsetResponse(status=status(), offset=offset)
 
-    # -- not supported -------------------------------------------------------------------------------------
-    async def EndTransaction(self, request, context):
-        return service_pb2.EndTransactionResponse(
-            status=of(unsupported("transactional messages (EndTransaction)"))
+    # -- transactions and dead letters --------------------------------------------------------------------
+    async def EndTransaction(self, request, context, raw=None):
+        return await self._unary(
+            "EndTransaction", request, context, self._end_transaction, service_pb2.EndTransactionResponse, raw
         )
+
+    async def _end_transaction(self, request, context) -> service_pb2.EndTransactionResponse:
+        tid = request.transaction_id
+        if not tid.isdigit():
+            raise bad_request(
+                f"transaction id {tid[:40]!r} was not issued by this broker", Code.INVALID_TRANSACTION_ID
+            )
+        if request.resolution not in (TransactionResolution.COMMIT, TransactionResolution.ROLLBACK):
+            raise bad_request(f"resolution must be COMMIT or ROLLBACK, got {request.resolution}")
+        await self._broker.delivery.end_transaction(
+            int(tid), request.resolution == TransactionResolution.COMMIT, request.topic.name or None
+        )
+        return service_pb2.EndTransactionResponse(status=status())
+
+    async def ForwardMessageToDeadLetterQueue(self, request, context, raw=None):
+        return await self._unary(
+            "ForwardMessageToDeadLetterQueue",
+            request,
+            context,
+            self._forward_dead,
+            service_pb2.ForwardMessageToDeadLetterQueueResponse,
+            raw,
+        )
+
+    async def _forward_dead(self, request, context) -> service_pb2.ForwardMessageToDeadLetterQueueResponse:
+        group = check_group(request.group.name)
+        topic = request.topic.name
+        self._broker.queues(topic)
+        h = self._handle(request.receipt_handle, group, topic)
+        r = await self._broker.pops.forward_dead(group, topic, h.queue_id, h.offset, h.epoch)
+        st = _handled_status(
+            Handled(group, topic, h.queue_id, h.offset, r), "forward to the dead-letter queue"
+        )
+        return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=st)
+
+    # -- not supported -------------------------------------------------------------------------------------
 
     async def RecallMessage(self, request, context):
         return service_pb2.RecallMessageResponse(
             status=of(unsupported("recalling delayed messages (RecallMessage)"))
-        )
-
-    async def ForwardMessageToDeadLetterQueue(self, request, context):
-        return service_pb2.ForwardMessageToDeadLetterQueueResponse(
-            status=of(unsupported("dead-letter queues (ForwardMessageToDeadLetterQueue)"))
         )
 
     async def SyncLiteSubscription(self, request, context):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from rocketmq.grpc_protocol import Code, definition_pb2
 
+from broker_adapter.broker_delivery import IllegalDeliveryTimeError, TransactionError
 from broker_adapter.broker_types import (
     InvalidGroupError,
     InvalidTopicError,
@@ -75,6 +76,8 @@ def from_dledger(err: DLedgerError) -> RocketMQError:
 
 
 _BROKER_CODES = {
+    IllegalDeliveryTimeError: Code.ILLEGAL_DELIVERY_TIME,
+    TransactionError: Code.INVALID_TRANSACTION_ID,
     InvalidTopicError: Code.ILLEGAL_TOPIC,
     InvalidGroupError: Code.ILLEGAL_CONSUMER_GROUP,
     UnknownTopicError: Code.TOPIC_NOT_FOUND,

@@ -61,6 +61,7 @@ RULES: Final[dict[str, Callable[[Any], list[Need]]]] = {
     "/dledger.v1.Broker/Route": lambda r: [("user",)],
     "/dledger.v1.Broker/CommitOffset": lambda r: [("subscribe", r.topic, r.group)],
     "/dledger.v1.Broker/QueryOffset": lambda r: [("subscribe", r.topic, r.group)],
+    "/dledger.v1.Broker/Later": lambda r: [("subscribe", r.topic, r.group)],
     "/dledger.v1.Security/ListUsers": lambda r: [("admin",)],
     f"/{ROCKETMQ}/QueryRoute": lambda r: [("user",)],
     f"/{ROCKETMQ}/Heartbeat": lambda r: [("user",)],

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OutgoingMessage(_message.Message):
-    __slots__ = ("queue_id", "body", "tags", "keys", "msg_id", "producer_id", "sequence", "properties", "born_timestamp")
+    __slots__ = ("queue_id", "body", "tags", "keys", "msg_id", "producer_id", "sequence", "properties", "born_timestamp", "delivery_timestamp")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class OutgoingMessage(_message.Message):
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     PROPERTIES_FIELD_NUMBER: _ClassVar[int]
     BORN_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     body: bytes
     tags: str
@@ -33,7 +34,8 @@ class OutgoingMessage(_message.Message):
     sequence: int
     properties: _containers.ScalarMap[str, str]
     born_timestamp: int
-    def __init__(self, queue_id: _Optional[int] = ..., body: _Optional[bytes] = ..., tags: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., msg_id: _Optional[str] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_timestamp: _Optional[int] = ...) -> None: ...
+    delivery_timestamp: int
+    def __init__(self, queue_id: _Optional[int] = ..., body: _Optional[bytes] = ..., tags: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., msg_id: _Optional[str] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_timestamp: _Optional[int] = ..., delivery_timestamp: _Optional[int] = ...) -> None: ...
 
 class SendRequest(_message.Message):
     __slots__ = ("topic", "messages")
@@ -205,6 +207,54 @@ class QueryOffsetResponse(_message.Message):
     offset: int
     found: bool
     def __init__(self, offset: _Optional[int] = ..., found: _Optional[bool] = ...) -> None: ...
+
+class GroupSettingsRequest(_message.Message):
+    __slots__ = ("group", "fifo", "max_attempts", "backoff", "levels_ms", "initial_ms", "max_ms", "multiplier")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FIFO_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_FIELD_NUMBER: _ClassVar[int]
+    LEVELS_MS_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    fifo: bool
+    max_attempts: int
+    backoff: str
+    levels_ms: _containers.RepeatedScalarFieldContainer[int]
+    initial_ms: int
+    max_ms: int
+    multiplier: float
+    def __init__(self, group: _Optional[str] = ..., fifo: _Optional[bool] = ..., max_attempts: _Optional[int] = ..., backoff: _Optional[str] = ..., levels_ms: _Optional[_Iterable[int]] = ..., initial_ms: _Optional[int] = ..., max_ms: _Optional[int] = ..., multiplier: _Optional[float] = ...) -> None: ...
+
+class GroupSettingsResponse(_message.Message):
+    __slots__ = ("settings_json",)
+    SETTINGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    settings_json: str
+    def __init__(self, settings_json: _Optional[str] = ...) -> None: ...
+
+class LaterRequest(_message.Message):
+    __slots__ = ("group", "topic", "queue_id", "queue_offset")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ...) -> None: ...
+
+class LaterResponse(_message.Message):
+    __slots__ = ("dead_lettered", "deliver_at_ms", "attempt")
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    dead_lettered: bool
+    deliver_at_ms: int
+    attempt: int
+    def __init__(self, dead_lettered: _Optional[bool] = ..., deliver_at_ms: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
     __slots__ = ()

@@ -69,6 +69,16 @@ class BrokerStub:
                 request_serializer=dledger_dot_v1_dot_broker__pb2.RouteRequest.SerializeToString,
                 response_deserializer=dledger_dot_v1_dot_broker__pb2.RouteResponse.FromString,
                 _registered_method=True)
+        self.SetGroupSettings = channel.unary_unary(
+                '/dledger.v1.Broker/SetGroupSettings',
+                request_serializer=dledger_dot_v1_dot_broker__pb2.GroupSettingsRequest.SerializeToString,
+                response_deserializer=dledger_dot_v1_dot_broker__pb2.GroupSettingsResponse.FromString,
+                _registered_method=True)
+        self.Later = channel.unary_unary(
+                '/dledger.v1.Broker/Later',
+                request_serializer=dledger_dot_v1_dot_broker__pb2.LaterRequest.SerializeToString,
+                response_deserializer=dledger_dot_v1_dot_broker__pb2.LaterResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -116,6 +126,18 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetGroupSettings(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Later(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +175,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Route,
                     request_deserializer=dledger_dot_v1_dot_broker__pb2.RouteRequest.FromString,
                     response_serializer=dledger_dot_v1_dot_broker__pb2.RouteResponse.SerializeToString,
+            ),
+            'SetGroupSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetGroupSettings,
+                    request_deserializer=dledger_dot_v1_dot_broker__pb2.GroupSettingsRequest.FromString,
+                    response_serializer=dledger_dot_v1_dot_broker__pb2.GroupSettingsResponse.SerializeToString,
+            ),
+            'Later': grpc.unary_unary_rpc_method_handler(
+                    servicer.Later,
+                    request_deserializer=dledger_dot_v1_dot_broker__pb2.LaterRequest.FromString,
+                    response_serializer=dledger_dot_v1_dot_broker__pb2.LaterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +376,60 @@ class Broker:
             '/dledger.v1.Broker/Route',
             dledger_dot_v1_dot_broker__pb2.RouteRequest.SerializeToString,
             dledger_dot_v1_dot_broker__pb2.RouteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetGroupSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.Broker/SetGroupSettings',
+            dledger_dot_v1_dot_broker__pb2.GroupSettingsRequest.SerializeToString,
+            dledger_dot_v1_dot_broker__pb2.GroupSettingsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Later(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dledger.v1.Broker/Later',
+            dledger_dot_v1_dot_broker__pb2.LaterRequest.SerializeToString,
+            dledger_dot_v1_dot_broker__pb2.LaterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -209,6 +209,8 @@ async def test_send_stamps_properties_and_pull_reads_them_back(made):
         ("T", [out()] * 1025, InvalidRequestError),
         ("T", [out(0, b"z" * 5000)], InvalidRequestError),
         ("T", [out(0, b"ok"), out(0, b"x", properties={"a\x01": "b"})], InvalidRequestError),
+        ("T", [out(0, b"x", properties={message.PROPERTY_ORIGIN: "timer/0"})], InvalidRequestError),
+        ("%SYS%TIMER", [out()], InvalidTopicError),
     ],
 )
 @run
@@ -460,3 +462,61 @@ async def test_a_new_leader_waits_for_its_log_to_be_applied(made):
     route = broker.route()
     assert route.term == 2 and route.max_commitlog_offset == node.log_store.tail().end_pos
     assert message.decode(node.log_store.entry(node.log_store.last_index).body).queue_offset == 0
+
+
+# -- delivery: delayed messages, dead letters (the leader's side, broker_delivery) --------------------------
+@run
+async def test_a_delayed_message_waits_in_the_timer_topic_and_its_copy_ends_the_entry(made):
+    from broker_adapter import broker_delivery
+    from broker_adapter.timer import TIMER_TOPIC
+
+    broker, _ = made
+    await topic(broker)
+    due = broker_delivery.now_ms() + 300
+    (r,) = await broker.delivery.send_timed("T", [out(1, b"later", msg_id="D1")], [due])
+    assert r.topic == TIMER_TOPIC and broker.sm.next_offset("T", 1) == 0
+    assert list(broker.sm.timer.entries) == [r.queue_offset]
+    with pytest.raises(InvalidRequestError):
+        await broker.pull(TIMER_TOPIC, 0, 0)  # clients never read the timer topic
+    await broker.delivery.tick()  # not due yet: nothing moves
+    assert broker.sm.next_offset("T", 1) == 0
+    while broker.sm.timer.entries:
+        await asyncio.sleep(0.05)
+        await broker.delivery.tick()
+    (m,) = (await broker.pull("T", 1, 0)).messages
+    assert (m.body, m.msg_id) == (b"later", "D1") and broker_delivery.now_ms() >= due
+    assert m.properties[message.PROPERTY_TIMER_DELIVER_MS] == str(due)
+    await broker.delivery.tick()  # the entry is gone: never copied twice
+    assert broker.sm.next_offset("T", 1) == 1 and broker.sm.repeats == 0
+    with pytest.raises(broker_delivery.IllegalDeliveryTimeError):
+        await broker.delivery.send_timed("T", [out(0)], [broker_delivery.now_ms() + 2 * 86_400_000])
+
+
+@run
+async def test_a_message_past_its_attempts_goes_to_the_dead_letter_topic_once(made):
+    broker, _ = made
+    await topic(broker, queues=1)
+    await broker.set_group_settings("G", {"max_attempts": 2})
+    await broker.send("T", [out(0, b"poison", msg_id="P")])
+    for attempt in (1, 2):
+        got = await broker.pops.receive(
+            "G", "T", 0, lambda t: True, 8, 1000, 3000, asyncio.get_running_loop().time() + 5
+        )
+        assert got is not None and [d.attempt for d in got[1].deliveries] == [attempt]
+        for q in broker.sm.pops.queues.values():  # let the invisible time run out (the leader's clock)
+            for f in q.inflight.values():
+                f.deadline_ms = 0
+    assert await broker.pops.revive(broker_delivery_now()) == 1
+    dead = (await broker.pull("%DLQ%G", 0, 0)).messages
+    assert [(m.body, m.properties["RETRY_TOPIC"], m.properties["RECONSUME_TIME"]) for m in dead] == [
+        (b"poison", "T", "2")
+    ]
+    assert broker.sm.committed_offset("G", "T", 0) == 1
+    assert await broker.pops.revive(broker_delivery_now()) == 0
+    assert broker.sm.repeats == 0
+
+
+def broker_delivery_now() -> int:
+    from broker_adapter.broker_delivery import now_ms
+
+    return now_ms()

@@ -89,3 +89,40 @@ def test_a_producer_shared_by_threads(tmp_path):
                     assert [r.queue_offset for r in rs] == sorted(r.queue_offset for r in rs)
 
     asyncio.run(main())
+
+
+def test_async_clients_delay_group_settings_and_later(tmp_path):
+    """The async clients' delivery calls: a delayed send, group settings, and ``later`` through retry to the
+    dead-letter topic."""
+
+    async def main():
+        import time
+
+        async with group(tmp_path) as g:
+            await g.leader()
+            async with AsyncProducer(g.addresses) as prod, AsyncConsumer(g.addresses, "ag") as cons:
+                await prod.create_topic("t", 1)
+                assert (await prod.set_group_settings("ag", max_attempts=2, levels_ms=[100]))[
+                    "max_attempts"
+                ] == 2
+                due = int(time.time() * 1000) + 300
+                assert (await prod.send("t", b"d", deliver_at_ms=due)).topic == "%SYS%TIMER"
+                got = []
+                for _ in range(50):
+                    got = await cons.pull("t", 0, 0, 8, 200)
+                    if got:
+                        break
+                assert [m.body for m in got] == [b"d"] and time.time() * 1000 >= due
+                first = await cons.later(got[0])
+                assert (first.dead_lettered, first.attempt) == (False, 1)
+                retried = []
+                for _ in range(50):
+                    if any(t.topic == cons.retry_topic for t in await prod.list_topics()):
+                        retried = await cons.pull(cons.retry_topic, 0, 0, 8, 200)
+                    if retried:
+                        break
+                    await asyncio.sleep(0.05)
+                assert [m.body for m in retried] == [b"d"]
+                assert (await cons.later(retried[0])).dead_lettered
+
+    asyncio.run(main())

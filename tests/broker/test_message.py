@@ -76,3 +76,21 @@ def test_bad_topic_and_property_rejected():
         m.encode(m.Message(topic="x" * 128, body=b""))
     with pytest.raises(m.MessageFormatError, match="separator"):
         m.encode(m.Message(topic="t", body=b"", properties={"a\x01": "b"}))
+
+
+def test_a_broker_copy_is_identified_by_its_origin():
+    """The audit's identity of a copy the broker made (docs/rocketmq.md, Delivery): the client's key plus the
+    origin it ends, so an original and its copy are not one message stored twice."""
+    from broker_adapter import formats
+
+    original = m.encode(m.Message(topic="%SYS%TIMER", body=b"x", properties={m.PROPERTY_UNIQ_KEY: "u1"}))
+    copy = m.encode(
+        m.Message(
+            topic="t",
+            body=b"x",
+            properties={m.PROPERTY_UNIQ_KEY: "u1", m.PROPERTY_ORIGIN: "timer/3"},
+        )
+    )
+    assert formats.message_fields(original).msg_id == "u1"
+    assert formats.message_fields(copy).msg_id == "u1@timer/3"
+    assert m.decode(copy).msg_id == "u1"  # consumers see the client's id

@@ -5,6 +5,7 @@ input, and queue offsets that stay dense and identical on every node when the le
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -368,5 +369,51 @@ def test_topic_auto_create_is_off_by_default_and_goes_through_the_log_when_on(tm
                 assert ei.value.code() == grpc.StatusCode.NOT_FOUND
                 assert "auto_create_topic_queues" in ei.value.details()
             assert leader.log_store.last_index == before, "nothing was written"
+
+    run(main())
+
+
+def test_delayed_send_and_group_settings_through_our_clients(tmp_path):
+    """Our Producer's ``deliver_at_ms`` and ``set_group_settings`` over gRPC: every node holds the same timer
+    index and settings; the message reaches its topic once, not before its time; too far ahead is refused."""
+
+    async def main():
+        async with group(tmp_path) as g:
+            await g.leader()
+            prod = Producer(g.addresses)
+            cons = Consumer(g.addresses, "delayed-g")
+            try:
+                await asyncio.to_thread(prod.create_topic, "t", 1)
+                got = await asyncio.to_thread(prod.set_group_settings, "g1", fifo=True, max_attempts=5)
+                assert (got["fifo"], got["max_attempts"]) == (True, 5)
+                due = int(time.time() * 1000) + 1_500
+                r = await asyncio.to_thread(prod.send, "t", b"later", None, None, due)
+                assert r.topic == "%SYS%TIMER"
+                assert await asyncio.to_thread(cons.pull, "t", 0, 0) == []
+                sms = [n.plugin.state_machine for n in g.nodes.values()]
+                await g.until(lambda: all(len(sm.timer) == 1 for sm in sms), what="timer entry everywhere")
+                assert all(sm.group_settings("g1").fifo for sm in sms)
+
+                async def arrived():
+                    return await asyncio.to_thread(cons.pull, "t", 0, 0, 8, 500)
+
+                msgs = []
+                for _ in range(40):
+                    msgs = await arrived()
+                    if msgs:
+                        break
+                assert [m.body for m in msgs] == [b"later"]
+                assert time.time() * 1000 >= due
+                await g.until(
+                    lambda: all(len(sm.timer) == 0 for sm in sms), what="timer entry ended everywhere"
+                )
+                assert all(sm.repeats == 0 and sm.next_offset("t", 0) == 1 for sm in sms)
+                with pytest.raises(Exception, match="max_delay_ms"):
+                    await asyncio.to_thread(prod.send, "t", b"too late", None, None, due + 3 * 86_400_000)
+                with pytest.raises(Exception, match="max_attempts"):
+                    await asyncio.to_thread(prod.set_group_settings, "g1", max_attempts=5000)
+            finally:
+                prod.close()
+                cons.close()
 
     run(main())

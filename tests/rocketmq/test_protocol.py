@@ -14,6 +14,7 @@ import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
+from broker_adapter.client import BrokerConnection
 from broker_adapter.client import Consumer as OurConsumer
 from broker_adapter.client import Producer as OurProducer
 from tests.rocketmq.conftest import META, create_topic, stub
@@ -104,19 +105,7 @@ def test_offset_calls_map_onto_consume_queues_and_replicated_offsets(broker_grou
 
 
 UNSUPPORTED = [
-    (
-        "EndTransaction",
-        service_pb2.EndTransactionRequest(topic=res(TOPIC), message_id="x", transaction_id="t"),
-        "transaction",
-    ),
     ("RecallMessage", service_pb2.RecallMessageRequest(topic=res(TOPIC), recall_handle="h"), "recall"),
-    (
-        "ForwardMessageToDeadLetterQueue",
-        service_pb2.ForwardMessageToDeadLetterQueueRequest(
-            group=res("g"), topic=res(TOPIC), receipt_handle="r", message_id="x", max_delivery_attempts=3
-        ),
-        "dead-letter",
-    ),
     (
         "SyncLiteSubscription",
         service_pb2.SyncLiteSubscriptionRequest(topic=res(TOPIC), group=res("g")),
@@ -134,6 +123,48 @@ def test_unsupported_calls_say_so_and_the_node_serves_on(broker_group, method, r
             assert what in r.status.message.lower() and "not supported" in r.status.message
             route = s.QueryRoute(service_pb2.QueryRouteRequest(topic=res(TOPIC)), metadata=META, timeout=10)
             assert route.status.code in (Code.OK, Code.TOPIC_NOT_FOUND), "the node still answers"
+
+
+DELIVERY_TOPIC = "rmq-delivery-calls"
+BAD_DELIVERY_CALLS = [
+    (
+        "EndTransaction",
+        service_pb2.EndTransactionRequest(topic=res(DELIVERY_TOPIC), message_id="x", transaction_id="t"),
+        Code.INVALID_TRANSACTION_ID,
+    ),
+    (
+        "EndTransaction",
+        service_pb2.EndTransactionRequest(
+            topic=res(DELIVERY_TOPIC), message_id="x", transaction_id="99999", resolution=1
+        ),
+        Code.INVALID_TRANSACTION_ID,
+    ),
+    (
+        "ForwardMessageToDeadLetterQueue",
+        service_pb2.ForwardMessageToDeadLetterQueueRequest(
+            group=res("g"),
+            topic=res(DELIVERY_TOPIC),
+            receipt_handle="r",
+            message_id="x",
+            max_delivery_attempts=3,
+        ),
+        Code.INVALID_RECEIPT_HANDLE,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "request_", "code"), BAD_DELIVERY_CALLS, ids=["tx-id", "tx-unknown", "dlq"]
+)
+def test_delivery_calls_refuse_what_the_broker_never_issued(broker_group, method, request_, code):
+    with BrokerConnection(broker_group.addresses) as c:
+        if DELIVERY_TOPIC not in {t.topic for t in c.list_topics()}:
+            c.create_topic(DELIVERY_TOPIC, 1)
+    for address in broker_group.addresses:
+        with stub(address) as s:
+            r = getattr(s, method)(request_, metadata=META, timeout=10)
+            assert r.status.code == code, r.status
+            assert r.status.message
 
 
 def receive(s, qid: int, topic: str, group: str, batch: int = 32, poll_s: int = 0):

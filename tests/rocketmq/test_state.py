@@ -227,11 +227,24 @@ def test_bad_messages_get_the_protocol_codes(fields, code):
     assert err.value.code == code
 
 
-@pytest.mark.parametrize(
-    "fields",
-    [{"message_type": MessageType.DELAY}, {"message_type": MessageType.TRANSACTION}, {"lite_topic": "x"}],
-)
+@pytest.mark.parametrize("fields", [{"message_type": MessageType.LITE}, {"lite_topic": "x"}])
 def test_unsupported_message_types(fields):
     with pytest.raises(RocketMQError) as err:
         convert.check_type(v2(**fields))
     assert err.value.code == Code.UNSUPPORTED and "not supported" in err.value.message
+
+
+def test_message_kinds_delay_and_transaction():
+    assert convert.check_type(v2()) == convert.NORMAL
+    assert convert.check_type(v2(message_type=MessageType.TRANSACTION)) == convert.TRANSACTION
+    delayed = v2()
+    delayed.system_properties.delivery_timestamp.FromMilliseconds(5_000)
+    assert convert.check_type(delayed) == convert.DELAY and convert.delivery_ms(delayed) == 5_000
+    with pytest.raises(RocketMQError) as err:
+        convert.check_type(v2(message_type=MessageType.DELAY))  # no delivery time
+    assert err.value.code == Code.ILLEGAL_DELIVERY_TIME
+    conflict = v2(message_type=MessageType.TRANSACTION)
+    conflict.system_properties.delivery_timestamp.FromMilliseconds(5_000)
+    with pytest.raises(RocketMQError) as err:
+        convert.check_type(conflict)
+    assert err.value.code == Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE

@@ -110,3 +110,9 @@ def test_broker_section(tmp_path):
         nodeconfig.load(write(tmp_path, base + "[broker]\nauto_create = true\n"))
     with pytest.raises(ConfigError, match=r"0\.\.1024"):
         nodeconfig.load(write(tmp_path, base + "[broker]\nauto_create_topic_queues = 5000\n"))
+    assert nodeconfig.load(write(tmp_path, base)).max_delay_ms == 86_400_000, (
+        "RocketMQ's proxy default: 1 day"
+    )
+    assert nodeconfig.load(write(tmp_path, base + "[broker]\nmax_delay_ms = 60000\n")).max_delay_ms == 60_000
+    with pytest.raises(ConfigError, match="max_delay_ms"):
+        nodeconfig.load(write(tmp_path, base + "[broker]\nmax_delay_ms = 10\n"))

@@ -1,0 +1,394 @@
+"""The replicated delivery state (issue 16): group settings, the timer index, open transactions, FIFO pops and
+dead letters, as the broker state machine applies them. Pure units over real ConsumeQueue files; hypothesis
+properties check that the state is replay-deterministic (the same entries in any batching give the same
+snapshot), that a snapshot restored anywhere continues to the same state, and the delivery rules the state
+itself enforces: never two messages of one FIFO message group in flight, per-group order, and never a delivery
+past the group's attempts."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker_adapter import commands, groups, message
+from broker_adapter.dispatcher import BrokerStateMachine
+from broker_adapter.rocketmq.invisibility import PopStates
+from broker_adapter.timer import TIMER_TOPIC, TimerIndex, Waiting
+from broker_adapter.transactions import COMMIT, HALF_TOPIC, MAX_CHECKS, ROLLBACK, HalfMessages
+from statemachine.api import CommittedEntry
+
+T, G = "t", "g"
+HEADER = 48
+
+
+class Log:
+    """Committed entries as the leader would write them: messages with dense queue offsets and their place."""
+
+    def __init__(self) -> None:
+        self.entries: list[CommittedEntry] = []
+        self.pos = 0
+        self.next: dict[tuple[str, int], int] = {}
+
+    def add(self, body: bytes) -> None:
+        self.entries.append(CommittedEntry(len(self.entries), 1, self.pos, body))
+        self.pos += HEADER + len(body)
+
+    def command(self, cmd) -> None:
+        self.add(commands.encode(cmd))
+
+    def message(
+        self, topic: str, qid: int = 0, props: dict[str, str] | None = None, body: bytes = b"x"
+    ) -> int:
+        q = self.next.get((topic, qid), 0)
+        self.next[(topic, qid)] = q + 1
+        raw = bytearray(
+            message.encode(
+                message.Message(
+                    topic=topic, body=body, queue_id=qid, store_timestamp=1000, properties=props or {}
+                )
+            )
+        )
+        message.patch_offsets(raw, q, self.pos + HEADER)
+        self.add(bytes(raw))
+        return q
+
+
+def snapshot(sm: BrokerStateMachine) -> bytes:
+    buf = io.BytesIO()
+    sm.save_snapshot(buf)
+    return buf.getvalue()
+
+
+def state_of(sm: BrokerStateMachine) -> tuple:
+    """The delivery state as the node holds it in memory (not through ``save_snapshot``, which is under test)."""
+    return (
+        sorted(sm.timer.entries.items()),
+        sorted(sm.halves.open.items()),
+        list(sm.halves.ended.items()),
+        sorted((g, st) for g, st in sm.groups.items()),
+        sm.pops.to_json(),
+        sorted(sm.offsets.items()),
+        sm.repeats,
+    )
+
+
+def test_timer_entries_open_on_dispatch_and_end_with_their_copy(tmp_path):
+    log = Log()
+    log.command(commands.CreateTopic(T, 2))
+    props = {
+        message.PROPERTY_TIMER_DELIVER_MS: "5000",
+        message.PROPERTY_REAL_TOPIC: T,
+        message.PROPERTY_REAL_QUEUE_ID: "1",
+    }
+    t0 = log.message(TIMER_TOPIC, 0, props)
+    t1 = log.message(TIMER_TOPIC, 0, {**props, message.PROPERTY_TIMER_DELIVER_MS: "3000"})
+    sm = BrokerStateMachine(tmp_path / "cq")
+    sm.apply(log.entries)
+    assert [w.offset for w in sm.timer.due(4000, 10)] == [t1]
+    assert [w.offset for w in sm.timer.due(6000, 10)] == [t1, t0]
+    assert sm.timer.entries[t0] == Waiting(t0, 5000, T, 1)
+    n = len(log.entries)
+    log.message(T, 1, {message.PROPERTY_ORIGIN: f"timer/{t1}"})  # the leader's copy
+    log.message(T, 1, {message.PROPERTY_ORIGIN: f"timer/{t1}"})  # a second copy: counted, changes nothing
+    log.command(commands.Settle("timer", t0, "unreadable"))
+    sm.apply(log.entries[n:])
+    assert len(sm.timer) == 0 and sm.repeats == 1
+    assert sm.next_offset(T, 1) == 2
+
+
+def test_half_messages_commit_rollback_and_check_limit(tmp_path):
+    log = Log()
+    log.command(commands.CreateTopic(T, 1))
+    props = {message.PROPERTY_REAL_TOPIC: T, message.PROPERTY_TRANSACTION_PREPARED: "true"}
+    h = [log.message(HALF_TOPIC, 0, {**props, message.PROPERTY_UNIQ_KEY: f"id{i}"}) for i in range(3)]
+    sm = BrokerStateMachine(tmp_path / "cq", tx_immunity_ms=500)
+    sm.apply(log.entries)
+    assert [x.offset for x in sm.halves.to_check(1499, 10)] == []
+    assert [x.offset for x in sm.halves.to_check(1500, 10)] == h  # stored at 1000, immune for 500 ms
+    n = len(log.entries)
+    log.message(T, 0, {message.PROPERTY_ORIGIN: f"half/{h[0]}"})
+    log.command(commands.Settle("half", h[1], "rollback"))
+    for k in range(MAX_CHECKS + 1):
+        log.command(commands.TxCheck(h[2], 2000 + k))
+    sm.apply(log.entries[n:])
+    assert sm.halves.open == {}
+    assert dict(sm.halves.ended) == {h[0]: COMMIT, h[1]: ROLLBACK, h[2]: ROLLBACK}
+
+
+def test_fifo_group_holds_one_message_per_message_group_and_waits(tmp_path):
+    s = PopStates()
+    mg = {0: "a", 1: "a", 2: "b", 3: "a"}
+    pop = commands.Pop(G, T, 0, 0, 1000, (0, 1, 2, 3), (), tuple(mg.items()))
+    got = s.pop(pop, 0, 4, fifo=True)
+    assert [d.offset for d in got.deliveries] == [0, 2]  # 1 and 3 wait behind 0
+    q = s.get((G, T, 0))
+    assert q.deliverable(500, 4, 10) == []  # both heads invisible
+    assert q.deliverable(1000, 4, 10) == [0, 2]  # expired heads only: 1 and 3 still wait
+    s.ack(commands.Ack(G, T, 0, 0, got.deliveries[0].epoch))
+    assert q.deliverable(10, 4, 10) == [1]
+    again = s.pop(commands.Pop(G, T, 0, 10, 1000, (1, 3), (), ((1, "a"), (3, "a"))), 0, 4, fifo=True)
+    assert [d.offset for d in again.deliveries] == [1]
+
+
+def test_a_pop_never_grants_past_the_attempts_and_dead_ends_the_delivery():
+    s = PopStates()
+    p = s.pop(commands.Pop(G, T, 0, 0, 10, (0,)), 0, 1, max_attempts=2)
+    p = s.pop(commands.Pop(G, T, 0, 10, 10, (0,)), 0, 1, max_attempts=2)
+    assert p.deliveries[0].attempt == 2
+    assert s.pop(commands.Pop(G, T, 0, 20, 10, (0,)), 0, 1, max_attempts=2).deliveries == ()
+    q = s.get((G, T, 0))
+    assert [o for o, _ in q.exhausted(20, 2)] == [0]
+    assert not s.dead(G, T, 0, 0, 1)  # an old delivery's copy ends nothing
+    assert s.dead(G, T, 0, 0, p.deliveries[0].epoch)
+    assert (q.low, q.inflight) == (1, {})
+
+
+def test_dead_letter_copy_moves_the_groups_offset(tmp_path):
+    log = Log()
+    log.command(commands.CreateTopic(T, 1))
+    log.command(commands.GroupSettingsCmd(G, groups.GroupSettings(max_attempts=1).to_json()))
+    log.message(T)
+    log.command(commands.Pop(G, T, 0, 0, 10, (0,)))
+    sm = BrokerStateMachine(tmp_path / "cq")
+    sm.apply(log.entries)
+    assert sm.group_settings(G).max_attempts == 1
+    n = len(log.entries)
+    log.message(groups.dlq_topic(G), 0, {message.PROPERTY_ORIGIN: f"dlq/0/0/1/{T}"})
+    sm.apply(log.entries[n:])
+    assert sm.committed_offset(G, T, 0) == 1 and sm.repeats == 0
+
+
+def test_group_settings_are_checked_and_backoff_follows_rocketmq():
+    d = groups.GroupSettings()
+    assert (d.fifo, d.max_attempts) == (False, 17)
+    assert [d.backoff_ms(a) for a in (1, 2, 3)] == [10_000, 30_000, 60_000]
+    assert d.backoff_ms(100) == 7_200_000
+    e = groups.GroupSettings(backoff=groups.EXPONENTIAL, initial_ms=100, max_ms=1000, multiplier=3)
+    assert [e.backoff_ms(a) for a in (1, 2, 3, 4)] == [100, 300, 900, 1000]
+    with pytest.raises(groups.GroupSettingsError):
+        groups.GroupSettings.from_json({"max_attempts": 0})
+    with pytest.raises(groups.GroupSettingsError):
+        groups.GroupSettings.from_json({"backoff": "linear"})
+    assert groups.GroupSettings.from_json(e.to_json()) == e
+
+
+def test_timer_and_half_indexes_round_trip():
+    t = TimerIndex()
+    t.add(Waiting(3, 10, T, 0))
+    t.add(Waiting(1, 5, T, 1))
+    assert TimerIndex.from_json(t.to_json()).to_json() == t.to_json()
+    h = HalfMessages.from_json({"open": [[0, 1, T, 0, "pg", "id", 2, 9]], "ended": [[5, COMMIT]]})
+    assert HalfMessages.from_json(h.to_json()).to_json() == h.to_json()
+
+
+# -- properties ------------------------------------------------------------------------------------------------
+MGROUPS = ("a", "b", "c")
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("send"), st.sampled_from(MGROUPS), st.just(0)),
+        st.tuples(st.just("send"), st.sampled_from(MGROUPS), st.just(0)),
+        st.tuples(st.just("timer"), st.integers(0, 50), st.just(0)),
+        st.tuples(st.just("half"), st.just(0), st.just(0)),
+        st.tuples(st.just("pop"), st.integers(1, 4), st.integers(1, 30)),
+        st.tuples(st.just("pop"), st.integers(1, 4), st.just(30)),
+        st.tuples(st.just("ack"), st.integers(0, 15), st.integers(0, 40)),
+        st.tuples(st.just("nack"), st.integers(0, 15), st.integers(0, 40)),
+        st.tuples(st.just("release"), st.integers(0, 10), st.just(0)),
+        st.tuples(st.just("commit"), st.integers(0, 5), st.booleans()),
+        st.tuples(st.just("check"), st.integers(0, 5), st.just(0)),
+        st.tuples(st.just("dead"), st.integers(0, 15), st.integers(0, 40)),
+        st.tuples(st.just("settings"), st.booleans(), st.integers(1, 4)),
+    ),
+    max_size=50,
+)
+
+
+def build(seq) -> Log:
+    """A log from generated steps; pops name what a leader would (computed from a shadow state machine)."""
+    log = Log()
+    log.command(commands.CreateTopic(T, 1))
+    log.command(commands.GroupSettingsCmd(G, groups.GroupSettings(fifo=True, max_attempts=3).to_json()))
+    clock = 0
+    timers = halves = 0
+    mgroup_of: dict[int, str] = {}  # queue offset -> message group, as the leader reads it off the message
+    for op, a, b in seq:
+        clock += 7
+        if op == "send":
+            mgroup_of[log.message(T, 0, {message.PROPERTY_MESSAGE_GROUP: a})] = a
+        elif op == "timer":
+            log.message(
+                TIMER_TOPIC,
+                0,
+                {
+                    message.PROPERTY_TIMER_DELIVER_MS: str(clock + a),
+                    message.PROPERTY_REAL_TOPIC: T,
+                    message.PROPERTY_REAL_QUEUE_ID: "0",
+                },
+            )
+            timers += 1
+        elif op == "half":
+            log.message(HALF_TOPIC, 0, {message.PROPERTY_REAL_TOPIC: T})
+            halves += 1
+        elif op == "pop":
+            end = log.next.get((T, 0), 0)
+            offsets = tuple(range(max(0, end - b), end))
+            mg = tuple((o, mgroup_of.get(o, "a")) for o in offsets)
+            log.command(commands.Pop(G, T, 0, clock, a * 5, offsets, (), mg))
+        elif op == "ack":
+            log.command(commands.Ack(G, T, 0, a, b))
+        elif op == "nack":
+            log.command(commands.ChangeInvisible(G, T, 0, a, b, clock, 3))
+        elif op == "release" and timers:
+            log.message(T, 0, {message.PROPERTY_ORIGIN: f"timer/{a % timers}"})
+        elif op == "commit" and halves:
+            if b:
+                log.message(T, 0, {message.PROPERTY_ORIGIN: f"half/{a % halves}"})
+            else:
+                log.command(commands.Settle("half", a % halves, "rollback"))
+        elif op == "check" and halves:
+            log.command(commands.TxCheck(a % halves, clock))
+        elif op == "dead":
+            log.message(groups.dlq_topic(G), 0, {message.PROPERTY_ORIGIN: f"dlq/0/{a}/{b}/{T}"})
+        elif op == "settings":
+            log.command(commands.GroupSettingsCmd(G, groups.GroupSettings(fifo=a, max_attempts=b).to_json()))
+    return log
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps, st.data())
+def test_replay_in_any_batching_and_from_a_snapshot_gives_the_same_state(tmp_path_factory, seq, data):
+    log = build(seq)
+    n = len(log.entries)
+    whole = BrokerStateMachine(tmp_path_factory.mktemp("a"))
+    results = whole.apply(log.entries)
+    # The same entries in other batches: the same state.
+    cut = data.draw(st.integers(0, n), label="cut")
+    split = BrokerStateMachine(tmp_path_factory.mktemp("b"))
+    split.apply(log.entries[:cut])
+    # A node restarting from a snapshot taken at the cut continues to the same state.
+    restored = BrokerStateMachine(tmp_path_factory.mktemp("c"))
+    restored.load_snapshot(io.BytesIO(snapshot(split)))
+    assert snapshot(restored) == snapshot(split)
+    assert state_of(restored) == state_of(split)
+    split.apply(log.entries[cut:])
+    restored.apply(log.entries[cut:])
+    assert snapshot(split) == snapshot(whole) == snapshot(restored)
+    assert state_of(split) == state_of(whole) == state_of(restored)
+    # Rules the state enforces whatever the leader proposed.
+    granted_at: dict[int, int] = {}
+    for e, r in zip(log.entries, results, strict=True):
+        if commands.is_command(e.body) and isinstance(commands.decode(e.body), commands.Pop):
+            for d in r.deliveries:
+                assert d.attempt >= 1
+                granted_at[d.offset] = d.attempt
+    q = whole.pops.get((G, T, 0))
+    if q is not None:
+        fifo_groups = [f.mgroup for f in q.inflight.values() if f.mgroup and f.attempt > 0]
+        # a message group has at most one delivered, unacknowledged message (the others wait)
+        assert len(fifo_groups) == len(set(fifo_groups))
+        for o, f in q.inflight.items():
+            if f.mgroup and f.attempt > 0:
+                assert all(p > o or g.mgroup != f.mgroup for p, g in q.inflight.items() if p != o), (
+                    "a later message of a message group was delivered before an earlier one was done"
+                )
+    for w in whole.timer.entries.values():
+        assert w.topic == T
+    assert all(h.checks <= MAX_CHECKS for h in whole.halves.open.values())
+
+
+names = st.from_regex(r"[a-zA-Z0-9_%-]{1,20}", fullmatch=True)
+delivery_commands = st.one_of(
+    st.builds(
+        commands.Pop,
+        names,
+        names,
+        st.integers(0, 7),
+        st.integers(0, 2**40),
+        st.integers(0, 2**31),
+        st.lists(st.integers(0, 2**40), max_size=5).map(tuple),
+        st.lists(st.integers(0, 2**40), max_size=5).map(tuple),
+        st.lists(st.tuples(st.integers(0, 2**40), st.text(max_size=10)), max_size=5).map(tuple),
+    ),
+    st.builds(
+        commands.GroupSettingsCmd,
+        names,
+        st.builds(groups.GroupSettings, st.booleans(), st.integers(1, 100)).map(lambda g: g.to_json()),
+    ),
+    st.builds(
+        commands.Settle, st.sampled_from(commands.SETTLE_KINDS), st.integers(0, 2**40), st.text(max_size=20)
+    ),
+    st.builds(commands.TxCheck, st.integers(0, 2**40), st.integers(0, 2**45)),
+)
+
+
+@given(delivery_commands)
+def test_delivery_commands_round_trip(cmd):
+    assert commands.decode(commands.encode(cmd)) == cmd
+
+
+def test_malformed_delivery_commands_are_refused():
+    with pytest.raises(commands.CommandError):
+        commands.encode(commands.Settle("other", 1, "x"))
+    with pytest.raises(commands.CommandError):
+        commands.encode(commands.TxCheck(-1, 0))
+    body = commands.encode(commands.TxCheck(1, 2)).replace(b'"offset"', b'"offzet"')
+    with pytest.raises(commands.CommandError):
+        commands.decode(body)
+
+
+fifo_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("pop"), st.integers(1, 6)),
+        st.tuples(st.just("ack"), st.integers(0, 30)),
+        st.tuples(st.just("nack"), st.integers(0, 30)),
+        st.tuples(st.just("wait"), st.integers(1, 40)),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from("abc"), min_size=1, max_size=30), fifo_steps)
+def test_a_fifo_group_sees_each_message_group_in_order_one_at_a_time(mgroups, seq):
+    """A leader that pops what ``deliverable`` offers (or every offset), a consumer that acks, nacks or lets
+    invisible times run out: each message group's messages are first delivered in offset order, a message is only delivered when all
+    earlier ones of its group were acknowledged, and never two of a group are out at once."""
+    s = PopStates()
+    end = len(mgroups)
+    now = 0
+    held: dict[int, int] = {}  # offset -> epoch of deliveries the consumer holds
+    acked: set[int] = set()
+    for op, a in seq:
+        now += 1
+        q = s.view((G, T, 0), 0)
+        if op == "pop":
+            # a = 6: a stale or careless leader names every offset; the state machine must still hold the rules
+            offsets = list(range(end)) if a == 6 else q.deliverable(now, end, a, max_attempts=5)
+            groups_of = tuple((o, mgroups[o]) for o in offsets)
+            got = s.pop(commands.Pop(G, T, 0, now, 10, tuple(offsets), (), groups_of), 0, end, True, 5)
+            for d in got.deliveries:
+                mg = mgroups[d.offset]
+                earlier = [o for o in range(d.offset) if mgroups[o] == mg]
+                assert all(o in acked for o in earlier), (
+                    f"{d.offset} of {mg} delivered before {earlier} were acked"
+                )
+                assert d.attempt <= 5
+                held[d.offset] = d.epoch
+        elif op in ("ack", "nack") and held:
+            o = sorted(held)[a % len(held)]
+            if op == "ack":
+                if s.ack(commands.Ack(G, T, 0, o, held.pop(o))).outcome.value == "done":
+                    acked.add(o)
+            else:
+                h = s.change_invisible(commands.ChangeInvisible(G, T, 0, o, held.pop(o), now, 3))
+                if h.epoch > 0:
+                    held[o] = h.epoch
+        elif op == "wait":
+            now += a
+        q = s.get((G, T, 0))
+        if q is not None:
+            out = [f.mgroup for f in q.inflight.values() if f.attempt > 0 and f.deadline_ms > now]
+            assert len(out) == len(set(out)), f"two messages of one group invisible at once: {out}"
