@@ -91,7 +91,7 @@ class BrokerPlugin:
                 err,
             )
             return service.service_names()
-        self.rocketmq = MessagingServicer(self.broker)
+        self.rocketmq = MessagingServicer(self.broker, cluster=self.registrar)
         handlers.add_to_server(self.rocketmq, server)
         return (*service.service_names(), handlers.SERVICE_NAME)
 

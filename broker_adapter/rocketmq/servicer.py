@@ -55,7 +55,7 @@ from broker_adapter.broker import Broker
 from broker_adapter.broker_pop import now_ms
 from broker_adapter.broker_types import UnknownTopicError, check_group
 from broker_adapter.groups import DEFAULT as DEFAULT_GROUP
-from broker_adapter.rocketmq import convert, route
+from broker_adapter.rocketmq import cluster_routes, convert, route
 from broker_adapter.rocketmq.forward import Forwarder, client_id, forwarded
 from broker_adapter.rocketmq.invisibility import Handled, Outcome
 from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
@@ -90,8 +90,11 @@ class ClientInfo:
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: Broker, cluster: Any = None):
+        """``cluster``: the node's name-server registrar (``broker_adapter.nameserver.registrar.Registrar``) when
+        its group belongs to a cluster; routes then also list the topic's queues in the other groups."""
         self._broker = broker
+        self._cluster = cluster
         self._node = broker.node
         self._forward = Forwarder(broker.node)
         self._round_robin: dict[str, int] = {}
@@ -165,7 +168,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             "QueryRoute",
             request,
             context,
-            lambda n: self.routes.route(request.topic, n, self._leader_address(), request.endpoints),
+            lambda n: (
+                self.routes.route(request.topic, n, self._leader_address(), request.endpoints)
+                + self._other_groups(request, cluster_routes.route_tail)
+            ),
             service_pb2.QueryRouteResponse,
             raw,
         )
@@ -173,11 +179,21 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def QueryAssignment(self, request, context, raw=None):
         def answer(n: int) -> bytes:
             check_group(request.group.name)
-            return self.routes.assignment(request.topic, n, self._leader_address(), request.endpoints)
+            return self.routes.assignment(
+                request.topic, n, self._leader_address(), request.endpoints
+            ) + self._other_groups(request, cluster_routes.assignment_tail)
 
         return await self._known_topic(
             "QueryAssignment", request, context, answer, service_pb2.QueryAssignmentResponse, raw
         )
+
+    def _other_groups(self, request, tail: Callable[..., bytes]) -> bytes:
+        """The topic's queues in the cluster's other groups (docs/cluster.md), serialized to follow this
+        group's answer; nothing for a group on its own."""
+        if self._cluster is None:
+            return b""
+        others = self._cluster.other_groups(request.topic.name, self._node.group)
+        return tail(request.topic, others, len(request.endpoints.addresses) == 1)
 
     async def _known_topic(
         self,

@@ -18,6 +18,7 @@ import grpc
 import pytest
 
 from broker_adapter import cluster as cl
+from broker_adapter.client import BrokerConnection, Consumer
 from broker_adapter.cluster_client import ClusterConsumer, ClusterProducer
 from broker_adapter.nameserver.client import NameServerClient, NoRouteError
 from dledger import group as grp
@@ -268,6 +269,84 @@ def test_the_cli_produces_and_consumes_through_the_name_servers(cluster, tmp_pat
         timeout=60,
     )
     assert r.returncode == 2 and "not host:port" in r.stderr
+
+
+def test_the_official_rocketmq_client_spreads_over_every_group_from_one_address(cluster):
+    """QueryRoute / QueryAssignment at one node of g0 list g1's queues too (from the name servers' picture), so the
+    official client sends to both groups and its SimpleConsumer receives from both."""
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+
+    from broker_adapter.rocketmq import ensure_event_loop
+
+    cl.create_topic(cluster, "RQ", 2)
+    with NameServerClient(cluster.nameserver_addresses) as nsc:
+        wait_for(lambda: _groups_with(nsc, "RQ") == 2, what="topic RQ in both groups' routes")
+    cfg = ClientConfiguration(cluster.group("g0").addresses[0], Credentials(), request_timeout=5)
+    ensure_event_loop()
+
+    def route_groups() -> set[str]:
+        import grpc as _grpc
+        from rocketmq.grpc_protocol import MessagingServiceStub, definition_pb2, service_pb2
+
+        with _grpc.insecure_channel(cluster.group("g0").addresses[0]) as ch:
+            r = MessagingServiceStub(ch).QueryRoute(
+                service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name="RQ")),
+                metadata=(("x-mq-client-id", "tests@1@0@cluster"),),
+                timeout=5,
+            )
+        return {mq.broker.name for mq in r.message_queues}
+
+    wait_for(lambda: route_groups() == {"g0", "g1"}, what="g0's route to list g1's queues")
+    producer = Producer(cfg, ("RQ",))
+    producer.startup()
+    sent = set()
+    try:
+        for i in range(24):
+            m = Message()
+            m.topic = "RQ"
+            m.body = f"rq{i}".encode()
+            sent.add(producer.send(m).message_id)
+    finally:
+        producer.shutdown()
+    consumer = SimpleConsumer(cfg, "rq-readers", {"RQ": FilterExpression()}, await_duration=1)
+    consumer.startup()
+    got = set()
+    try:
+        deadline = time.monotonic() + 60
+        while got != sent and time.monotonic() < deadline:
+            for m in consumer.receive(32, 20):
+                got.add(m.message_id)
+                consumer.ack(m)
+    finally:
+        consumer.shutdown()
+    assert got == sent
+    # Both groups hold some of them: the client really spread its sends.
+    for gname in cluster.groups:
+        with BrokerConnection(cluster.group(gname).addresses) as c:
+            info = {t.topic: t for t in c.list_topics()}["RQ"]
+            assert sum(info.max_offsets) > 0, f"{gname} got none of the official client's messages"
+            ACKS.extend(_acks_of(cluster, gname, "RQ"))
+
+
+def _acks_of(cluster, gname: str, topic: str) -> list[dict]:
+    """Ack records for messages sent by a client that keeps no ack log (the official one): read back from the
+    group, so the audit's "nothing unsent" rule knows them."""
+    out = []
+    with Consumer(cluster.group(gname).addresses, "audit-reader") as c:
+        info = {t.topic: t for t in c.list_topics()}[topic]
+        for q in range(info.queues):
+            for m in c.pull(topic, q, 0, 1000):
+                out.append(
+                    {
+                        "group": gname,
+                        "msg_id": m.msg_id,
+                        "topic": topic,
+                        "queue_id": m.queue_id,
+                        "queue_offset": m.queue_offset,
+                        "commitlog_offset": m.commitlog_offset,
+                    }
+                )
+    return out
 
 
 def test_the_audit_of_the_whole_cluster_finds_every_acknowledged_message_once(cluster, tmp_path):
