@@ -144,7 +144,9 @@ def test_follower_down_while_leader_compacts_comes_back_by_install_snapshot(tmp_
             assert _kv(node) == want
             # Its log restarts after the snapshot: the data is loaded first, then the core persists the reset
             # (peers.handle_snapshot, ready_loop.persist), so the log's start can move a little later.
-            await g.until(lambda: node.log_store.first_index > 20, what="its log restarted after the snapshot")
+            await g.until(
+                lambda: node.log_store.first_index > 20, what="its log restarted after the snapshot"
+            )
             # And it keeps following from the log afterwards.
             want.update(await _put(leader, 210, 20))
             target = leader.metadata().applied_index
