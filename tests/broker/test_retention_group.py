@@ -18,6 +18,7 @@ import pytest
 
 from broker_adapter.client import Consumer, Producer
 from dledger import group as grp
+from dledger.v1 import broker_pb2
 from tests.rocketmq.conftest import create_topic, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -64,6 +65,20 @@ def read_all(g: grp.GroupSpec, topic: str, node: grp.NodeSpec, queues: int) -> l
     return got
 
 
+def log_end(g: grp.GroupSpec) -> int | None:
+    """The log's end once every node has applied all of it (None before). ``Route`` is answered by the node
+    asked, from its own applied end: a lagging follower's is behind the log's (and the nodes' floors are
+    computed from the end each reaches), so the end is the one all nodes agree on after the last write."""
+    with Consumer(g.addresses, "probe") as c:
+        ends = {
+            c.call(
+                "Route", broker_pb2.RouteRequest(), retry_unknown=True, address=n.address
+            ).max_commitlog_offset
+            for n in g.nodes
+        }
+    return ends.pop() if len(ends) == 1 else None
+
+
 @pytest.fixture
 def groups():
     started: list[grp.GroupSpec] = []
@@ -81,8 +96,7 @@ def test_retention_by_bytes_bounds_every_node_and_deletes_no_more(tmp_path, grou
     with Producer(g.addresses) as p:
         for _ in range(60):  # about 2.2 MB: eight times the policy
             p.send_batch("ret", [body] * 50)
-    with Consumer(g.addresses, "probe") as c:
-        ends = c.route().max_commitlog_offset
+    ends = poll(lambda: log_end(g), 30, "every node applied the whole log")
     for n in g.nodes:  # the last compaction (after a snapshot of the node's own) may still be under way
         poll(
             lambda n=n: disk_bytes(Path(n.data_dir) / "data") <= keep + 3 * SEGMENT,

@@ -216,7 +216,7 @@ def _snapshot_all(d: Path) -> None:
 def _snapshot_catch_up(d: Path) -> None:
     g = grp.load(d)
     with DLedgerClient(g.addresses, g.name, timeout_s=15) as c:
-        c.append_batch([b"before the snapshot"] * 300)
+        _append_batch(c, [b"before the snapshot"] * 300)
     _snapshot_all(d)
     spec = grp.add_member(d)
     grp.promote_member(d, spec.id, timeout_s=60)
@@ -224,9 +224,9 @@ def _snapshot_catch_up(d: Path) -> None:
     with DLedgerClient(g.addresses, g.name, timeout_s=15) as c:
         with pytest.raises(NotFoundError, match="compacted"):  # it started from the snapshot, not entry 0
             c.get(5, address=spec.address)
-        c.append_batch([b"after the promotion"] * 50)
+        _append_batch(c, [b"after the promotion"] * 50)
         _snapshot_all(d)  # every log now starts after every config entry
-        top = c.append(b"last").index
+        top = _append_batch(c, [b"last"])[-1].index
     for node in (spec, g.nodes[0]):
         grp.kill_node(node)
         grp.start_node(node)
@@ -235,13 +235,24 @@ def _snapshot_catch_up(d: Path) -> None:
         for node in (spec, g.nodes[0]):
             info = wait(lambda n=node: _answer(c, n.address), timeout_s=30, what=f"{node.id} back")
             assert sorted(info.voters) == sorted(n.id for n in g.nodes) and not info.learners, info
-        top = c.append(b"after the restarts").index
+        top = _append_batch(c, [b"after the restarts"])[-1].index
         for node in g.nodes:
             wait(
                 lambda n=node: c.metadata(n.address).commit_index >= top,
                 timeout_s=30,
                 what=f"{node.id} commit",
             )
+
+
+def _append_batch(c: DLedgerClient, bodies: list[bytes]):
+    """Append, sent again when the outcome is unknown: a fresh leader can step down under load (check-quorum)
+    with the append in flight. These tests only need the entries to exist, not exactly once."""
+    for _attempt in range(5):
+        try:
+            return c.append_batch(bodies)
+        except OutcomeUnknownError:
+            continue
+    return c.append_batch(bodies)
 
 
 def _answer(c: DLedgerClient, address: str):

@@ -23,7 +23,14 @@ import pytest
 
 from dledger.core.config import RaftConfig
 from dledger.core.messages import InstallSnapshot, Role, SnapshotMeta
-from dledger.errors import ConfigError, DLedgerError, InvalidRequestError, NotFoundError
+from dledger.errors import (
+    ConfigError,
+    DLedgerError,
+    InvalidRequestError,
+    NotFoundError,
+    NotLeaderError,
+    OutcomeUnknownError,
+)
 from dledger.nodeconfig import NodeConfig
 from dledger.nodeconfig import load as load_config
 from dledger.runtime.node import Node
@@ -65,6 +72,23 @@ async def _put(leader: Node, start: int, n: int, batch: int = 10) -> dict[bytes,
             bodies.append(kv.encode_put(key, value))
         out = await leader.submit(bodies)
         assert all(not isinstance(o, BaseException) for o in out), out
+    return want
+
+
+async def _put_to_leader(g: LocalGroup, start: int, n: int, batch: int = 10) -> dict[bytes, bytes]:
+    """``_put`` to whichever node leads, each batch sent again when its leader stepped down with it in flight
+    (check-quorum on a loaded machine). Puts of fixed values in order: a batch applied twice changes nothing."""
+    want = {}
+    for i in range(start, start + n, batch):
+        for _attempt in range(10):
+            leader = await g.leader()
+            try:
+                want.update(await _put(leader, i, min(batch, start + n - i), batch))
+                break
+            except (NotLeaderError, OutcomeUnknownError):
+                continue
+        else:
+            raise AssertionError(f"batch {i} not applied: the leader kept stepping down")
     return want
 
 
@@ -126,26 +150,30 @@ def test_follower_down_while_leader_compacts_comes_back_by_install_snapshot(tmp_
         g = _group(tmp_path)
         try:
             await g.start()
+            want = await _put_to_leader(g, 0, 10)
             leader = await g.leader()
-            want = await _put(leader, 0, 10)
             pid = next(p for p, n in g.nodes.items() if n is not leader)
             await g.until(lambda: g.nodes[pid].metadata().applied_index >= 9, what="follower applied")
             await g.nodes[pid].stop()
-            want.update(await _put(leader, 10, 200))
+            want.update(await _put_to_leader(g, 10, 200))
             await g.until(
                 lambda: leader.log_store.first_index > 20, what="leader compacted past the follower"
             )
             node = await _restart(g, pid)
             await g.until(lambda: node.stats["snapshots_installed"] >= 1, what="snapshot installed")
-            target = leader.metadata().applied_index
+            target = (await g.leader()).metadata().applied_index
             await g.until(
                 lambda: node.metadata().applied_index >= target, what="installed follower catches up"
             )
             assert _kv(node) == want
-            assert node.log_store.first_index > 20  # its log restarted after the snapshot
+            # Its log restarts after the snapshot: the data is loaded first, then the core persists the reset
+            # (peers.handle_snapshot, ready_loop.persist), so the log's start can move a little later.
+            await g.until(
+                lambda: node.log_store.first_index > 20, what="its log restarted after the snapshot"
+            )
             # And it keeps following from the log afterwards.
-            want.update(await _put(leader, 210, 20))
-            target = leader.metadata().applied_index
+            want.update(await _put_to_leader(g, 210, 20))
+            target = (await g.leader()).metadata().applied_index
             await g.until(lambda: node.metadata().applied_index >= target, what="follows the log again")
             assert _kv(node) == want
         finally:
