@@ -37,6 +37,7 @@ from dledger import member
 from dledger.cliutil import AddressesOpt, addresses_of, console, err_console
 from dledger.cliutil import fail as _fail  # the name this module's many call sites use
 from dledger.errors import DLedgerError
+from dledger.transport.grpc import run_sync
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="dledger-py: a Raft-replicated log service."
@@ -378,7 +379,7 @@ def kill_leader(dir: DirOption) -> None:
     """kill -9 the leader and report the time to a new leader and to the next successful append."""
     try:
         g = grp.load(dir)
-        f = asyncio.run(grp.kill_leader_async(g))
+        f = run_sync(grp.kill_leader_async(g))
     except DLedgerError as e:
         _fail(str(e))
     console.print(
@@ -396,7 +397,7 @@ def snapshot(dir: DirOption) -> None:
     except DLedgerError as e:
         _fail(str(e))
     failed = []
-    for spec, outcome in asyncio.run(_snapshot_all(g)):
+    for spec, outcome in run_sync(_snapshot_all(g)):
         if isinstance(outcome, BaseException):
             failed.append(spec.id)
             err_console.print(f"[red]error:[/red] {spec.id} at {spec.address}: {outcome}")
@@ -501,7 +502,7 @@ def run_demo(dir: Path, entries: int) -> int:
             )
 
         step("3. kill -9 the leader")
-        f = asyncio.run(grp.kill_leader_async(g))
+        f = run_sync(grp.kill_leader_async(g))
         console.print(
             f"killed [red]{f.killed}[/red] (pid {f.pid}); [green]{f.new_leader}[/green] leads after "
             f"[bold]{f.to_leader_s * 1000:.0f} ms[/bold]; appends succeed again after "

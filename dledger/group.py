@@ -32,6 +32,7 @@ from pathlib import Path
 
 from dledger.errors import ConfigError, DLedgerError, OutcomeUnknownError, UnavailableError
 from dledger.transport.base import NodeInfo
+from dledger.transport.grpc import run_sync
 
 DEFAULT_BASE_PORT = 20911
 MANIFEST = "group.json"
@@ -452,11 +453,11 @@ def configuration(group: GroupSpec, timeout_s: float = 0.5) -> NodeInfo | None:
         leaders = [i for i in infos if i is not None and i.role == "leader"]
         return max(leaders, key=lambda i: i.term) if leaders else None
 
-    return asyncio.run(ask())
+    return run_sync(ask())
 
 
 def status(group: GroupSpec, timeout_s: float = 0.5) -> list[NodeStatus]:
-    return asyncio.run(status_async(group, timeout_s))
+    return run_sync(status_async(group, timeout_s))
 
 
 def client_security(path: str) -> dict:
@@ -492,7 +493,7 @@ async def wait_for_leader_async(
 
 
 def wait_for_leader(group: GroupSpec, timeout_s: float = 15.0, exclude: str | None = None) -> NodeStatus:
-    return asyncio.run(wait_for_leader_async(group, timeout_s, exclude))
+    return run_sync(wait_for_leader_async(group, timeout_s, exclude))
 
 
 def wait_for_all(group: GroupSpec, timeout_s: float = 10.0) -> list[NodeStatus]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +9,7 @@ import typer
 
 from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, fail
 from dledger.errors import DLedgerError
+from dledger.transport.grpc import run_sync
 
 kv_app = typer.Typer(help="Key-value store of a group running state_machine = kv.", no_args_is_help=True)
 
@@ -22,7 +22,7 @@ def _run(dir: Path | None, addresses: str | None, op):
             return await op(kv)
 
     try:
-        return asyncio.run(go())
+        return run_sync(go())
     except DLedgerError as e:
         fail(f"{type(e).__name__}: {e}")
 

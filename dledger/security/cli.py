@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +10,7 @@ import typer
 
 from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, console, fail
 from dledger.errors import DLedgerError
+from dledger.transport.grpc import run_sync
 
 user_app = typer.Typer(no_args_is_help=True, help="Users and permissions of a secure group (replicated).")
 
@@ -58,7 +58,7 @@ def _call(dir, addresses, method: str, request: dict) -> object:
             await client.close()
 
     try:
-        return asyncio.run(run())
+        return run_sync(run())
     except DLedgerError as e:
         fail(str(e))
 

@@ -8,7 +8,6 @@ the group. Speaks to the broker through its generated stubs only (this layer doe
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import grpc
@@ -19,6 +18,7 @@ from dledger.errors import DLedgerError
 from dledger.security import tls
 from dledger.security.client import SecurityClient
 from dledger.security.config import ClientSecurity
+from dledger.transport.grpc import run_sync
 from dledger.v1 import broker_pb2, broker_pb2_grpc, raft_pb2, raft_pb2_grpc
 
 USER = ("alice", "alice-demo-secret")
@@ -73,7 +73,7 @@ def run(group_dir: Path, console: Console) -> int:
                 stub.CreateTopic(broker_pb2.CreateTopicRequest(topic=topic, queues=2), timeout=10)
         finally:
             ch.close()
-        asyncio.run(setup())
+        run_sync(setup())
         console.print("user alice may publish to 'orders' (dledger user add, a log entry every node applies)")
         ca = admin.ca_file
         alice = tls.client_channel_credentials(ClientSecurity(ca, *USER))
