@@ -41,6 +41,17 @@ def ack_record(r: SendResult) -> dict:
     }
 
 
+def consumed_record(m) -> dict:
+    """One line of ``consume --out``: where a consumed message was (the same fields as an ack record)."""
+    return {
+        "msg_id": m.msg_id,
+        "topic": m.topic,
+        "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset,
+        "commitlog_offset": m.commitlog_offset,
+    }
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("{task.description}"),
@@ -302,14 +313,7 @@ def consume(
                     n += 1
                     bar.update(task, advance=1)
                     if sink is not None:
-                        rec = {
-                            "msg_id": m.msg_id,
-                            "topic": m.topic,
-                            "queue_id": m.queue_id,
-                            "queue_offset": m.queue_offset,
-                            "commitlog_offset": m.commitlog_offset,
-                        }
-                        sink.write(json.dumps(rec) + "\n")
+                        sink.write(json.dumps(consumed_record(m)) + "\n")
                     if not quiet:
                         text = m.body[:60].decode(errors="replace")
                         console.print(f"{m.queue_id}:{m.queue_offset} {m.msg_id} {m.tags or ''} {text}")
@@ -336,15 +340,7 @@ def _consume_cluster(
                 for q, m in c.messages(idle_s=idle_s, limit=count or None):
                     n += 1
                     if sink is not None:
-                        rec = {
-                            "group": q.group,
-                            "msg_id": m.msg_id,
-                            "topic": m.topic,
-                            "queue_id": m.queue_id,
-                            "queue_offset": m.queue_offset,
-                            "commitlog_offset": m.commitlog_offset,
-                        }
-                        sink.write(json.dumps(rec) + "\n")
+                        sink.write(json.dumps({"group": q.group, **consumed_record(m)}) + "\n")
                     if not quiet:
                         text = m.body[:60].decode(errors="replace")
                         console.print(
