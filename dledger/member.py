@@ -18,6 +18,7 @@ import typer
 from rich.table import Table
 
 from dledger import group as grp
+from dledger import group_members as members
 from dledger.cliutil import console, fail
 from dledger.errors import DLedgerError
 
@@ -77,10 +78,10 @@ def member_add(
 ) -> None:
     """Start a new node on a new directory and port and add it as a learner (it catches up from the leader)."""
     try:
-        spec = grp.add_member(dir, node_id, port)
+        spec = members.add_member(dir, node_id, port)
         console.print(f"added learner [bold]{spec.id}[/bold] at {spec.address} ({spec.data_dir})")
         if promote:
-            grp.promote_member(dir, spec.id)
+            members.promote_member(dir, spec.id)
             console.print(f"promoted [bold]{spec.id}[/bold] to voter")
     except DLedgerError as e:
         fail(str(e))
@@ -90,7 +91,7 @@ def member_add(
 def member_promote(dir: DirOption, node: NodeArg) -> None:
     """Make learner NODE a voter once it holds everything committed."""
     try:
-        grp.promote_member(dir, node)
+        members.promote_member(dir, node)
     except DLedgerError as e:
         fail(str(e))
     console.print(f"promoted [bold]{node}[/bold] to voter")
@@ -104,7 +105,7 @@ def member_remove(
 ) -> None:
     """Remove NODE from the group (a leader hands leadership over first), stop it, drop it from group.json."""
     try:
-        grp.remove_member(dir, node, stop=not keep_running)
+        members.remove_member(dir, node, stop=not keep_running)
     except DLedgerError as e:
         fail(str(e))
     console.print(f"removed [bold]{node}[/bold]; its directory stays on disk")
@@ -119,7 +120,7 @@ def replace_node(
     """Replace dead node NODE: a new node on a new dir and port joins as a learner, catches up (snapshot + log),
     is promoted, and NODE is removed. The group keeps serving throughout."""
     try:
-        r = grp.replace_node(dir, node, port, timeout)
+        r = members.replace_node(dir, node, port, timeout)
     except DLedgerError as e:
         fail(str(e))
     console.print(

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dledger import group as grp
+from dledger import group_members as members
 from dledger.client import AsyncDLedgerClient, DLedgerClient
 from dledger.errors import DLedgerError, InvalidRequestError, NotFoundError, OutcomeUnknownError
 from tests.integration.conftest import read_log, wait
@@ -101,14 +102,14 @@ def _replace_a_killed_follower(g: grp.GroupSpec, d: Path) -> None:
         victim = next(n for n in g.nodes if n.id != leader.id)
         assert grp.kill_node(victim) is not None
         p.wait_for(100, "appends with a follower down")
-        r = grp.replace_node(d, victim.id, timeout_s=60)
+        r = members.replace_node(d, victim.id, timeout_s=60)
         p.wait_for(200, "appends after the replacement")
         # Then the leader's machine: killed, and replaced the same way once another node leads.
         g2 = grp.load(d)
         old_leader = grp.wait_for_leader(g2)
         assert grp.kill_node(g2.node(old_leader.id)) is not None
         grp.wait_for_leader(g2, exclude=old_leader.id)
-        r2 = grp.replace_node(d, old_leader.id, timeout_s=60)
+        r2 = members.replace_node(d, old_leader.id, timeout_s=60)
         p.wait_for(200, "appends after replacing the leader")
     finally:
         p.stop()
@@ -140,17 +141,17 @@ def _grow_and_shrink(g: grp.GroupSpec, d: Path) -> None:
     try:
         p.wait_for(100, "appends before growing")
         for _ in range(2):
-            spec = grp.add_member(d)
-            grp.promote_member(d, spec.id, timeout_s=60)
+            spec = members.add_member(d)
+            members.promote_member(d, spec.id, timeout_s=60)
             added.append(spec.id)
             p.wait_for(50, f"appends after adding {spec.id}")
         lead = grp.configuration(grp.load(d))
         assert lead is not None and len(lead.voters) == 5 and not lead.learners
         # Shrink back: remove the leader (it hands over first), then one of the original nodes.
-        grp.remove_member(d, lead.node_id)
+        members.remove_member(d, lead.node_id)
         p.wait_for(50, "appends after removing the leader")
         rest = [n.id for n in grp.load(d).nodes if n.id not in added]
-        grp.remove_member(d, rest[0])
+        members.remove_member(d, rest[0])
         p.wait_for(100, "appends on three nodes again")
     finally:
         p.stop()
@@ -218,8 +219,8 @@ def _snapshot_catch_up(d: Path) -> None:
     with DLedgerClient(g.addresses, g.name, timeout_s=15) as c:
         _append_batch(c, [b"before the snapshot"] * 300)
     _snapshot_all(d)
-    spec = grp.add_member(d)
-    grp.promote_member(d, spec.id, timeout_s=60)
+    spec = members.add_member(d)
+    members.promote_member(d, spec.id, timeout_s=60)
     g = grp.load(d)
     with DLedgerClient(g.addresses, g.name, timeout_s=15) as c:
         with pytest.raises(NotFoundError, match="compacted"):  # it started from the snapshot, not entry 0
@@ -266,7 +267,7 @@ def test_a_learner_serves_committed_reads_and_nothing_past_its_commit_index(make
     g = make_group(3)
     d = Path(g.nodes[0].data_dir).parent
     try:
-        spec = grp.add_member(d)
+        spec = members.add_member(d)
         with DLedgerClient(g.addresses, g.name, timeout_s=15) as c:
             results = c.append_batch([f"r{i}".encode() for i in range(20)])
             top = results[-1].index

@@ -1,0 +1,173 @@
+"""Membership of a local group: add a learner, promote it, remove a member, replace a dead node (docs/membership.md).
+
+The group's files are ``dledger.group``'s; these change who is in it, through the leader's ``ChangeMembership``
+call (a configuration entry in the log), and keep group.json in step. ``dledger member`` and
+``dledger group replace-node`` (``dledger/member.py``) are the commands over them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dledger.errors import ConfigError, UnavailableError
+from dledger.group import (
+    GroupSpec,
+    NodeSpec,
+    _node_toml,
+    _write_manifest,
+    client_security,
+    configuration,
+    free_ports,
+    load,
+    start_node,
+    stop_node,
+    wait_caught_up,
+)
+
+
+def _client(group: GroupSpec, timeout_s: float = 15.0):
+    from dledger.client import DLedgerClient
+
+    return DLedgerClient(
+        group.addresses,
+        group.name,
+        timeout_s=timeout_s,
+        rpc_timeout_s=min(5.0, timeout_s),
+        **client_security(group.security),
+    )
+
+
+def _next_id(group: GroupSpec, directory: Path) -> str:
+    """The first free ``nK`` (an id never reused while its directory exists: a removed node's log stays)."""
+    taken = {n.id for n in group.nodes}
+    k = 0
+    while f"n{k}" in taken or (directory / f"n{k}").exists():
+        k += 1
+    return f"n{k}"
+
+
+def add_member(directory: Path, node_id: str | None = None, port: int | None = None) -> NodeSpec:
+    """Start a new node on a new directory and port, joining as a learner: it knows no configuration until the
+    leader's log (or snapshot) reaches it. Records it in group.json, then asks the leader to add it; returns
+    once the change committed. It catches up by itself; ``promote_member`` makes it a voter."""
+    directory = Path(directory).resolve()
+    group = load(directory)
+    if group.links:
+        raise ConfigError("membership changes are not supported on a proxied (chaos) group")
+    if group.security:
+        raise ConfigError(
+            "adding a node to a secure group is not supported yet: the new node needs a certificate from the "
+            "group's CA (docs/membership.md); member promote/remove work"
+        )
+    node_id = node_id or _next_id(group, directory)
+    if any(n.id == node_id for n in group.nodes):
+        raise ConfigError(f"node {node_id} is already in the group in {directory}")
+    port = port or free_ports(1)[0]
+    spec = NodeSpec(
+        node_id, f"127.0.0.1:{port}", str(directory / node_id), str(directory / node_id / "node.toml")
+    )
+    if Path(spec.data_dir).exists() and any(Path(spec.data_dir).iterdir()):
+        raise ConfigError(f"{spec.data_dir} is not empty: a new member starts from an empty directory")
+    grown = GroupSpec(
+        group.name, group.flush, (*group.nodes, spec), group.state_machine, security=group.security
+    )
+    Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
+    Path(spec.config).write_text(_node_toml(spec, grown, _raft_of(group), join=True))
+    _write_manifest(directory, grown)
+    start_node(spec)
+    with _client(group) as c:
+        c.change_membership("add-learner", node_id, spec.address)
+    return spec
+
+
+def _raft_of(group: GroupSpec) -> dict[str, int]:
+    """The [raft] settings of the group's first node (a new member must time like the others)."""
+    import tomllib
+
+    for n in group.nodes:
+        with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
+            return dict(tomllib.loads(Path(n.config).read_text()).get("raft", {}))
+    return {}
+
+
+def wait_learner_caught_up(group: GroupSpec, node_id: str, timeout_s: float = 60.0) -> int:
+    """Poll until ``node_id`` has committed what the leader had committed when asked; returns that index."""
+    lead = configuration(group)
+    if lead is None:
+        raise UnavailableError("no leader answers; try again once one is elected")
+    row = wait_caught_up(group, node_id, lead.commit_index, timeout_s)
+    if row is None or row.commit_index is None or row.commit_index < lead.commit_index:
+        raise UnavailableError(
+            f"{node_id} did not catch up to index {lead.commit_index} within {timeout_s:.0f} s "
+            f"(it holds {None if row is None else row.commit_index}); see {group.node(node_id).data_dir}/node.log"
+        )
+    return lead.commit_index
+
+
+def promote_member(directory: Path, node_id: str, timeout_s: float = 60.0) -> None:
+    """Make learner ``node_id`` a voter once it has caught up (the leader refuses a learner that lags)."""
+    group = load(directory)
+    group.node(node_id)
+    wait_learner_caught_up(group, node_id, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    with _client(group) as c:
+        while True:
+            try:
+                c.change_membership("promote", node_id)
+                return
+            except UnavailableError as e:  # still a little behind, or a change in flight: retry shortly
+                if time.monotonic() > deadline:
+                    raise UnavailableError(f"could not promote {node_id}: {e}") from e
+                time.sleep(0.1)
+
+
+def remove_member(directory: Path, node_id: str, stop: bool = True) -> None:
+    """Remove ``node_id`` from the configuration (the leader transfers leadership first if it is the one
+    removed), then stop its process and drop it from group.json; its directory stays on disk."""
+    directory = Path(directory).resolve()
+    group = load(directory)
+    spec = group.node(node_id)
+    others = GroupSpec(
+        group.name,
+        group.flush,
+        tuple(n for n in group.nodes if n.id != node_id),
+        group.state_machine,
+        security=group.security,
+    )
+    with _client(group) as c:
+        c.change_membership("remove", node_id)
+    if stop:
+        stop_node(spec)
+    _write_manifest(directory, others)
+
+
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    dead: str
+    new: str
+    address: str
+    caught_up_index: int
+    seconds: float
+
+
+def replace_node(
+    directory: Path, dead: str, port: int | None = None, timeout_s: float = 120.0
+) -> Replacement:
+    """Replace node ``dead`` (its machine is gone) by a new node on a new directory and port: start it as a
+    learner, let it catch up (snapshot + log, streamed by the leader), promote it, then remove ``dead``. The
+    group keeps serving throughout: until the removal a dead voter counts as a missing vote, as before."""
+    t0 = time.monotonic()
+    directory = Path(directory).resolve()
+    group = load(directory)
+    group.node(dead)
+    if len(group.nodes) < 2:
+        raise ConfigError("a one-node group cannot replace its only node: add a member first")
+    spec = add_member(directory, port=port)
+    group = load(directory)
+    index = wait_learner_caught_up(group, spec.id, timeout_s)
+    promote_member(directory, spec.id, timeout_s)
+    remove_member(directory, dead)
+    return Replacement(dead, spec.id, spec.address, index, time.monotonic() - t0)
