@@ -36,7 +36,7 @@ from storage.errors import (
     StoreClosedError,
 )
 from storage.fileio import FileIO, is_disk_full
-from storage.index import DEFAULT_UNITS_PER_FILE, UNIT, IndexFiles
+from storage.index import DEFAULT_UNITS_PER_FILE, UNIT, IndexFiles, units_per_file_of
 from storage.recovery import LogStart, Recovery, recover
 from storage.segments import DataSegments
 
@@ -558,14 +558,18 @@ def repair(
     directory: str,
     segment_size: int = codec.DEFAULT_SEGMENT_SIZE,
     *,
-    index_units: int = DEFAULT_UNITS_PER_FILE,
+    index_units: int | None = None,
 ) -> Recovery:
     """Check every entry and truncate the log at the first bad one (the operator's answer to corruption).
 
+    ``index_units`` None: the size the node's index files were made with (``dledger repair`` has no node config
+    to read ``[storage] index_units_per_file`` from), or the default for a log without index files.
     Returns the ``Recovery``: ``bad`` names the file, offset and index cut, ``dropped_entries`` how many
     entries (by the index's count) were lost with it. Losing entries can break Raft's promises for this node:
     run it only when the node can refill its log from the group.
     """
+    if index_units is None:
+        index_units = units_per_file_of(os.path.join(directory, "index")) or DEFAULT_UNITS_PER_FILE
     store = FileLogStore(directory, segment_size, "sync", 10, FileIO(), index_units, "full", 0, repair=True)
     result = store.recovery
     store.close()
