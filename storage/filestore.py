@@ -53,7 +53,7 @@ class FileLogStore:
         flush: str,
         flush_interval_ms: int,
         io: FileIO,
-        index_units: int,
+        index_units: int | None,
         verify: str,
         tail_bytes: int,
         repair: bool,
@@ -89,6 +89,8 @@ class FileLogStore:
         self._data_dir = data_dir
         self._start = start
         self._segments = DataSegments(data_dir, segment_size, io)
+        if index_units is None:
+            index_units = units_per_file_of(index_dir) or DEFAULT_UNITS_PER_FILE
         try:
             self._index = IndexFiles(index_dir, index_units, io)
         except BaseException:
@@ -125,7 +127,7 @@ class FileLogStore:
         flush_interval_ms: int = 10,
         *,
         io: FileIO | None = None,
-        index_units: int = DEFAULT_UNITS_PER_FILE,
+        index_units: int | None = None,
         verify: str = "tail",
         tail_bytes: int = 32 << 20,
     ) -> FileLogStore:
@@ -133,7 +135,9 @@ class FileLogStore:
 
         ``verify="tail"`` checks the last ``tail_bytes`` of the log (fast open); ``"full"`` checks every entry.
         Corruption before the tail raises ``StorageCorruptError``; run ``repair`` to truncate there.
-        ``store.recovery`` reports what recovery found and did.
+        ``store.recovery`` reports what recovery found and did. ``index_units``: units per index file (a node
+        passes its ``[storage] index_units_per_file``); None: what the log's index files were made with, the
+        default for a new log, so a tool opening a node's log without its config keeps the node's layout.
         """
         return cls(
             directory,
@@ -562,14 +566,12 @@ def repair(
 ) -> Recovery:
     """Check every entry and truncate the log at the first bad one (the operator's answer to corruption).
 
-    ``index_units`` None: the size the node's index files were made with (``dledger repair`` has no node config
-    to read ``[storage] index_units_per_file`` from), or the default for a log without index files.
+    ``index_units`` None: the size the index files were made with (``dledger repair`` has no node config), as
+    for ``FileLogStore.open``.
     Returns the ``Recovery``: ``bad`` names the file, offset and index cut, ``dropped_entries`` how many
     entries (by the index's count) were lost with it. Losing entries can break Raft's promises for this node:
     run it only when the node can refill its log from the group.
     """
-    if index_units is None:
-        index_units = units_per_file_of(os.path.join(directory, "index")) or DEFAULT_UNITS_PER_FILE
     store = FileLogStore(directory, segment_size, "sync", 10, FileIO(), index_units, "full", 0, repair=True)
     result = store.recovery
     store.close()

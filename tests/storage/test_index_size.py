@@ -18,7 +18,7 @@ SEGMENT = 4096
 N = 50
 
 
-def open_store(d, units: int) -> FileLogStore:
+def open_store(d, units: int | None) -> FileLogStore:
     return FileLogStore.open(str(d), segment_size=SEGMENT, index_units=units)
 
 
@@ -27,7 +27,7 @@ def index_files(d) -> list[tuple[int, int]]:
     return [(base, os.path.getsize(p)) for base, p in list_segments(os.path.join(d, "index"))]
 
 
-def written(d, units: int) -> list[tuple[int, int, int]]:
+def written(d, units: int | None) -> list[tuple[int, int, int]]:
     """(index, term, pos) of every entry, read back through the index of a store opened with ``units``."""
     s = open_store(d, units)
     try:
@@ -82,6 +82,14 @@ def test_a_smaller_first_file_is_grown_and_used(tmp_path):
     assert [(i, s.term(i), s.entries(i, i + 1)[0].pos) for i in range(10)] == before
     s.close()
     assert index_files(tmp_path) == [(0, 64 * UNIT_SIZE)]
+
+
+def test_a_store_opened_without_a_size_keeps_the_size_its_files_were_made_with(log):
+    """A tool (or a test) opening a node's log without the node's config: with the default size it would grow
+    the first file to 160 MiB, and the node would then refuse it at its next start."""
+    assert written(log, None)[-1][0] == N - 1
+    assert index_files(log) == [(0, 512), (512, 512), (1024, 512), (1536, 512)]
+    assert written(log, 16)[-1][0] == N - 1
 
 
 def test_repair_uses_the_size_the_files_were_made_with(log):
