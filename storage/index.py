@@ -61,8 +61,9 @@ def _other_size(path: str, base: int, size: int, units_per_file: int, made: int)
 
 def units_per_file_of(directory: str) -> int | None:
     """The ``units_per_file`` the index files in ``directory`` were made with: the size of the largest (a file
-    is never larger than its setting; a smaller one was cut by a crash), or None without files. For tools that
-    open a stopped node's log without its config (``dledger repair``)."""
+    is never larger than its setting; a smaller one was cut by a crash), or None without files. What a store
+    opened without a size uses (``FileLogStore.open``, ``repair``): tools and tests that open a node's log
+    without its config keep the node's layout."""
     if not os.path.isdir(directory):
         return None
     largest = max((os.stat(path).st_size for _, path in list_segments(directory)), default=0)
