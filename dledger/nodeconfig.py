@@ -37,6 +37,9 @@ Example file (all keys optional except ``id``, ``data_dir`` and ``peers``)::
     ca = "tls/ca.pem"
     admin = "admin.toml"
 
+    [storage]                 # the log's files (docs/storage.md)
+    index_units_per_file = 5242880  # index units (32 bytes each) per index file: 160 MiB files, as DLedger
+
     [snapshot]                # when the state machine's state is saved and the log before it compacted
     entries = 100000          # entries applied since the last snapshot
     bytes = 268435456         # or body bytes applied since the last snapshot, whichever comes first
@@ -46,6 +49,7 @@ Example file (all keys optional except ``id``, ``data_dir`` and ``peers``)::
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -55,6 +59,7 @@ from typing import Any
 from dledger.core.config import RaftConfig
 from dledger.errors import ConfigError
 from dledger.security.config import SecurityConfig
+from storage.index import DEFAULT_UNITS_PER_FILE
 
 FLUSH_POLICIES = ("sync", "async")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -74,6 +79,7 @@ _TOP_KEYS = {
     "broker",
     "security",
     "join",
+    "storage",
 }
 _BROKER_KEYS = {
     "auto_create_topic_queues",
@@ -87,6 +93,26 @@ _BROKER_KEYS = {
 }
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
 _SNAPSHOT_KEYS = {"entries": "snapshot_entries", "bytes": "snapshot_bytes", "keep": "snapshot_keep"}
+_STORAGE_KEYS = {"index_units_per_file"}
+INDEX_UNITS_ENV = "DLEDGER_INDEX_UNITS_PER_FILE"
+INDEX_UNITS_RANGE = (1024, 1 << 27)  # 32 KiB .. 4 GiB index files
+
+
+def default_index_units() -> int:
+    """``[storage] index_units_per_file`` when a node's config does not give it: DLedger's 160 MiB files, unless
+    the environment variable DLEDGER_INDEX_UNITS_PER_FILE says otherwise.
+
+    Why an environment variable: the test suite creates nodes in-process (``NodeConfig(...)``), through
+    ``dledger.group.create`` and through ``dledger group up`` / ``cluster up`` in child processes; the
+    variable, set once in tests/conftest.py, reaches every one of them (children inherit it), so no test
+    preallocates 160 MiB a node. A value in the config file wins over it (docs/storage.md)."""
+    raw = os.environ.get(INDEX_UNITS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_UNITS_PER_FILE
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{INDEX_UNITS_ENV} must be an integer, got {raw!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +155,8 @@ class NodeConfig:
     # [broker] how far ahead a delayed message's delivery time may be (RocketMQ's proxy default: 1 day); a later
     # one is refused (RocketMQ 5: ILLEGAL_DELIVERY_TIME).
     max_delay_ms: int = 86_400_000
+    # [storage] index units (32 bytes each) per index file; the files are preallocated whole (storage/index.py)
+    index_units_per_file: int = field(default_factory=default_index_units)
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
@@ -205,6 +233,9 @@ class NodeConfig:
             raise ConfigError(
                 f"[broker] max_delay_ms must be an integer in 1000..{400 * 86_400_000}, got {d!r}"
             )
+        u, (lo, hi) = self.index_units_per_file, INDEX_UNITS_RANGE
+        if isinstance(u, bool) or not isinstance(u, int) or not lo <= u <= hi:
+            raise ConfigError(f"[storage] index_units_per_file must be an integer in {lo}..{hi}, got {u!r}")
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise ConfigError(f"data_dir {self.data_dir} exists and is not a directory")
 
@@ -272,6 +303,10 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
     bad_broker = set(broker) - _BROKER_KEYS
     if bad_broker:
         raise ConfigError(f"[broker]: unknown keys {sorted(bad_broker)}; known: {sorted(_BROKER_KEYS)}")
+    storage = dict(raw.get("storage", {}))
+    bad_storage = set(storage) - _STORAGE_KEYS
+    if bad_storage:
+        raise ConfigError(f"[storage]: unknown keys {sorted(bad_storage)}; known: {sorted(_STORAGE_KEYS)}")
     limits = dict(raw.get("limits", {}))
     bad_limits = set(limits) - _LIMIT_KEYS
     if bad_limits:
@@ -329,6 +364,10 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
             kwargs[name] = v
     for name in _BROKER_KEYS:
         v = overrides.get(name, broker.get(name))
+        if v is not None:
+            kwargs[name] = v
+    for name in _STORAGE_KEYS:
+        v = overrides.get(name, storage.get(name))
         if v is not None:
             kwargs[name] = v
     for key, name in _SNAPSHOT_KEYS.items():

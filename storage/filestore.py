@@ -36,7 +36,7 @@ from storage.errors import (
     StoreClosedError,
 )
 from storage.fileio import FileIO, is_disk_full
-from storage.index import DEFAULT_UNITS_PER_FILE, UNIT, IndexFiles
+from storage.index import DEFAULT_UNITS_PER_FILE, UNIT, IndexFiles, units_per_file_of
 from storage.recovery import LogStart, Recovery, recover
 from storage.segments import DataSegments
 
@@ -53,7 +53,7 @@ class FileLogStore:
         flush: str,
         flush_interval_ms: int,
         io: FileIO,
-        index_units: int,
+        index_units: int | None,
         verify: str,
         tail_bytes: int,
         repair: bool,
@@ -89,6 +89,8 @@ class FileLogStore:
         self._data_dir = data_dir
         self._start = start
         self._segments = DataSegments(data_dir, segment_size, io)
+        if index_units is None:
+            index_units = units_per_file_of(index_dir) or DEFAULT_UNITS_PER_FILE
         try:
             self._index = IndexFiles(index_dir, index_units, io)
         except BaseException:
@@ -125,7 +127,7 @@ class FileLogStore:
         flush_interval_ms: int = 10,
         *,
         io: FileIO | None = None,
-        index_units: int = DEFAULT_UNITS_PER_FILE,
+        index_units: int | None = None,
         verify: str = "tail",
         tail_bytes: int = 32 << 20,
     ) -> FileLogStore:
@@ -133,7 +135,9 @@ class FileLogStore:
 
         ``verify="tail"`` checks the last ``tail_bytes`` of the log (fast open); ``"full"`` checks every entry.
         Corruption before the tail raises ``StorageCorruptError``; run ``repair`` to truncate there.
-        ``store.recovery`` reports what recovery found and did.
+        ``store.recovery`` reports what recovery found and did. ``index_units``: units per index file (a node
+        passes its ``[storage] index_units_per_file``); None: what the log's index files were made with, the
+        default for a new log, so a tool opening a node's log without its config keeps the node's layout.
         """
         return cls(
             directory,
@@ -558,10 +562,12 @@ def repair(
     directory: str,
     segment_size: int = codec.DEFAULT_SEGMENT_SIZE,
     *,
-    index_units: int = DEFAULT_UNITS_PER_FILE,
+    index_units: int | None = None,
 ) -> Recovery:
     """Check every entry and truncate the log at the first bad one (the operator's answer to corruption).
 
+    ``index_units`` None: the size the index files were made with (``dledger repair`` has no node config), as
+    for ``FileLogStore.open``.
     Returns the ``Recovery``: ``bad`` names the file, offset and index cut, ``dropped_entries`` how many
     entries (by the index's count) were lost with it. Losing entries can break Raft's promises for this node:
     run it only when the node can refill its log from the group.

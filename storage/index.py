@@ -13,6 +13,13 @@ The unit of index i is at byte ``(i % units_per_file) * 32`` of the file named `
 Index files are derived from the data files and rebuilt from them by recovery, so they are never fsynced on the
 append path. They are preallocated with ``posix_fallocate`` at creation (DLedger preallocates too), which makes
 the mmap writes that fill them safe: a full disk fails the creation, cleanly, never a later store into the map.
+
+``units_per_file`` is a node setting (``[storage] index_units_per_file``, docs/storage.md): DLedger's 160 MiB
+by default, small in the test suite, where hundreds of nodes would otherwise preallocate tens of gigabytes.
+Because a unit's byte is ``index * 32`` whatever the file size, a log whose files were made with another size
+still has every unit in its place; only the cut into files differs. Opening files of another size is refused
+when that shows (a file larger than the setting's, or one starting where no file of this size can start), with
+the file named; what cannot show (a smaller first file, e.g. one cut by a crash) is grown and used as it is.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from storage.errors import StorageCorruptError
+from storage.errors import StorageError
 from storage.fileio import FileIO
 from storage.segments import list_segments, segment_name
 
@@ -33,6 +40,34 @@ DEFAULT_UNITS_PER_FILE: Final = 5_242_880  # 160 MiB files, as DLedger
 _ZERO_UNIT: Final = bytes(UNIT_SIZE)
 _TERM: Final = struct.Struct(">q")
 _POS_SIZE: Final = struct.Struct(">qi")
+
+
+def _other_size(path: str, base: int, size: int, units_per_file: int, made: int) -> StorageError:
+    """The error for an index file made with another ``index_units_per_file`` (``made``: the largest file's
+    units, see ``units_per_file_of``); why files of another size can be refused, see the module docstring."""
+    shows = (
+        f"holds {size // UNIT_SIZE} units" if size > units_per_file * UNIT_SIZE else f"starts at byte {base}"
+    )
+    was = (
+        f"index_units_per_file = {made}"
+        if made and made != units_per_file
+        else "another index_units_per_file"
+    )
+    return StorageError(
+        f"index file {path} {shows}: it was made with {was}, not this node's {units_per_file}; "
+        "set [storage] index_units_per_file back to the value its index files were made with (docs/storage.md)"
+    )
+
+
+def units_per_file_of(directory: str) -> int | None:
+    """The ``units_per_file`` the index files in ``directory`` were made with: the size of the largest (a file
+    is never larger than its setting; a smaller one was cut by a crash), or None without files. What a store
+    opened without a size uses (``FileLogStore.open``, ``repair``): tools and tests that open a node's log
+    without its config keep the node's layout."""
+    if not os.path.isdir(directory):
+        return None
+    largest = max((os.stat(path).st_size for _, path in list_segments(directory)), default=0)
+    return largest // UNIT_SIZE or None
 
 
 @dataclass(slots=True)
@@ -55,19 +90,28 @@ class IndexFiles:
         self._files: dict[int, _IndexFile] = {}  # file number -> file
         os.makedirs(directory, exist_ok=True)
         file_bytes = units_per_file * UNIT_SIZE
-        for base, path in list_segments(directory):
-            if base % file_bytes:
-                raise StorageCorruptError(f"index file name is not a multiple of {file_bytes}", path, 0)
-            fd = io.open(path, os.O_RDWR)
-            try:
-                if io.size(fd) != file_bytes:  # cut by a crash or by hand: units past the cut are rebuilt
+        opened: list[tuple[int, str, int]] = []  # (first byte, path, fd)
+        try:
+            for base, path in list_segments(directory):
+                opened.append((base, path, io.open(path, os.O_RDWR)))
+            sizes = [io.size(fd) for _, _, fd in opened]
+            made = max(sizes, default=0) // UNIT_SIZE  # a file is never larger than its setting made it
+            for (base, path, _), size in zip(opened, sizes, strict=True):
+                if base % file_bytes or size > file_bytes:  # checked for every file before any is grown
+                    raise _other_size(path, base, size, units_per_file, made)
+            for (base, path, fd), size in zip(opened, sizes, strict=True):
+                if size != file_bytes:  # cut by a crash or by hand: units past the cut are rebuilt
                     io.fallocate(fd, 0, file_bytes)
                     io.ftruncate(fd, file_bytes)
                 mm = mmap.mmap(fd, file_bytes)
-            except BaseException:
+                self._files[base // file_bytes] = _IndexFile(base // UNIT_SIZE, path, fd, mm)
+        except BaseException:
+            for f in self._files.values():
+                f.mm.close()
+            self._files.clear()
+            for _, _, fd in opened:
                 io.close(fd)
-                raise
-            self._files[base // file_bytes] = _IndexFile(base // UNIT_SIZE, path, fd, mm)
+            raise
 
     def _file(self, index: int) -> _IndexFile | None:
         return self._files.get(index // self.units)

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from broker_adapter.nameserver.registry import GroupRoute
+from broker_adapter.nameserver.registry import BrokerNode, GroupRoute, Registry
 from dledger.transport.grpc import open_channel
 from dledger.v1 import nameserver_pb2 as pb
 from dledger.v1 import nameserver_pb2_grpc as pb_grpc
@@ -37,6 +37,20 @@ def node_credentials(group: str, node_id: str, security: Any | None) -> grpc.Cha
 
     cert, key, ca, _admin = security.load()
     return tls.peer_channel_credentials(group, node_id, cert, key, ca)
+
+
+def picture(brokers: list[pb.RegisteredBroker]) -> Registry:
+    """The name server's ``ClusterInfo`` loaded into a ``Registry`` as at time 0, so the node routes the other
+    groups exactly as the name server routes them. Ages become negative ``seen_ms`` (the latest heard last);
+    nothing expires here: the name server left out the nodes it expired."""
+    reg = Registry(broker_expiry_ms=1 << 62)
+    for b in brokers:
+        r = b.registration
+        topics = {t.topic: t.queues for t in r.topics}
+        reg.register(
+            BrokerNode(r.cluster, r.group, r.node_id, r.address, r.leader, r.term, topics, -b.age_ms)
+        )
+    return reg
 
 
 class Registrar:
@@ -91,23 +105,11 @@ class Registrar:
             return
 
     def other_groups(self, topic: str, own_group: str) -> list[GroupRoute]:
-        """The topic's route in the cluster's other groups, from the last picture (sorted by group)."""
-        by_group: dict[str, list[pb.BrokerRegistration]] = {}
-        for b in self.cluster:
-            r = b.registration
-            if r.group != own_group:
-                by_group.setdefault(r.group, []).append(r)
-        routes = []
-        for group, nodes in sorted(by_group.items()):
-            queues = max((t.queues for n in nodes for t in n.topics if t.topic == topic), default=0)
-            if queues == 0:
-                continue
-            leaders = [n for n in nodes if n.leader]
-            leader = max(leaders, key=lambda n: n.term).address if leaders else ""
-            routes.append(
-                GroupRoute(group, nodes[0].cluster, leader, tuple(n.address for n in nodes), queues)
-            )
-        return routes
+        """The topic's route in the cluster's other groups, from the last picture (sorted by group), by the
+        name servers' own rules (``Registry.route``: the leader of the highest term, the largest queue count)."""
+        if not topic:
+            return []
+        return [r for r in picture(self.cluster).route(topic, 0) if r.group != own_group]
 
     async def _register(self, address: str, reg: pb.BrokerRegistration) -> None:
         try:

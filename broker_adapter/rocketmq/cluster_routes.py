@@ -17,23 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rocketmq.grpc_protocol import AddressScheme, MessageType, Permission, definition_pb2, service_pb2
+from rocketmq.grpc_protocol import MessageType, definition_pb2, service_pb2
 
 from broker_adapter.nameserver.registry import GroupRoute
+from broker_adapter.rocketmq.route import endpoints, message_queues
 
 ACCEPTED_TYPES = (MessageType.NORMAL, MessageType.FIFO)
-
-
-def _endpoints(route: GroupRoute, single: bool) -> definition_pb2.Endpoints:
-    ordered = [route.leader_address] if route.leader_address else []
-    ordered += sorted(a for a in route.addresses if a != route.leader_address)
-    if single:
-        ordered = ordered[:1]
-    out = definition_pb2.Endpoints(scheme=AddressScheme.IPv4)
-    for a in ordered:
-        host, _, port = a.rpartition(":")
-        out.addresses.add(host=host, port=int(port))
-    return out
 
 
 def other_queues(
@@ -41,15 +30,8 @@ def other_queues(
 ) -> list[definition_pb2.MessageQueue]:
     out = []
     for g in groups:
-        ep = _endpoints(g, single_address)
-        for qid in range(g.queues):
-            mq = definition_pb2.MessageQueue(id=qid, permission=Permission.READ_WRITE)
-            mq.topic.CopyFrom(topic)
-            mq.broker.name = g.group
-            mq.broker.id = 0
-            mq.broker.endpoints.CopyFrom(ep)
-            mq.accept_message_types.extend(ACCEPTED_TYPES)
-            out.append(mq)
+        ep = endpoints(g.addresses, g.leader_address or None, single=single_address)
+        out += message_queues(topic, g.queues, g.group, ep, ACCEPTED_TYPES)
     return out
 
 

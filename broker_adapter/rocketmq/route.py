@@ -37,13 +37,18 @@ RECEIVE_BATCH: Final = 32
 ACCEPTED_TYPES: Final = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION)
 
 
-def endpoints(addresses: Iterable[str], first: str | None = None) -> definition_pb2.Endpoints:
+def endpoints(
+    addresses: Iterable[str], first: str | None = None, *, single: bool = False
+) -> definition_pb2.Endpoints:
     """Every address, ``first`` (the leader's) ahead of the others: the official clients open a pick-first
     channel to a queue's endpoints, so their sends and acks reach the leader without a forwarding hop, and
-    fall back to the next node when it goes away."""
+    fall back to the next node when it goes away. ``single``: the first of them only, for a client that
+    dialled one address (grpc-js cannot dial a list; see ``advertised`` and cluster_routes.py)."""
+    addresses = list(addresses)
     out = definition_pb2.Endpoints(scheme=AddressScheme.IPv4)
     rest = sorted(set(addresses) - {first})
-    for a in [first, *rest] if first in addresses else rest:
+    ordered = [first, *rest] if first in addresses else rest
+    for a in ordered[:1] if single else ordered:
         host, _, port = a.rpartition(":")
         out.addresses.add(host=host, port=int(port))
     return out
@@ -71,8 +76,14 @@ def advertised(
 
 
 def message_queues(
-    topic: definition_pb2.Resource, queues: int, broker_name: str, ep: definition_pb2.Endpoints
+    topic: definition_pb2.Resource,
+    queues: int,
+    broker_name: str,
+    ep: definition_pb2.Endpoints,
+    accepted: Iterable[int] = ACCEPTED_TYPES,
 ) -> list[definition_pb2.MessageQueue]:
+    """Queues 0..queues-1 of ``topic`` on one broker (a group: broker id 0) reached at ``ep``."""
+    accepted = tuple(accepted)
     out = []
     for qid in range(queues):
         mq = definition_pb2.MessageQueue(id=qid, permission=Permission.READ_WRITE)
@@ -80,7 +91,7 @@ def message_queues(
         mq.broker.name = broker_name
         mq.broker.id = 0
         mq.broker.endpoints.CopyFrom(ep)
-        mq.accept_message_types.extend(ACCEPTED_TYPES)
+        mq.accept_message_types.extend(accepted)
         out.append(mq)
     return out
 

@@ -80,6 +80,7 @@ class DataDir:
                 segment_size=cfg.raft.segment_size,
                 flush="async",
                 flush_interval_ms=cfg.flush_interval_ms,
+                index_units=cfg.index_units_per_file,
             )
             self.sync_each_ready = cfg.flush == "sync"
         if self.meta is None:

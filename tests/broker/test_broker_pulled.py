@@ -18,6 +18,7 @@ from dledger.errors import DLedgerError, InvalidRequestError
 from storage.errors import StorageCorruptError
 from storage.filestore import FileLogStore
 from tests.broker.test_broker import FakeNode, _entries, made, out, run, topic
+from tests.conftest import TEST_INDEX_UNITS
 
 SEGMENT = 1 << 20
 
@@ -112,7 +113,9 @@ def on_files(tmp_path):
         tmp_path / "cq", on_dispatch=lambda t, q, n: holder[0].dispatched(t, q, n), units_per_file=3
     )
     node = FakeNode(sm)
-    node.log_store = FileLogStore.open(str(tmp_path / "log"), segment_size=SEGMENT)
+    node.log_store = FileLogStore.open(
+        str(tmp_path / "log"), segment_size=SEGMENT, index_units=TEST_INDEX_UNITS
+    )
     broker = Broker(node, sm, QueueOffsetAllocator(sm, _entries(node.log_store), lambda: sm.applied_index))
     holder.append(broker)
     broker.role_changed(Role.LEADER, node.term)

@@ -17,6 +17,7 @@ from dledger.core.messages import Role
 from dledger.errors import DLedgerError, OutcomeUnknownError
 from storage.filestore import FileLogStore
 from storage.memory import MemoryMetaStore
+from tests.conftest import TEST_INDEX_UNITS
 from tests.runtime.cluster import LocalGroup
 
 pytestmark = pytest.mark.timeout(90)
@@ -26,7 +27,9 @@ def _file_stores(tmp_path):
     def stores(pid):
         directory = tmp_path / "logs" / pid
         directory.mkdir(parents=True)
-        log = FileLogStore.open(str(directory), io=SwitchableFullDisk(str(control_path(directory))))
+        log = FileLogStore.open(
+            str(directory), io=SwitchableFullDisk(str(control_path(directory))), index_units=TEST_INDEX_UNITS
+        )
         return log, MemoryMetaStore()
 
     return stores
