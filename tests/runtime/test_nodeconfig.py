@@ -116,3 +116,21 @@ def test_broker_section(tmp_path):
     assert nodeconfig.load(write(tmp_path, base + "[broker]\nmax_delay_ms = 60000\n")).max_delay_ms == 60_000
     with pytest.raises(ConfigError, match="max_delay_ms"):
         nodeconfig.load(write(tmp_path, base + "[broker]\nmax_delay_ms = 10\n"))
+
+
+def test_index_units_per_file_from_storage_table_env_or_default(tmp_path, monkeypatch):
+    base = f'id = "n0"\ndata_dir = "d"\npeers = "{PEERS}"\n'
+    monkeypatch.delenv(nodeconfig.INDEX_UNITS_ENV, raising=False)
+    assert nodeconfig.load(write(tmp_path, base)).index_units_per_file == 5_242_880, "160 MiB, as DLedger"
+    monkeypatch.setenv(nodeconfig.INDEX_UNITS_ENV, "65536")
+    assert nodeconfig.load(write(tmp_path, base)).index_units_per_file == 65_536
+    cfg = nodeconfig.load(write(tmp_path, base + "[storage]\nindex_units_per_file = 4096\n"))
+    assert cfg.index_units_per_file == 4096, "the file wins over the environment"
+    for bad in ("100", "true", '"big"', str(1 << 28)):
+        with pytest.raises(ConfigError, match="index_units_per_file"):
+            nodeconfig.load(write(tmp_path, base + f"[storage]\nindex_units_per_file = {bad}\n"))
+    with pytest.raises(ConfigError, match=r"\[storage\]: unknown keys \['segment_size'\]"):
+        nodeconfig.load(write(tmp_path, base + "[storage]\nsegment_size = 4096\n"))
+    monkeypatch.setenv(nodeconfig.INDEX_UNITS_ENV, "lots")
+    with pytest.raises(ConfigError, match=nodeconfig.INDEX_UNITS_ENV):
+        nodeconfig.load(write(tmp_path, base))
