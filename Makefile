@@ -78,6 +78,10 @@ bench-cluster: $(STAMP)
 bench-clients: $(STAMP)
 	$(BIN)/python -m bench.clients
 
+.PHONY: bench-cpu
+bench-cpu: $(STAMP)
+	$(BIN)/python -m bench.cpu_per_message
+
 .PHONY: bench-security
 bench-security: $(STAMP)
 	$(BIN)/python -m bench.security

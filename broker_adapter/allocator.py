@@ -50,23 +50,25 @@ class QueueOffsetAllocator:
         QUEUEOFFSET and PHYSICALOFFSET (= pos + 48); a command passes unchanged."""
         return self.prepare_entry(term, index, pos, body)[0]
 
-    def prepare_entry(self, term: int, index: int, pos: int, body: bytes) -> tuple[bytes, Dispatched | None]:
+    def prepare_entry(
+        self, term: int, index: int, pos: int, body: bytes, route: message.Route | None = None
+    ) -> tuple[bytes, Dispatched | None]:
         """``prepare`` that also says where a message will be dispatched (None for a command): known as soon as
-        the entry is placed, so a send can be answered at commit."""
+        the entry is placed, so a send can be answered at commit. ``route``: the message's ``peek_route``, when
+        the caller that encoded it already knows it (the send path), so the bytes need not be parsed again."""
         if index != self._last_index + 1 or term != self._term:
             self.rebuild(term, index - 1)
         self._last_index = index
         if not commands.is_message(body):
             return body, None
-        r = message.peek_route(body)
+        r = route if route is not None else message.peek_route(body)
         key = (r.topic, r.queue_id)
         q = self.next_offset(*key)
         buf = bytearray(body)
         message.patch_offsets(buf, q, pos + HEADER_SIZE)
         self._next[key] = q + 1
-        ident = message.peek_producer(buf)
-        if ident is not None:
-            self._pending[ident] = index
+        if r.producer is not None:
+            self._pending[r.producer] = index
         return bytes(buf), Dispatched(r.topic, r.queue_id, q, pos + HEADER_SIZE, r.size)
 
     def rebuild(self, term: int, upto: int) -> None:
@@ -79,9 +81,8 @@ class QueueOffsetAllocator:
             if commands.is_message(body):
                 r = message.peek_route(body)
                 self._next[(r.topic, r.queue_id)] = r.queue_offset + 1
-                ident = message.peek_producer(body)
-                if ident is not None:
-                    self._pending[ident] = index
+                if r.producer is not None:
+                    self._pending[r.producer] = index
         self._last_index = upto
         self._term = term
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from broker_adapter.dispatcher import Dispatched
+from broker_adapter.message import Route
 from dledger.errors import DLedgerError
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ class _Call:
     bodies: Sequence[bytes]
     want_results: bool
     future: asyncio.Future
+    routes: Sequence[Route | None] | None = None
 
 
 class GroupCommit:
@@ -53,12 +55,13 @@ class GroupCommit:
         self.proposals = 0  # proposals made (for tests and stats)
 
     async def propose(
-        self, bodies: Sequence[bytes], want_results: bool
+        self, bodies: Sequence[bytes], want_results: bool, routes: Sequence[Route | None] | None = None
     ) -> tuple[list[Dispatched | None], list[Any] | None]:
         """Propose ``bodies`` (with the calls gathered alongside). Returns where each was placed (a message's
-        ``Dispatched``, None for a command) and, with ``want_results``, each one's applied outcome."""
+        ``Dispatched``, None for a command) and, with ``want_results``, each one's applied outcome. ``routes``:
+        what the caller already knows of each message it encoded (``allocator.prepare_entry``)."""
         loop = asyncio.get_running_loop()
-        call = _Call(bodies, want_results, loop.create_future())
+        call = _Call(bodies, want_results, loop.create_future(), routes)
         self._pending.append(call)
         if self._inflight < self._max_inflight and not self._scheduled:
             self._scheduled = True
@@ -91,8 +94,11 @@ class GroupCommit:
         node, alloc = self._node, self._alloc
         placed: list[Dispatched | None] = []
 
+        # The node calls ``prepare`` once per body, in order: the count placed so far is the body's position.
+        routes = [r for c in batch for r in (c.routes or (None,) * len(c.bodies))]
+
         def prepare(index: int, pos: int, body: bytes) -> bytes:
-            out, d = alloc.prepare_entry(node.term, index, pos, body)
+            out, d = alloc.prepare_entry(node.term, index, pos, body, routes[len(placed)])
             placed.append(d)
             return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 import uuid
 from collections.abc import Sequence
@@ -33,6 +34,10 @@ class Sender:
         self._alloc = allocator
         self._inflight: dict[tuple[str, int], asyncio.Future] = {}
         self._applied_event: asyncio.Event | None = None
+        # Ids for messages sent without one: 32 hex digits as RocketMQ's, a random prefix per broker process
+        # and a counter (uuid4 per message cost more than the rest of the encoding).
+        self._id_prefix = uuid.uuid4().hex.upper()[:20]
+        self._ids = itertools.count()
 
     def applied(self) -> None:
         """The dispatcher applied entries: wake sends waiting for a retried message's first attempt."""
@@ -104,7 +109,9 @@ class Sender:
             if fresh:
                 # Acknowledged at commit: where each message goes is fixed when the leader places it (the
                 # dispatcher checks every node dispatches it exactly there), so the ack need not wait for apply.
-                placed, _ = await b.group_commit.propose([encoded[i][1] for i in fresh], False)
+                placed, _ = await b.group_commit.propose(
+                    [encoded[i][1] for i in fresh], False, [encoded[i][2] for i in fresh]
+                )
                 for i, d in zip(fresh, placed, strict=True):
                     results[i] = d
         except BaseException as e:
@@ -131,18 +138,20 @@ class Sender:
                 out.append(SendResult(msgs[i].msg_id, topic, msgs[i].queue_id, -1, -1, True))
         return out
 
-    def _encode(self, topic: str, queues: int, msgs: Sequence[Outgoing]) -> list[tuple[str, bytes]]:
-        """(msg_id, CommitLog message bytes) per message, with the broker's properties stamped in."""
+    def _encode(
+        self, topic: str, queues: int, msgs: Sequence[Outgoing]
+    ) -> list[tuple[str, bytes, message.Route]]:
+        """(msg_id, CommitLog message bytes, its route) per message, with the broker's properties stamped in."""
         now = int(time.time() * 1000)
         limit = self._broker.node.config.max_body_bytes
-        encoded: list[tuple[str, bytes]] = []
+        encoded: list[tuple[str, bytes, message.Route]] = []
         for i, m in enumerate(msgs):
             if not 0 <= m.queue_id < queues:
                 raise UnknownQueueError(
                     f"message {i}: unknown queue {topic}/{m.queue_id} (queues 0..{queues - 1})"
                 )
             props = dict(m.properties)
-            msg_id = m.msg_id or uuid.uuid4().hex.upper()
+            msg_id = m.msg_id or f"{self._id_prefix}{next(self._ids):012X}"
             props[message.PROPERTY_UNIQ_KEY] = msg_id
             if m.tags:
                 props[message.PROPERTY_TAGS] = m.tags
@@ -152,15 +161,13 @@ class Sender:
                 props[message.PROPERTY_PRODUCER_ID] = m.producer_id
                 props[message.PROPERTY_SEQUENCE] = str(m.sequence)
             try:
-                raw = message.encode(
-                    message.Message(
-                        topic=topic,
-                        body=m.body,
-                        queue_id=m.queue_id,
-                        born_timestamp=m.born_timestamp or now,
-                        store_timestamp=now,
-                        properties=props,
-                    )
+                raw = message.encode_fields(
+                    topic,
+                    m.body,
+                    props,
+                    queue_id=m.queue_id,
+                    born_timestamp=m.born_timestamp or now,
+                    store_timestamp=now,
                 )
             except message.MessageFormatError as e:
                 raise InvalidRequestError(f"message {i}: {e}") from None
@@ -168,7 +175,7 @@ class Sender:
                 raise InvalidRequestError(
                     f"message {i} is {len(raw)} bytes encoded; the limit is {limit} (max_body_bytes)"
                 )
-            encoded.append((msg_id, raw))
+            encoded.append((msg_id, raw, message.route_of(topic, m.queue_id, len(raw), props)))
         return encoded
 
     async def _resolve_duplicate(self, m: Outgoing, found: Any, deadline: float) -> Dispatched | None:

@@ -243,9 +243,19 @@ class Producer(BrokerConnection, _Numbering):
         return n if n is not None else self._learn_topics(self.list_topics(), topic)
 
     def outgoing(
-        self, topic: str, body: bytes, tags: str | None = None, keys: Sequence[str] | None = None
+        self,
+        topic: str,
+        body: bytes,
+        tags: str | None = None,
+        keys: Sequence[str] | None = None,
+        queue_id: int | None = None,
     ) -> broker_pb2.OutgoingMessage:
-        """A numbered message (its sequence is fixed now, so every retry of it is recognised)."""
+        """A numbered message (its sequence is fixed now, so every retry of it is recognised), for the queue
+        ``queue_id`` or, by default, one chosen by key or round robin."""
+        if queue_id is not None:
+            m = self._number(1, body, tags, keys)
+            m.queue_id = queue_id
+            return m
         return self._number(self._queue_count(topic), body, tags, keys)
 
     def send(

@@ -145,8 +145,7 @@ class ClusterProducer:
             else:
                 target = usable[next(self._rr) % len(usable)]
             producer = self._producer(by_group[target.group])
-            msg = producer._number(by_group[target.group].queues, bytes(body), tags, keys)
-            msg.queue_id = target.queue_id
+            msg = producer.outgoing(topic, bytes(body), tags, keys, queue_id=target.queue_id)
             try:
                 return target.group, producer.send_messages(topic, [msg])[0]
             except DLedgerError as err:

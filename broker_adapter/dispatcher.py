@@ -110,6 +110,7 @@ class BrokerStateMachine:
         self._positions = array("q")
         self._indices = array("q")
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._unwritten: list[ConsumeQueue] = []  # queues with units appended in this apply, not yet written
         self._on_dispatch = on_dispatch  # (topic, queue_id, next queue offset): wakes long-polling pulls
 
     # -- retention (broker_adapter/retention.py; set by the plugin when a policy is configured) ---------------
@@ -171,20 +172,25 @@ class BrokerStateMachine:
     def apply(self, entries: Sequence[CommittedEntry]) -> list[Any]:
         results: list[Any] = []
         touched: set[tuple[str, int]] = set()
-        for e in entries:
-            body = e.body
-            self.applied_index = e.index
-            if commands.is_message(body):
-                d = self._dispatch(e)
-                if isinstance(d, Dispatched):
-                    touched.add((d.topic, d.queue_id))
-                results.append(d)
-            elif commands.is_command(body):
-                results.append(self._command(body))
-            else:
-                results.append(
-                    message.MessageFormatError(f"entry {e.index} is neither a message nor a command")
-                )
+        try:
+            for e in entries:
+                body = e.body
+                self.applied_index = e.index
+                if commands.is_message(body):
+                    d = self._dispatch(e)
+                    if isinstance(d, Dispatched):
+                        touched.add((d.topic, d.queue_id))
+                    results.append(d)
+                elif commands.is_command(body):
+                    results.append(self._command(body))
+                else:
+                    results.append(
+                        message.MessageFormatError(f"entry {e.index} is neither a message nor a command")
+                    )
+        finally:
+            unwritten, self._unwritten = self._unwritten, []
+            for cq in unwritten:  # the chunk's units: one write per queue (ConsumeQueue.append buffers them)
+                cq.write_appended()
         if self._on_dispatch is not None:
             for topic, qid in touched:
                 self._on_dispatch(topic, qid, self.next_offsets[(topic, qid)])
@@ -217,6 +223,8 @@ class BrokerStateMachine:
                 f"{expected}: the leader allocated offsets that are not dense"
             )
         if q == cq.max_offset:
+            if not cq.has_appended:
+                self._unwritten.append(cq)
             cq.append(commitlog_offset, r.size, message.tags_code(r.tags))
         elif q < cq.max_offset:
             unit = cq.get(q)
@@ -235,7 +243,7 @@ class BrokerStateMachine:
             self._positions.append(commitlog_offset)
             self._indices.append(e.index)
         d = Dispatched(r.topic, r.queue_id, q, commitlog_offset, r.size)
-        ident = message.peek_producer(e.body)
+        ident = r.producer
         if ident is not None:
             pid, seq = ident
             st = self.producers.get(pid)
@@ -247,9 +255,8 @@ class BrokerStateMachine:
         if r.topic == TIMER_TOPIC or r.topic == HALF_TOPIC:
             self._pending(e.body, r.topic, q)
         else:
-            origin = message.peek_property(e.body, message.PROPERTY_ORIGIN)
-            if origin is not None:
-                self._origin(origin, r.topic)
+            if r.origin is not None:
+                self._origin(r.origin, r.topic)
         return d
 
     def _pending(self, body: bytes | memoryview, topic: str, offset: int) -> None:

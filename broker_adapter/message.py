@@ -133,16 +133,20 @@ def body_crc(body: bytes | memoryview) -> int:
 
 
 def encode_properties(props: dict[str, str]) -> bytes:
-    for k, v in props.items():
-        for part in (k, v):
-            if NAME_VALUE_SEPARATOR in part or PROPERTY_SEPARATOR in part:
+    text = "".join(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items())
+    # Each name and value adds exactly one of each separator; any more means one of them holds a separator.
+    if text.count(NAME_VALUE_SEPARATOR) != len(props) or text.count(PROPERTY_SEPARATOR) != len(props):
+        for k, v in props.items():
+            if any(NAME_VALUE_SEPARATOR in part or PROPERTY_SEPARATOR in part for part in (k, v)):
                 raise MessageFormatError(
                     f"property {k!r} contains a reserved separator character (\\x01 or \\x02)"
                 )
-    return "".join(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items()).encode()
+    return text.encode()
 
 
+@functools.lru_cache(maxsize=256)
 def _host(host: tuple[str, int]) -> bytes:
+    """BORNHOST / STOREHOST bytes (cached: a broker writes the same few hosts into every message)."""
     ip, port = host
     parts = ip.split(".")
     if len(parts) != 4:
@@ -160,36 +164,71 @@ def encoded_size(topic: str, body_len: int, properties: dict[str, str]) -> int:
 
 
 def encode(msg: Message) -> bytes:
-    topic = msg.topic.encode()
-    if not topic or len(topic) > MAX_TOPIC_BYTES:
-        raise MessageFormatError(f"topic must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8, got {len(topic)}")
-    props = encode_properties(msg.properties)
+    return encode_fields(
+        msg.topic,
+        msg.body,
+        msg.properties,
+        queue_id=msg.queue_id,
+        flag=msg.flag,
+        queue_offset=msg.queue_offset,
+        physical_offset=msg.physical_offset,
+        sys_flag=msg.sys_flag,
+        born_timestamp=msg.born_timestamp,
+        born_host=msg.born_host,
+        store_timestamp=msg.store_timestamp,
+        store_host=msg.store_host,
+        reconsume_times=msg.reconsume_times,
+        prepared_transaction_offset=msg.prepared_transaction_offset,
+    )
+
+
+def encode_fields(
+    topic: str,
+    body: bytes,
+    properties: dict[str, str],
+    *,
+    queue_id: int = 0,
+    flag: int = 0,
+    queue_offset: int = 0,
+    physical_offset: int = 0,
+    sys_flag: int = 0,
+    born_timestamp: int = 0,
+    born_host: tuple[str, int] = ("127.0.0.1", 0),
+    store_timestamp: int = 0,
+    store_host: tuple[str, int] = ("127.0.0.1", 0),
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+) -> bytes:
+    """``encode`` without building a ``Message`` first (the broker's send path encodes every message)."""
+    topic_b = topic.encode()
+    if not topic_b or len(topic_b) > MAX_TOPIC_BYTES:
+        raise MessageFormatError(f"topic must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8, got {len(topic_b)}")
+    props = encode_properties(properties)
     if len(props) > MAX_PROPERTIES_BYTES:
         raise MessageFormatError(f"properties are {len(props)} bytes, at most {MAX_PROPERTIES_BYTES} allowed")
-    total = OVERHEAD + len(msg.body) + len(topic) + len(props)
     head = _FIXED.pack(
-        total,
+        OVERHEAD + len(body) + len(topic_b) + len(props),
         MAGIC_CODE,
-        body_crc(msg.body),
-        msg.queue_id,
-        msg.flag,
-        msg.queue_offset,
-        msg.physical_offset,
-        msg.sys_flag,
-        msg.born_timestamp,
-        _host(msg.born_host),
-        msg.store_timestamp,
-        _host(msg.store_host),
-        msg.reconsume_times,
-        msg.prepared_transaction_offset,
+        body_crc(body),
+        queue_id,
+        flag,
+        queue_offset,
+        physical_offset,
+        sys_flag,
+        born_timestamp,
+        _host(born_host),
+        store_timestamp,
+        _host(store_host),
+        reconsume_times,
+        prepared_transaction_offset,
     )
     return b"".join(
         (
             head,
-            len(msg.body).to_bytes(4, "big"),
-            msg.body,
-            len(topic).to_bytes(1, "big"),
-            topic,
+            len(body).to_bytes(4, "big"),
+            body,
+            len(topic_b).to_bytes(1, "big"),
+            topic_b,
             len(props).to_bytes(2, "big"),
             props,
         )
@@ -260,6 +299,8 @@ class Route:
     physical_offset: int
     size: int
     tags: str | None
+    producer: tuple[str, int] | None = None  # (PRODUCER_ID, PRODUCER_SEQ), as ``peek_producer``
+    origin: str | None = None  # PROPERTY_ORIGIN: the copy's source, for copies the broker makes
 
 
 _ROUTE_HEAD = struct.Struct(">i8xi4xqq")  # TOTALSIZE, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET
@@ -282,15 +323,33 @@ def peek_route(buf: bytes | bytearray | memoryview) -> Route:
     props_len = int.from_bytes(buf[off : off + 2], "big")
     if off + 2 + props_len != n:
         raise MessageFormatError(f"PROPERTIESLEN {props_len} does not end the message at TOTALSIZE {n}")
-    tags = None
-    if props_len:
-        raw = bytes(buf[off + 2 : n])
-        key = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
-        at = raw.find(key)
-        if at == 0 or (at > 0 and raw[at - 1] == 2):
-            start = at + len(key)
-            tags = raw[start : raw.index(b"\x02", start)].decode()
-    return Route(topic, queue_id, queue_offset, physical_offset, n, tags)
+    if not props_len:
+        return Route(topic, queue_id, queue_offset, physical_offset, n, None)
+    # One copy of the properties section, searched for the three the dispatcher needs.
+    raw = bytes(buf[off + 2 : n])
+    tags = _property(raw, _TAGS_KEY)
+    origin = _property(raw, _ORIGIN_KEY)
+    return Route(
+        topic,
+        queue_id,
+        queue_offset,
+        physical_offset,
+        n,
+        None if tags is None else tags.decode(),
+        _producer(raw),
+        None if origin is None else origin.decode(),
+    )
+
+
+def route_of(topic: str, queue_id: int, size: int, properties: dict[str, str]) -> Route:
+    """The ``Route`` that ``peek_route`` reads from a message of ``size`` bytes encoded with these properties
+    (offsets 0: the allocator fills them in), for the encoder that has them at hand."""
+    pid = properties.get(PROPERTY_PRODUCER_ID)
+    seq = properties.get(PROPERTY_SEQUENCE)
+    producer = (pid, int(seq)) if pid and seq is not None and seq.isascii() and seq.isdigit() else None
+    return Route(
+        topic, queue_id, 0, 0, size, properties.get(PROPERTY_TAGS), producer, properties.get(PROPERTY_ORIGIN)
+    )
 
 
 def _properties_view(buf: bytes | bytearray | memoryview) -> bytes:
@@ -301,6 +360,8 @@ def _properties_view(buf: bytes | bytearray | memoryview) -> bytes:
 
 
 _PRODUCER_KEY: Final = (PROPERTY_PRODUCER_ID + NAME_VALUE_SEPARATOR).encode()
+_TAGS_KEY: Final = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
+_ORIGIN_KEY: Final = (PROPERTY_ORIGIN + NAME_VALUE_SEPARATOR).encode()
 _SEQUENCE_KEY: Final = (PROPERTY_SEQUENCE + NAME_VALUE_SEPARATOR).encode()
 
 
@@ -321,7 +382,10 @@ def peek_producer(buf: bytes | bytearray | memoryview) -> tuple[str, int] | None
 
     Reads only the properties section; a malformed sequence is treated as absent (the message is then not
     deduplicated, never rejected at dispatch)."""
-    raw = _properties_view(buf)
+    return _producer(_properties_view(buf))
+
+
+def _producer(raw: bytes) -> tuple[str, int] | None:
     pid = _property(raw, _PRODUCER_KEY)
     if not pid:
         return None

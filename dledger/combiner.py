@@ -5,7 +5,9 @@ A node's cost is per call far more than per entry (Python gRPC spends about a mi
 64 threads each making their own call cap a small machine at a few thousand calls a second, while the same
 work packed into a few calls costs a few. No extra thread or event loop: the first callers to arrive (up to
 ``max_inflight`` at a time) make the calls for everyone queued, and when one finishes it hands its turn to
-the oldest waiter (a blocked thread costs one wake-up, the least a blocking call can cost). Each caller still gets only its own results, or the error of the call that carried them;
+the oldest waiter (a blocked thread costs one wake-up, the least a blocking call can cost). A call first gathers
+the callers the last call answered, for a bounded moment, since threads come back one wake-up at a time
+(``Combiner._serve``). Each caller still gets only its own results, or the error of the call that carried them;
 a call refused for a reason one caller's items may have caused (not retriable) is re-made per caller, so one
 bad request never fails its neighbours.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -54,14 +57,23 @@ class Combiner(Generic[T, R]):
     """Thread-safe. ``call(items)`` makes one call for a list of items and returns one result per item."""
 
     def __init__(
-        self, call: Callable[[list[T]], Sequence[R]], *, max_inflight: int = 1, max_items: int = 1000
+        self,
+        call: Callable[[list[T]], Sequence[R]],
+        *,
+        max_inflight: int = 1,
+        max_items: int = 1000,
+        max_gather_s: float = 0.002,
     ):
         self._call = call
         self._max_inflight = max_inflight
         self._max_items = max_items
+        self._max_gather_s = max_gather_s
         self._lock = threading.Lock()
+        self._queued = threading.Condition(self._lock)  # notified as callers join the queue
         self._queue: list[_Waiter[T, R]] = []
         self._inflight = 0
+        self._last_batch = 1  # callers the last call carried
+        self._last_call_s = 0.0
 
     def submit(self, items: Sequence[T]) -> list[R]:
         w: _Waiter[T, R] = _Waiter(list(items))
@@ -71,6 +83,7 @@ class Combiner(Generic[T, R]):
                 self._inflight += 1
             else:
                 self._queue.append(w)
+                self._queued.notify()
         if not lead:
             w.lock.acquire()
             if not w.promoted:
@@ -80,10 +93,30 @@ class Combiner(Generic[T, R]):
 
     def _serve(self, own: _Waiter[T, R]) -> None:
         """Make one call for ``own`` and the queue's head; as soon as it returns, hand this turn to the oldest
-        waiter (so the next call starts before this one's callers are woken), then wake them."""
+        waiter (so the next call starts before this one's callers are woken), then wake them.
+
+        Threads, unlike asyncio tasks, come back one wake-up at a time: the callers a call has just answered are
+        still being woken when the next call starts, so it would carry a few of them and leave the rest for the
+        call after (many small calls: the node's cost is per call). So a call first waits for as many callers as
+        the last one carried, for at most a quarter of the last call's duration (and ``max_gather_s``): a lone
+        sequential caller never waits, and callers that do not come back cost that bound once."""
         with self._lock:
+            want = min(self._last_batch, self._max_items) - 1
+            if len(self._queue) < want:
+                deadline = time.monotonic() + min(self._max_gather_s, self._last_call_s / 4)
+                while len(self._queue) < want:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._queued.wait(left):
+                        break
             batch = [own, *_take(self._queue, self._max_items - len(own.items))]
-        _deliver(batch, self._call, own, self._pass_turn)
+            self._last_batch = len(batch)
+        started = time.monotonic()
+
+        def done() -> None:
+            self._last_call_s = time.monotonic() - started
+            self._pass_turn()
+
+        _deliver(batch, self._call, own, done)
 
     def _pass_turn(self) -> None:
         with self._lock:

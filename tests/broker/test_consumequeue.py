@@ -53,3 +53,32 @@ def test_bad_offsets_are_clear(tmp_path):
         cq.read(-1, 1)
     assert cq.read(5, 10) == []
     cq.close()
+
+
+def test_appended_units_are_written_in_one_go_across_a_file_boundary(tmp_path):
+    # The dispatcher appends a chunk's units and writes them once (write_appended): a file boundary inside
+    # the chunk splits the write, and another reader of the directory sees exactly what was written.
+    cq = ConsumeQueue(tmp_path, "T", 0, units_per_file=4)
+    for i in range(10):
+        assert cq.append(1000 + i, 50 + i, i) == i
+    assert cq.has_appended
+    assert ConsumeQueue(tmp_path, "T", 0, units_per_file=4).max_offset == 0  # nothing on disk yet
+    cq.write_appended()
+    assert not cq.has_appended
+    again = ConsumeQueue(tmp_path, "T", 0, units_per_file=4)
+    assert again.max_offset == 10
+    assert [(u.commitlog_offset, u.size, u.tags_code) for u in again.read(0, 4)] == [
+        (1000 + i, 50 + i, i) for i in range(4)
+    ]
+    assert again.get(9).commitlog_offset == 1009
+    assert sorted(int(p.name) for p in cq.dir.iterdir()) == [0, 80, 160]
+
+
+def test_reads_and_changes_see_units_not_yet_written(tmp_path):
+    cq = ConsumeQueue(tmp_path, "T", 0, units_per_file=4)
+    for i in range(6):
+        cq.append(100 * i, 10, 0)
+    assert [u.commitlog_offset for u in cq.read(4, 10)] == [400, 500]  # read writes the buffer first
+    cq.append(600, 10, 0)
+    assert cq.truncate(5) == 2 and cq.max_offset == 5
+    assert ConsumeQueue(tmp_path, "T", 0, units_per_file=4).max_offset == 5

@@ -94,3 +94,38 @@ def test_a_broker_copy_is_identified_by_its_origin():
     assert formats.message_fields(original).msg_id == "u1"
     assert formats.message_fields(copy).msg_id == "u1@timer/3"
     assert m.decode(copy).msg_id == "u1"  # consumers see the client's id
+
+
+_names = st.sampled_from(
+    [m.PROPERTY_TAGS, m.PROPERTY_ORIGIN, "PRODUCER_ID", "PRODUCER_SEQ", "XPRODUCER_ID", "TAGSX", "UNIQ_KEY"]
+)
+
+
+@given(
+    topic=st.text(alphabet="abcXYZ-_%", min_size=1, max_size=20),
+    body=st.binary(max_size=64),
+    queue_id=st.integers(0, 64),
+    props=st.dictionaries(
+        st.one_of(_names, _text.filter(bool)),
+        st.one_of(_text, st.sampled_from(["7", "²", "", "12a"])),
+        max_size=6,
+    ),
+)
+def test_route_of_is_what_peek_route_reads(topic, body, queue_id, props):
+    # The send path hands the allocator the route it knows instead of parsing the message it just encoded:
+    # the two must agree on every field the allocator and the dispatcher use, for any properties.
+    raw = m.encode_fields(topic, body, props, queue_id=queue_id)
+    peeked = m.peek_route(raw)
+    assert m.route_of(topic, queue_id, len(raw), props) == peeked
+    assert peeked.producer == m.peek_producer(raw)
+    assert peeked.origin == m.peek_property(raw, m.PROPERTY_ORIGIN)
+    assert peeked.tags == m.decode(raw).tags
+
+
+def test_encode_fields_is_encode():
+    msg = m.Message(
+        topic="t", body=b"abc", queue_id=3, born_timestamp=5, store_timestamp=6, properties={"a": "b"}
+    )
+    assert m.encode_fields(
+        "t", b"abc", {"a": "b"}, queue_id=3, born_timestamp=5, store_timestamp=6
+    ) == m.encode(msg)

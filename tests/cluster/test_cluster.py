@@ -117,6 +117,8 @@ def test_bad_requests_are_refused_with_a_reason(cluster):
 
 def test_producer_spreads_over_groups_and_two_consumers_split_the_queues(cluster, tmp_path):
     ns = cluster.nameserver_addresses
+    with NameServerClient(ns) as client:  # so that the test does not depend on an earlier one having waited
+        wait_for(lambda: both_groups(client), what="topic T in both groups' routes")
     with ClusterProducer(ns) as p:
         acks = [send(p, f"m{i}".encode()) for i in range(200)]
     assert {a["group"] for a in acks} == {"g0", "g1"}

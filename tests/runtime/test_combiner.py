@@ -129,3 +129,62 @@ def test_async_callers_share_calls():
         assert calls[0] == [0] and calls[1] == [1, 2, 3, 4, -1]
 
     asyncio.run(main())
+
+
+def test_callers_just_answered_are_gathered_into_the_next_call():
+    # Eight threads in a closed loop: after a call that carried all eight, the next call waits (bounded) for
+    # them to come back instead of leaving with the first one or two to be woken.
+    calls: list[int] = []
+    first = threading.Event()
+
+    def call(items):
+        calls.append(len(items))
+        if len(calls) == 1:
+            assert first.wait(10)
+        else:
+            threading.Event().wait(0.4)  # a call's length bounds the next one's gather (a quarter of it)
+        return items
+
+    c = Combiner(call, max_gather_s=5.0)
+    start = threading.Barrier(8)
+
+    def worker(k):
+        start.wait()
+        for i in range(2):
+            assert c.submit([k * 10 + i]) == [k * 10 + i]
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    while len(c._queue) < 7:  # one caller is in the first call, seven wait
+        threading.Event().wait(0.001)
+    first.set()
+    for t in threads:
+        t.join(10)
+    # The first call carried one caller, the second the seven queued (or eight, if the first was already back):
+    # everything left goes in one more call, however the threads are woken.
+    assert calls[0] == 1 and calls[1] in (7, 8) and sum(calls) == 16
+    assert len(calls) == 3
+
+
+def test_a_lone_caller_and_callers_that_do_not_come_back_never_wait_long():
+    # A huge gather bound must not delay a sequential caller (it never waits) and is cut by the last call's
+    # duration when callers leave: 200 sequential calls after an 8-caller call finish well inside the join.
+    c = Combiner(lambda items: items, max_gather_s=60.0)
+    for i in range(200):
+        assert c.submit([i]) == [i]
+    threads, results = _run_threads(c, [[k] for k in range(8)])
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(r[0] for r in results.values()) == list(range(8))
+    done = threading.Event()
+
+    def alone():
+        for i in range(50):
+            c.submit([i])
+        done.set()
+
+    threading.Thread(target=alone).start()
+    assert done.wait(30)
