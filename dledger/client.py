@@ -248,13 +248,14 @@ class AsyncDLedgerClient:
         attempts = self._router.attempts(self.timeout_s, "append")
         while True:
             address = attempts.target()
+            wait_s = max(0.001, min(self.rpc_timeout_s, attempts.remaining()))
             try:
-                async with asyncio.timeout(max(0.001, min(self.rpc_timeout_s, attempts.remaining()))):
+                async with asyncio.timeout(wait_s):
                     run = await self._append_once(address, bodies)
             except TimeoutError:
                 self._router.learn(UnavailableError("no answer"), address)
                 raise OutcomeUnknownError(
-                    f"no answer from {address} within {self.rpc_timeout_s} s: the append may or may not commit"
+                    f"no answer from {address} within {wait_s:.3g} s: the append may or may not commit"
                 ) from None
             except DLedgerError as e:
                 await asyncio.sleep(attempts.failed(e, address))

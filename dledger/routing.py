@@ -20,6 +20,9 @@ from dledger.errors import DLedgerError, NotLeaderError, OutcomeUnknownError, Un
 
 DEFAULT_BACKOFF_S = (0.01, 0.2)
 MAX_REDIRECTS_IN_A_ROW = 3  # then back off: two nodes pointing at each other (stale hints) must not spin
+# A retry is made only with at least this long left (or a quarter of the budget, if that is less): a try given a
+# sliver of the deadline would time out and turn a refusal (safe to retry) into "outcome unknown".
+MIN_ATTEMPT_S = 0.1
 
 
 class Router:
@@ -135,7 +138,7 @@ class Attempts:
         if not err.retriable or (isinstance(err, OutcomeUnknownError) and not self._retry_unknown):
             raise err
         router.stats["retries"] += 1
-        left = self.remaining()
+        left = self.remaining() - min(MIN_ATTEMPT_S, self.timeout_s / 4)  # what the next try could wait
         if left <= 0:
             self._give_up(err)
         if redirected and self._redirects < MAX_REDIRECTS_IN_A_ROW:

@@ -114,3 +114,19 @@ def test_the_deadline_names_the_last_error():
     clock.now = 2.0
     with pytest.raises(OutcomeUnknownError):  # an unknown outcome stays unknown at the deadline
         unknown.failed(OutcomeUnknownError("maybe"), A)
+
+
+def test_no_retry_is_left_a_sliver_of_the_deadline():
+    # A try made with a few milliseconds left times out and would turn a refusal into "outcome unknown": the
+    # policy stops while the last try still had at least MIN_ATTEMPT_S (or a quarter of the budget).
+    from dledger.routing import MIN_ATTEMPT_S
+
+    for budget in (0.2, 2.0):
+        clock = Clock()
+        att = Router([A, B], rng=random.Random(7)).attempts(budget, "append", clock=clock)
+        with pytest.raises(UnavailableError, match="no leader"):
+            while True:
+                delay = att.failed(UnavailableError("no leader is known"), A)
+                clock.now += delay
+                assert att.remaining() >= min(MIN_ATTEMPT_S, budget / 4)
+                clock.now += 0.004  # the refused try itself
