@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from rocketmq import FilterExpression, Producer, PushConsumer, SimpleConsumer, TransactionChecker
@@ -34,6 +35,19 @@ def own_group(tmp_path):
     g = start_group(tmp_path / "g")
     yield g
     grp.stop_group(g)
+
+
+def audited(g: grp.GroupSpec) -> None:
+    """Stop the group and run the Spark audit over its nodes' files: the copies the broker made (timer, half,
+    retry and dead-letter messages) are committed entries like any other, so every node must agree on them."""
+    from spark.audit import EXIT_OK
+    from spark.audit import main as audit
+
+    grp.stop_group(g)
+    root = Path(g.nodes[0].data_dir).parent
+    assert audit([str(root), "--report", str(root / "audit-report")]) == EXIT_OK, (
+        root / "audit-report" / "audit.json"
+    ).read_text()
 
 
 def kill_and_restart_leader(g: grp.GroupSpec) -> str:
@@ -116,6 +130,7 @@ def test_delayed_messages_stay_invisible_until_due_and_come_once_through_a_leade
             assert not [m for m in consumer.receive(32, 30) if m.message_id in received], "delivered again"
     assert normal in received
     assert not kill_at, "every planned leader kill happened"
+    audited(g)
 
 
 def test_a_delay_beyond_the_maximum_is_illegal_delivery_time(broker_group):
@@ -198,6 +213,7 @@ def test_a_message_never_acked_goes_to_the_dead_letter_topic_after_its_attempts_
         for _ in range(3):
             assert [m.message_id for m in c.receive(32, 20)] == []
     assert good != bad
+    audited(g)
 
 
 class _Fail(MessageListener):
@@ -362,6 +378,7 @@ def test_transactions_commit_rollback_and_check_back_through_a_leader_kill(own_g
     assert seen == {committed: b"commit me", orphan: b"orphan"}
     assert rolled not in seen
     assert orphan in checker.checked + late_checker.checked
+    audited(g)
 
 
 # -- our own Consumer: "later" ---------------------------------------------------------------------------------
