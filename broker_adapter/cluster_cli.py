@@ -48,7 +48,10 @@ def nameserver(
     ] = None,
     users: Annotated[
         Path | None,
-        typer.Option(help="more clients allowed to ask: [[user]] tables with access_key and secret_key"),
+        typer.Option(
+            help="more clients allowed to ask: [[user]] tables with access_key, secret_key and the "
+            'consumer_groups they may join (["*"]: any)'
+        ),
     ] = None,
     skew_s: Annotated[int, typer.Option(help="allowed clock distance of a signed call's date-time")] = 900,
 ) -> None:
@@ -78,6 +81,7 @@ def nameserver(
         security = NameServerSecurity(cert, key, ca, admin, users, skew_s)  # type: ignore[arg-type]
         try:
             security.load()
+            security.consumer_groups()
         except DLedgerError as e:
             fail(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -11,7 +11,9 @@ It trusts what its own configuration gives it, and checks both kinds of caller w
   key is the bootstrap admin or in the name server's users file.
 - ``ClusterInfo`` (every node, every consumer group's members): a proven node (the registrar reads the cluster)
   or the bootstrap admin (``cluster status``).
-- ``ConsumerHeartbeat``, ``ListConsumers``, ``UnregisterConsumer``: a signed client, as for ``QueryRoute``.
+- ``ConsumerHeartbeat``, ``ListConsumers``, ``UnregisterConsumer``: a signed client, as for ``QueryRoute``, for
+  a consumer group its users-file entry lists in ``consumer_groups`` (``"*"``: any), or the bootstrap admin; a
+  user may not join, read or leave another group's membership (it would be given queues it cannot read).
 
 Every refusal is logged (logger ``dledger.security``, WARNING) with who asked and why, never a secret, and
 answered before the servicer runs, so a refused registration never reaches the registry.
@@ -40,23 +42,39 @@ NODE_OR_CLIENT: Final = frozenset({"QueryRoute", "ClusterInfo"})
 CLIENT_ONLY: Final = frozenset({"ConsumerHeartbeat", "ListConsumers", "UnregisterConsumer"})
 
 
-def read_users(path: Path) -> dict[str, str]:
-    """access key -> secret key from a users file: ``[[user]]`` tables with ``access_key`` and ``secret_key``."""
+def _user_tables(path: Path) -> list[dict[str, Any]]:
+    """The ``[[user]]`` tables of a users file, each checked: access_key and secret_key (strings), and
+    consumer_groups (a list of strings) if given."""
     try:
         raw = tomllib.loads(path.read_text())
     except OSError as e:
         raise ConfigError(f"users file {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"users file {path} is not valid TOML: {e}") from None
-    users: dict[str, str] = {}
-    for i, u in enumerate(raw.get("user", [])):
+    tables = raw.get("user", [])
+    for i, u in enumerate(tables):
         ak, sk = (u.get("access_key"), u.get("secret_key")) if isinstance(u, dict) else (None, None)
         if not isinstance(ak, str) or not ak or not isinstance(sk, str) or not sk:
             raise ConfigError(
                 f"users file {path}: [[user]] #{i + 1} needs access_key and secret_key (strings)"
             )
-        users[ak] = sk
-    return users
+        groups = u.get("consumer_groups", [])
+        if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
+            raise ConfigError(
+                f"users file {path}: [[user]] #{i + 1} ({ak}): consumer_groups must be a list of group names "
+                '(or ["*"] for any)'
+            )
+    return tables
+
+
+def read_users(path: Path) -> dict[str, str]:
+    """access key -> secret key from a users file: ``[[user]]`` tables with ``access_key`` and ``secret_key``."""
+    return {u["access_key"]: u["secret_key"] for u in _user_tables(path)}
+
+
+def read_consumer_groups(path: Path) -> dict[str, frozenset[str]]:
+    """access key -> the consumer groups that user may join (``consumer_groups``; none when absent)."""
+    return {u["access_key"]: frozenset(u.get("consumer_groups", ())) for u in _user_tables(path)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +101,10 @@ class NameServerSecurity:
         ak, sk = read_credentials(Path(self.admin))
         users = read_users(Path(self.users)) if self.users else {}
         return pems[0], pems[1], pems[2], {**users, ak: sk}, ak
+
+    def consumer_groups(self) -> dict[str, frozenset[str]]:
+        """access key -> consumer groups it may join, from the users file (the admin: every group)."""
+        return read_consumer_groups(Path(self.users)) if self.users else {}
 
 
 def _method(full: str) -> tuple[str, str]:
@@ -122,6 +144,29 @@ def _only_itself(handler: grpc.RpcMethodHandler, method: str, group: str, node: 
     )
 
 
+def _in_group(
+    handler: grpc.RpcMethodHandler, method: str, access_key: str, groups: frozenset[str]
+) -> grpc.RpcMethodHandler:
+    """The servicer runs only for a consumer group the user may join."""
+    inner = handler.unary_unary
+
+    async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request.group not in groups and "*" not in groups:
+            why = (
+                f"user {access_key!r} may not {method} for consumer group {request.group!r}: add the group to "
+                "the user's consumer_groups in the name server's users file"
+            )
+            log.warning("name server: refused %s", why)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+        return await inner(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(
+        checked,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
 def _who(md: tuple) -> str:
     """The caller as its headers name it, for a refusal's log line: a client's access key, or "a caller"."""
     value = next((v for k, v in md if k == auth.AUTHORIZATION and isinstance(v, str)), None)
@@ -140,13 +185,16 @@ class NameServerGuard(grpc.aio.ServerInterceptor):
         secrets: Mapping[str, str],
         admin: str,
         skew_s: int = auth.DEFAULT_SKEW_S,
+        consumer_groups: Mapping[str, frozenset[str]] | None = None,
     ):
         """``secrets``: every access key it accepts, with its secret; ``admin``: the one that may read the
-        whole cluster (``ClusterInfo``)."""
+        whole cluster (``ClusterInfo``) and join any consumer group; ``consumer_groups``: the groups each other
+        access key may join."""
         self._nodes = tls.NodeProofVerifier(ca_pem, skew_s)
         self._secrets = dict(secrets)
         self._admin = admin
         self._skew = skew_s
+        self._groups = dict(consumer_groups or {})
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -177,4 +225,6 @@ class NameServerGuard(grpc.aio.ServerInterceptor):
             why = f"user {access_key!r} may not call ClusterInfo: it needs admin (the bootstrap admin)"
             log.warning("name server: refused %s", why)
             return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, why)
+        if method in CLIENT_ONLY and access_key != self._admin:
+            return _in_group(handler, method, access_key, self._groups.get(access_key, frozenset()))
         return handler

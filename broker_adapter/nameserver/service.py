@@ -170,7 +170,7 @@ async def serve(
     interceptors = []
     if security is not None:
         cert, key, ca, secrets, admin = security.load()
-        interceptors.append(NameServerGuard(ca, secrets, admin, security.skew_s))
+        interceptors.append(NameServerGuard(ca, secrets, admin, security.skew_s, security.consumer_groups()))
     server = grpc.aio.server(options=list(SERVER_OPTIONS), interceptors=interceptors)
     pb_grpc.add_NameServerServicer_to_server(NameServerServicer(registry), server)
     if security is not None:

@@ -12,7 +12,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from broker_adapter.nameserver.guard import NameServerSecurity, read_users
+from broker_adapter.nameserver.guard import NameServerSecurity, read_consumer_groups, read_users
 from dledger.errors import ConfigError
 from dledger.security import auth, certs, tls
 
@@ -95,3 +95,22 @@ def test_the_name_servers_files_are_checked_with_messages_naming_them(tmp_path: 
         (tmp_path / name).write_bytes(b"x")
     sec = NameServerSecurity(tmp_path / "ns.pem", tmp_path / "ns.key", tmp_path / "ca.pem", admin, users)
     assert sec.load()[3:] == ({"alice": "s1", "admin": "s0"}, "admin")
+
+
+def test_a_users_file_names_the_consumer_groups_each_user_may_join(tmp_path: Path):
+    users = tmp_path / "users.toml"
+    users.write_text(
+        '[[user]]\naccess_key = "alice"\nsecret_key = "s1"\nconsumer_groups = ["billing", "audit"]\n'
+        '[[user]]\naccess_key = "ops"\nsecret_key = "s2"\nconsumer_groups = ["*"]\n'
+        '[[user]]\naccess_key = "bob"\nsecret_key = "s3"\n'
+    )
+    assert read_consumer_groups(users) == {
+        "alice": frozenset({"billing", "audit"}),
+        "ops": frozenset({"*"}),
+        "bob": frozenset(),  # none given: bob may ask routes, not join a consumer group
+    }
+    assert read_users(users) == {"alice": "s1", "ops": "s2", "bob": "s3"}
+    for bad in ('"billing"', "[1]", '[""]'):
+        users.write_text(f'[[user]]\naccess_key = "alice"\nsecret_key = "s1"\nconsumer_groups = {bad}\n')
+        with pytest.raises(ConfigError, match=r"#1 \(alice\): consumer_groups must be a list"):
+            read_consumer_groups(users)

@@ -346,11 +346,14 @@ def test_cli_status_topic_and_produce_consume_through_the_name_servers(cluster, 
 
 
 def test_a_name_server_with_a_users_file_lets_readers_route_but_not_read_the_cluster(cluster, tmp_path):
-    """``dledger nameserver --users``: more access keys may ask routes and heartbeat; ClusterInfo stays the
-    admin's. A partial TLS setting is refused at start, naming what is missing."""
+    """``dledger nameserver --users``: more access keys may ask routes and heartbeat into the consumer groups
+    their entry lists; ClusterInfo stays the admin's. A partial TLS setting is refused at start, naming what is
+    missing."""
     base = Path(cluster.directory)
     users = tmp_path / "users.toml"
-    users.write_text('[[user]]\naccess_key = "reader"\nsecret_key = "reader-secret-1"\n')
+    users.write_text(
+        '[[user]]\naccess_key = "reader"\nsecret_key = "reader-secret-1"\nconsumer_groups = ["billing"]\n'
+    )
     (port,) = grp.free_ports(1)
     address = f"127.0.0.1:{port}"
     cli = [sys.executable, "-m", "dledger", "nameserver", "--listen", address]
@@ -376,6 +379,13 @@ def test_a_name_server_with_a_users_file_lets_readers_route_but_not_read_the_clu
                 ns.route("T")
             assert ns.consumer_heartbeat("billing", "reader-1") == 1
             assert ns.consumers("billing") == ["reader-1"]
+            for call in (
+                lambda: ns.consumer_heartbeat("payroll", "reader-1"),
+                lambda: ns.consumers("payroll"),
+            ):
+                with pytest.raises(NameServerRefusedError) as refused:
+                    call()
+                assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
             with pytest.raises(NameServerRefusedError) as refused:
                 ns.cluster_info()
             assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
@@ -385,4 +395,5 @@ def test_a_name_server_with_a_users_file_lets_readers_route_but_not_read_the_clu
         proc.terminate()
         proc.wait(timeout=10)
     assert "user 'reader' may not call ClusterInfo" in log.read_text()
+    assert "user 'reader' may not ConsumerHeartbeat for consumer group 'payroll'" in log.read_text()
     assert "reader-secret-1" not in log.read_text()
