@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -123,16 +123,13 @@ def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, why: str) ->
     )
 
 
-def _only_itself(handler: grpc.RpcMethodHandler, method: str, group: str, node: str) -> grpc.RpcMethodHandler:
-    """The servicer runs only when the request's group and node id are those the caller proved."""
+def _checked(handler: grpc.RpcMethodHandler, refusal: Callable[[Any], str | None]) -> grpc.RpcMethodHandler:
+    """The servicer runs only for a request ``refusal`` has no objection to (else PERMISSION_DENIED, logged)."""
     inner = handler.unary_unary
 
     async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if (request.group, request.node_id) != (group, node):
-            why = (
-                f"node {group}/{node} may not {method} {request.group}/{request.node_id}: a node registers "
-                "only itself (its certificate names its group and node id)"
-            )
+        why = refusal(request)
+        if why is not None:
             log.warning("name server: refused %s", why)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         return await inner(request, context)
@@ -142,29 +139,36 @@ def _only_itself(handler: grpc.RpcMethodHandler, method: str, group: str, node: 
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
+
+
+def _only_itself(handler: grpc.RpcMethodHandler, method: str, group: str, node: str) -> grpc.RpcMethodHandler:
+    """The servicer runs only when the request's group and node id are those the caller proved."""
+
+    def refusal(request: Any) -> str | None:
+        if (request.group, request.node_id) == (group, node):
+            return None
+        return (
+            f"node {group}/{node} may not {method} {request.group}/{request.node_id}: a node registers "
+            "only itself (its certificate names its group and node id)"
+        )
+
+    return _checked(handler, refusal)
 
 
 def _in_group(
     handler: grpc.RpcMethodHandler, method: str, access_key: str, groups: frozenset[str]
 ) -> grpc.RpcMethodHandler:
     """The servicer runs only for a consumer group the user may join."""
-    inner = handler.unary_unary
 
-    async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if request.group not in groups and "*" not in groups:
-            why = (
-                f"user {access_key!r} may not {method} for consumer group {request.group!r}: add the group to "
-                "the user's consumer_groups in the name server's users file"
-            )
-            log.warning("name server: refused %s", why)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
-        return await inner(request, context)
+    def refusal(request: Any) -> str | None:
+        if request.group in groups or "*" in groups:
+            return None
+        return (
+            f"user {access_key!r} may not {method} for consumer group {request.group!r}: add the group to "
+            "the user's consumer_groups in the name server's users file"
+        )
 
-    return grpc.unary_unary_rpc_method_handler(
-        checked,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    return _checked(handler, refusal)
 
 
 def _who(md: tuple) -> str:
