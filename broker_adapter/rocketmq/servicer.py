@@ -122,8 +122,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def _unary(
         self, method: str, request: Any, context: Any, local: Callable, response: type, raw: bytes | None
     ) -> Any:
-        """Serve on the leader, or forward (the client's bytes, ``raw``, when the handler passed them)."""
+        """Serve on the leader, or forward (the client's bytes, ``raw``, when the handler passed them). On the
+        leader the call goes straight to ``local`` (no deadline, forwarding coroutine or closure per call: the
+        forwarder would do the same after asking the same question)."""
         try:
+            if self._node.is_leader():
+                return await local(request, context)
             return await self._forward.unary(
                 method,
                 request if raw is None else raw,
@@ -140,6 +144,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, method: str, request: Any, context: Any, local: Callable, response: type, raw: bytes | None
     ):
         try:
+            if self._node.is_leader():  # as in ``_unary``
+                async for r in local(request, context):
+                    yield r
+                return
             async for r in self._forward.stream(
                 method,
                 request if raw is None else raw,
@@ -358,7 +366,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         max_body = self._max_body
         cid = client_id(context)
         out = [convert.outgoing(m, self._queue_for(topic, m, queues), cid, max_body) for m in msgs]
-        now = now_ms()
+        now = now_ms() if convert.DELAY in kinds else 0
         for i, m in enumerate(msgs):
             if kinds[i] == convert.DELAY:
                 due = convert.delivery_ms(m)
@@ -367,7 +375,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 else:
                     b.delivery.check_delivery_time(due, now)
         try:
-            if all(k == convert.NORMAL for k in kinds):
+            if kinds.count(convert.NORMAL) == len(kinds):
                 sent = await b.send(topic, out)
             else:
                 sent = [None] * len(msgs)
@@ -444,13 +452,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # As RocketMQ's proxy does: the clients time delivery latency from it (the PushConsumer fails every
         # received batch without it).
         yield service_pb2.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(now_ms()))
+        handle = ReceiptHandle(group, topic, qid, 0, 0, popped.deadline_ms).encoder()
+        response = service_pb2.ReceiveMessageResponse
         for d in popped.deliveries:
-            handle = ReceiptHandle(group, topic, qid, d.offset, d.epoch, popped.deadline_ms).encode()
-            yield service_pb2.ReceiveMessageResponse(
-                message=convert.incoming(
-                    msgs[d.offset], receipt_handle=handle, attempt=d.attempt, invisible_ms=invisible_ms
-                )
+            r = response()  # the message is built in place: no copy of it (and its body) into the response
+            convert.incoming(
+                msgs[d.offset],
+                receipt_handle=handle(d.offset, d.epoch),
+                attempt=d.attempt,
+                invisible_ms=invisible_ms,
+                out=r.message,
             )
+            yield r
 
     async def AckMessage(self, request, context, raw=None):
         return await self._unary(
@@ -473,7 +486,23 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         group = check_group(request.group.name)
         topic = request.topic.name
         self._broker.queues(topic)
-        if not 1 <= len(request.entries) <= MAX_RECEIVE_BATCH:
+        entries = request.entries
+        if len(entries) == 1:  # the official clients ack one message per call: no per-entry lists
+            e = entries[0]
+            try:
+                h = self._handle(e.receipt_handle, group, topic)
+            except RocketMQError as err:
+                st = of(err)
+            else:
+                renewals = self.renewals
+                epoch = renewals.epoch(group, topic, h.queue_id, h.offset, h.epoch)
+                (r,) = await self._broker.pops.ack(group, topic, ((h.queue_id, h.offset, epoch),))
+                renewals.done(group, topic, h.queue_id, h.offset)
+                st = _handled_status(r, "acknowledge")
+            resp = service_pb2.AckMessageResponse(status=st)
+            resp.entries.add(message_id=e.message_id, receipt_handle=e.receipt_handle, status=st)
+            return resp
+        if not 1 <= len(entries) <= MAX_RECEIVE_BATCH:
             raise bad_request(f"an AckMessageRequest carries 1..{MAX_RECEIVE_BATCH} entries")
         statuses: list[definition_pb2.Status | None] = []
         acks: list[tuple[int, tuple[int, int, int]]] = []
@@ -689,6 +718,8 @@ def _handled_status(r: Any, verb: str) -> definition_pb2.Status:
 
 
 def _overall(statuses: Sequence[definition_pb2.Status | None]) -> definition_pb2.Status:
+    if len(statuses) == 1 and statuses[0] is not None:  # the official clients ack one message per call
+        return statuses[0]
     codes = {s.code for s in statuses if s is not None}
     if codes == {Code.OK}:
         return status()
