@@ -279,8 +279,11 @@ PARTS = (
     ("grpc python (grpc/aio)", "grpc/"),
     ("rocketmq client", "rocketmq/"),
     ("protobuf", "protobuf/"),
+    ("event loop callbacks (grpc's Cython server and channel code runs here)", "Handle._run"),
     ("asyncio", "asyncio/"),
 )
+# Frames every stack of a process starts with (a node's command line; a bench's main): not where time goes.
+ROOTS = ("dledger/cli.py", "dledger/__main__.py", "typer/", "runpy", "bench/rocketmq_client.py", "threading.py")
 
 
 def top_functions(path: Path, messages: int, limit: int = 12) -> list[str]:
@@ -303,8 +306,9 @@ def top_functions(path: Path, messages: int, limit: int = 12) -> list[str]:
             waiting += c
             continue
         leaves[leaf] += c
+        inner = [f for f in frames if not any(r in f for r in ROOTS)]
         for name, frag in PARTS:
-            if any(frag in f for f in frames):
+            if any(frag in f for f in inner):
                 parts[name] += c
                 break
         else:
@@ -423,6 +427,7 @@ def main() -> None:
         help="before each round: leave the leader (elected), or move it to the official client's pick-first node "
         "(the lowest address: no forwarding hop), or away from it (every call forwarded)",
     )
+    ap.add_argument("--this-first", action="store_true", help="with --baseline-tree: start this tree's group first")
     ap.add_argument("--profile", type=Path, default=None, help="py-spy the leader and client into this directory")
     args = ap.parse_args()
     tmp = None
@@ -448,9 +453,16 @@ def _trees(d: Path, args: argparse.Namespace) -> None:
     n, w, aw = args.messages, args.inflight, args.ack_window
     groups: list[grp.GroupSpec] = []
     try:
-        groups.append(_up(d / "base", base))
-        groups.append(_up(d / "this", here))
-        gb, gt = groups
+        # Which group is created first decides its ports (and so which of its nodes the client dials): with
+        # --this-first the trees swap places, to tell a position effect from a code effect (index 0 is always
+        # the baseline below).
+        if args.this_first:
+            gt = _up(d / "this", here)
+            groups.append(gt)
+            groups.insert(0, _up(d / "base", base))
+        else:
+            groups.append(_up(d / "base", base))
+            groups.append(_up(d / "this", here))
         cfgs = [ClientConfiguration(";".join(g.addresses), Credentials(), request_timeout=10) for g in groups]
         print(f"3-node broker groups, flush sync, 1 KiB bodies, {n} messages per measurement, official client")
         print(f"baseline nodes: {base}; this: {here}; leader: {args.leader}; CPU in ms per message")
