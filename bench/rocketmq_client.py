@@ -49,9 +49,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from functools import partial
 from pathlib import Path
 
-from rocketmq.grpc_protocol import Code
-
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+from rocketmq.grpc_protocol import Code
 
 from broker_adapter.client import BrokerConnection, Consumer
 from broker_adapter.client import Producer as OurProducer
@@ -167,6 +166,7 @@ def our_consume(addresses: list[str], topic: str, group: str, n: int) -> float:
             got += 1
         return rate(got, time.perf_counter() - t0)
 
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PYSPY = Path(sys.executable).with_name("py-spy")
 
@@ -189,9 +189,8 @@ def place_leader(g: grp.GroupSpec, where: str) -> None:
         if (lead == first) == (where == "pick-first"):
             return
         target = first if where == "pick-first" else next(n.id for n in g.nodes if n.id != first)
-        with DLedgerClient(g.addresses, g.name) as c:
-            with contextlib.suppress(DLedgerError):
-                c.transfer_leadership(target)
+        with DLedgerClient(g.addresses, g.name) as c, contextlib.suppress(DLedgerError):
+            c.transfer_leadership(target)
         time.sleep(0.5)
     raise RuntimeError(f"could not place the leader ({where})")
 
@@ -234,11 +233,29 @@ def measure(
         profile.mkdir(parents=True, exist_ok=True)
         for who in ("leader", "client"):
             out = profile / f"{tag}-{who}.txt"
-            spies.append((who, out, subprocess.Popen(
-                [str(PYSPY), "record", "--nonblocking", "-r", "100", "-f", "raw", "-o", str(out),
-                 "-p", str(pids[who])],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )))
+            spies.append(
+                (
+                    who,
+                    out,
+                    subprocess.Popen(
+                        [
+                            str(PYSPY),
+                            "record",
+                            "--nonblocking",
+                            "-r",
+                            "100",
+                            "-f",
+                            "raw",
+                            "-o",
+                            str(out),
+                            "-p",
+                            str(pids[who]),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    ),
+                )
+            )
         time.sleep(1.0)  # py-spy attached
     before = {k: cpu_s(p) for k, p in pids.items()}
     try:
@@ -264,10 +281,16 @@ def measure(
 
 # Leaf frames where a sampled thread waits rather than computes (py-spy --nonblocking cannot always tell).
 # (grpc's Cython poller thread shows as a bare Thread.run; a thread pool's idle worker as _worker.)
-WAITING = frozenset({
-    "EpollSelector.select (selectors.py)", "Condition.wait (threading.py)", "_worker (thread.py)",
-    "Thread.run (threading.py)", "FileIO.fdatasync (fileio.py)", "Event.wait (threading.py)",
-})
+WAITING = frozenset(
+    {
+        "EpollSelector.select (selectors.py)",
+        "Condition.wait (threading.py)",
+        "_worker (thread.py)",
+        "Thread.run (threading.py)",
+        "FileIO.fdatasync (fileio.py)",
+        "Event.wait (threading.py)",
+    }
+)
 # Where a computing sample's time goes: the first of these (file path fragments) its stack passes through,
 # innermost first.
 PARTS = (
@@ -283,7 +306,14 @@ PARTS = (
     ("asyncio", "asyncio/"),
 )
 # Frames every stack of a process starts with (a node's command line; a bench's main): not where time goes.
-ROOTS = ("dledger/cli.py", "dledger/__main__.py", "typer/", "runpy", "bench/rocketmq_client.py", "threading.py")
+ROOTS = (
+    "dledger/cli.py",
+    "dledger/__main__.py",
+    "typer/",
+    "runpy",
+    "bench/rocketmq_client.py",
+    "threading.py",
+)
 
 
 def top_functions(path: Path, messages: int, limit: int = 12) -> list[str]:
@@ -314,7 +344,9 @@ def top_functions(path: Path, messages: int, limit: int = 12) -> list[str]:
         else:
             parts["other"] += c
     per = 10.0 / max(messages, 1)  # one sample = 10 ms
-    out = [f"samples {total}: waiting {waiting * per:.3f} ms/msg, computing {(total - waiting) * per:.3f} ms/msg"]
+    out = [
+        f"samples {total}: waiting {waiting * per:.3f} ms/msg, computing {(total - waiting) * per:.3f} ms/msg"
+    ]
     out += [f"{c * per:7.3f} ms/msg  {name}" for name, c in parts.most_common()]
     out += [f"{c * per:7.3f} ms/msg  leaf {f}" for f, c in leaves.most_common(limit)]
     return out
@@ -428,8 +460,12 @@ def main() -> None:
         help="before each round: leave the leader (elected), or move it to the official client's pick-first node "
         "(the lowest address: no forwarding hop), or away from it (every call forwarded)",
     )
-    ap.add_argument("--this-first", action="store_true", help="with --baseline-tree: start this tree's group first")
-    ap.add_argument("--profile", type=Path, default=None, help="py-spy the leader and client into this directory")
+    ap.add_argument(
+        "--this-first", action="store_true", help="with --baseline-tree: start this tree's group first"
+    )
+    ap.add_argument(
+        "--profile", type=Path, default=None, help="py-spy the leader and client into this directory"
+    )
     args = ap.parse_args()
     tmp = None
     d = args.dir
@@ -465,7 +501,9 @@ def _trees(d: Path, args: argparse.Namespace) -> None:
             groups.append(_up(d / "base", base))
             groups.append(_up(d / "this", here))
         cfgs = [ClientConfiguration(";".join(g.addresses), Credentials(), request_timeout=10) for g in groups]
-        print(f"3-node broker groups, flush sync, 1 KiB bodies, {n} messages per measurement, official client")
+        print(
+            f"3-node broker groups, flush sync, 1 KiB bodies, {n} messages per measurement, official client"
+        )
         print(f"baseline nodes: {base}; this: {here}; leader: {args.leader}; CPU in ms per message")
         rows: dict[str, list[tuple[float, float]]] = {}
         cpu: dict[tuple[str, str], list[dict[str, float]]] = {}
@@ -478,10 +516,14 @@ def _trees(d: Path, args: argparse.Namespace) -> None:
                     c.create_topic(t, QUEUES)
                     topics.append(t)
 
-                def one(i: int, name: str, fn: Callable[[], tuple[float, int]]) -> Callable[[], float]:
+                def one(
+                    i: int, name: str, fn: Callable[[], tuple[float, int]], r: int = r
+                ) -> Callable[[], float]:
                     def run() -> float:
                         place_leader(groups[i], args.leader)
-                        m = measure(groups[i], fn, args.profile, f"r{r}-{'base' if i == 0 else 'this'}-{name[:4]}")
+                        m = measure(
+                            groups[i], fn, args.profile, f"r{r}-{'base' if i == 0 else 'this'}-{name[:4]}"
+                        )
                         cpu.setdefault((name, "base" if i == 0 else "this"), []).append(m.cpu_ms)
                         print(
                             f"{r + 1:<7}{name:<28}{'base' if i == 0 else 'this':<6}{m.rate:>10,.0f} msg/s  "
@@ -492,11 +534,17 @@ def _trees(d: Path, args: argparse.Namespace) -> None:
                     return run
 
                 pairs = [
-                    (f"send, {w} in flight", [partial(official_send_window, cfgs[i], topics[i], n, w) for i in (0, 1)]),
+                    (
+                        f"send, {w} in flight",
+                        [partial(official_send_window, cfgs[i], topics[i], n, w) for i in (0, 1)],
+                    ),
                     # the topic holds n + 1 (the warm-up send): all of it
                     (
                         f"receive+ack, {aw} in flight",
-                        [partial(official_consume_window, cfgs[i], topics[i], f"g-ab-{r}", n + 1, aw) for i in (0, 1)],
+                        [
+                            partial(official_consume_window, cfgs[i], topics[i], f"g-ab-{r}", n + 1, aw)
+                            for i in (0, 1)
+                        ],
                     ),
                 ]
                 for name, fns in pairs:
@@ -524,7 +572,9 @@ def _clients(d: Path, args: argparse.Namespace) -> None:
         rows: dict[str, list[tuple[float, float]]] = {}
         cpu: dict[str, list[dict[str, float]]] = {}
         print(f"3-node broker group, flush sync, 1 KiB bodies, {n} messages per side per measurement")
-        print(f"{'round':<7}{'workload':<28}{'official msg/s':>16}{'ours msg/s':>13}{'ratio':>8}  official CPU ms/msg")
+        print(
+            f"{'round':<7}{'workload':<28}{'official msg/s':>16}{'ours msg/s':>13}{'ratio':>8}  official CPU ms/msg"
+        )
 
         def counted(name: str, r: int, fn: Callable[[], tuple[float, int]]) -> Callable[[], float]:
             def run() -> float:

@@ -87,8 +87,18 @@ class Sampler:
 
 # What the per-call profile shows: the face's files and the broker calls they make.
 PROFILED = (
-    "servicer.py", "handlers.py", "convert.py", "receipt.py", "forward.py", "status.py", "renewal.py",
-    "invisibility.py", "broker_pop.py", "broker_send.py", "broker.py:Broker", "broker_commit.py",
+    "servicer.py",
+    "handlers.py",
+    "convert.py",
+    "receipt.py",
+    "forward.py",
+    "status.py",
+    "renewal.py",
+    "invisibility.py",
+    "broker_pop.py",
+    "broker_send.py",
+    "broker.py:Broker",
+    "broker_commit.py",
 )
 
 

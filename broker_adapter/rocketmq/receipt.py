@@ -70,7 +70,9 @@ class ReceiptHandle:
         group, topic = self.group.encode(), self.topic.encode()
         if len(group) > 255 or len(topic) > 255:
             raise ReceiptHandleError("group and topic must be at most 255 bytes each")
-        tail = b"".join((_DEADLINE.pack(self.deadline_ms), bytes([len(group)]), group, bytes([len(topic)]), topic))
+        tail = b"".join(
+            (_DEADLINE.pack(self.deadline_ms), bytes([len(group)]), group, bytes([len(topic)]), topic)
+        )
         head = _HEAD.pack
         qid = self.queue_id
         crc32, b64 = zlib.crc32, base64.urlsafe_b64encode

@@ -75,7 +75,9 @@ async def test_a_one_entry_ack_answers_as_a_batch_entry_would(made):  # noqa: F8
     await broker.send("T", [out(0, b"a"), out(0, b"b")])
     s = MessagingServicer(broker)
     try:
-        h1, h2 = [r.message.system_properties.receipt_handle for r in await receive(s, 2) if r.HasField("message")]
+        h1, h2 = [
+            r.message.system_properties.receipt_handle for r in await receive(s, 2) if r.HasField("message")
+        ]
         first = await s.AckMessage(ack_request(h1), Context())
         assert first.status.code == Code.OK and first.entries[0].status.code == Code.OK
         assert (first.entries[0].message_id, first.entries[0].receipt_handle) == ("m0", h1)
@@ -87,7 +89,9 @@ async def test_a_one_entry_ack_answers_as_a_batch_entry_would(made):  # noqa: F8
             assert r.status.code == Code.INVALID_RECEIPT_HANDLE, r
             assert r.entries[0].status.code == Code.INVALID_RECEIPT_HANDLE
         other = ReceiptHandle.decode(h2)
-        foreign = ReceiptHandle("H", "T", other.queue_id, other.offset, other.epoch, other.deadline_ms).encode()
+        foreign = ReceiptHandle(
+            "H", "T", other.queue_id, other.offset, other.epoch, other.deadline_ms
+        ).encode()
         r = await s.AckMessage(ack_request(foreign), Context())
         assert r.status.code == Code.INVALID_RECEIPT_HANDLE and "group 'H'" in r.status.message
         # two entries, one good and one already acknowledged: the general path, both OK
