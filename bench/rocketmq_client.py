@@ -29,7 +29,10 @@ started is stopped by its pid at the end, also on failure.
 source tree DIR (e.g. /work/main) and one from this tree (their ``PYTHONPATH``), and only issue 15's two
 workloads through the official client, alternating which group goes first each round; the ratio is this tree /
 DIR. ``--profile DIR`` also records each official-client measurement with py-spy (``--nonblocking``, idle
-samples off; leader and client) into DIR as collapsed stacks and prints the heaviest functions per message.
+samples off; leader and client) into DIR as collapsed stacks and prints where their CPU goes per message.
+``--double`` (with ``--baseline-tree``) runs the two workloads against ``bench.rocketmq_double`` of each tree
+instead: one process serving the servicer over an in-memory log, no replication, so what is left is the client
+and one gRPC server with the face: the client's ceiling on this machine.
 """
 
 from __future__ import annotations
@@ -171,6 +174,42 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PYSPY = Path(sys.executable).with_name("py-spy")
 
 
+class Double:
+    """``bench.rocketmq_double`` in a process of its own, running the servicer of source tree ``tree``: one gRPC
+    server, no replication (the client's ceiling, and the face's cost without the log)."""
+
+    def __init__(self, tree: Path, topics: list[str]):
+        script = Path(__file__).with_name("rocketmq_double.py")
+        self.proc = subprocess.Popen(
+            [  # this tree's script over the other tree's packages (its directory is not put on sys.path)
+                sys.executable,
+                "-c",
+                "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+                str(script),
+                *[a for t in topics for a in ("--topic", t)],
+                "--queues",
+                str(QUEUES),
+            ],
+            cwd=tree,
+            env=dict(os.environ, PYTHONPATH=str(tree)),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.address = self.proc.stdout.readline().strip()
+        if not self.address:
+            self.stop()
+            raise RuntimeError(f"bench.rocketmq_double of {tree} did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def pick_first(g: grp.GroupSpec) -> str:
     """The node the official Python client 5.1.2 sends to: it sorts an endpoint's addresses as strings and
     dials them as one pick-first channel, whatever order the route gives (``rpc_channel.RpcEndpoints``), so
@@ -210,24 +249,31 @@ class Measured:
 
 
 def measure(
-    g: grp.GroupSpec, fn: Callable[[], tuple[float, int]], profile: Path | None = None, tag: str = ""
+    g: grp.GroupSpec | Double,
+    fn: Callable[[], tuple[float, int]],
+    profile: Path | None = None,
+    tag: str = "",
 ) -> Measured:
     """Run ``fn`` (returns msg/s and the message count) with the CPU of the client (this process), the leader and
-    the followers counted around it; with ``profile``, py-spy records the leader and this process meanwhile."""
-    leader = grp.wait_for_leader(g).id
-    if tag:
-        print(f"  {tag}: leader {leader}, client's pick-first node {pick_first(g)}", file=sys.stderr)
+    the followers (or the double's one process, as "leader") counted around it; with ``profile``, py-spy records
+    the leader and this process meanwhile."""
     pids = {"client": os.getpid()}
-    followers = 0
-    for spec in g.nodes:
-        pid = grp.read_pid(spec)
-        if pid is None:
-            continue
-        if spec.id == leader:
-            pids["leader"] = pid
-        else:
-            followers += 1
-            pids[f"follower{followers}"] = pid
+    if isinstance(g, Double):
+        pids["leader"] = g.proc.pid
+    else:
+        leader = grp.wait_for_leader(g).id
+        if tag:
+            print(f"  {tag}: leader {leader}, client's pick-first node {pick_first(g)}", file=sys.stderr)
+        followers = 0
+        for spec in g.nodes:
+            pid = grp.read_pid(spec)
+            if pid is None:
+                continue
+            if spec.id == leader:
+                pids["leader"] = pid
+            else:
+                followers += 1
+                pids[f"follower{followers}"] = pid
     spies = []
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
@@ -461,6 +507,11 @@ def main() -> None:
         "(the lowest address: no forwarding hop), or away from it (every call forwarded)",
     )
     ap.add_argument(
+        "--double",
+        action="store_true",
+        help="with --baseline-tree: against bench.rocketmq_double of each tree (one process, no replication)",
+    )
+    ap.add_argument(
         "--this-first", action="store_true", help="with --baseline-tree: start this tree's group first"
     )
     ap.add_argument(
@@ -488,6 +539,9 @@ def _trees(d: Path, args: argparse.Namespace) -> None:
     here = Path(__file__).resolve().parent.parent
     base = args.baseline_tree.resolve()
     n, w, aw = args.messages, args.inflight, args.ack_window
+    if args.double:
+        _doubles(base, here, args)
+        return
     groups: list[grp.GroupSpec] = []
     try:
         # Which group is created first decides its ports (and so which of its nodes the client dials): with
@@ -561,6 +615,61 @@ def _trees(d: Path, args: argparse.Namespace) -> None:
     finally:
         for g in groups:
             grp.stop_group(g)
+
+
+def _doubles(base: Path, here: Path, args: argparse.Namespace) -> None:
+    """Issue 15's two workloads against ``bench.rocketmq_double`` of each tree (one process, no replication),
+    alternating: the client's ceiling, and the servicer's A/B under the official client without the log."""
+    n, w, aw = args.messages, args.inflight, args.ack_window
+    topics = [f"rmq-double-{r}" for r in range(args.rounds)]
+    doubles: list[Double] = []
+    try:
+        doubles.append(Double(base, topics))
+        doubles.append(Double(here, topics))
+        cfgs = [ClientConfiguration(d.address, Credentials(), request_timeout=10) for d in doubles]
+        print(
+            f"in-memory doubles (no replication), 1 KiB bodies, {n} messages per measurement, official client"
+        )
+        print(f"baseline: {base}; this: {here}; CPU in ms per message ('leader': the double's process)")
+        rows: dict[str, list[tuple[float, float]]] = {}
+        cpu: dict[tuple[str, str], list[dict[str, float]]] = {}
+        for r in range(args.rounds):
+
+            def one(
+                i: int, name: str, fn: Callable[[], tuple[float, int]], r: int = r
+            ) -> Callable[[], float]:
+                side = "base" if i == 0 else "this"
+
+                def run() -> float:
+                    m = measure(doubles[i], fn, args.profile, f"r{r}-double-{side}-{name[:4]}")
+                    cpu.setdefault((name, side), []).append(m.cpu_ms)
+                    print(
+                        f"{r + 1:<7}{name:<28}{side:<6}{m.rate:>10,.0f} msg/s  "
+                        + "  ".join(f"{k} {v:.2f}" for k, v in m.cpu_ms.items())
+                    )
+                    return m.rate
+
+                return run
+
+            t = topics[r]
+            pairs = [
+                (f"send, {w} in flight", [partial(official_send_window, cfgs[i], t, n, w) for i in (0, 1)]),
+                (
+                    f"receive+ack, {aw} in flight",
+                    [partial(official_consume_window, cfgs[i], t, f"g-dbl-{r}", n + 1, aw) for i in (0, 1)],
+                ),
+            ]
+            for name, fns in pairs:
+                a, b = _alternate(r, one(1, name, fns[1]), one(0, name, fns[0]))
+                rows.setdefault(name, []).append((a, b))
+        _summary(rows, "this msg/s", "baseline msg/s", "this / baseline")
+        print()
+        print("CPU ms per message, medians ('leader': the double's process)")
+        for (name, side), ms in cpu.items():
+            print(f"{name:<28}{side:<6}{_cpu_cells(ms)}")
+    finally:
+        for d in doubles:
+            d.stop()
 
 
 def _clients(d: Path, args: argparse.Namespace) -> None:
