@@ -62,7 +62,7 @@ from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
 from broker_adapter.rocketmq.renewal import Renewals
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, from_dledger, of, status, unsupported
 from broker_adapter.transactions import Half
-from dledger.errors import DLedgerError, NotFoundError
+from dledger.errors import DLedgerError, NotFoundError, NotLeaderError, OutcomeUnknownError
 
 MAX_SEND_BATCH: Final = 1024
 MAX_RECEIVE_BATCH: Final = 1024
@@ -76,6 +76,11 @@ MAX_CLIENTS: Final = 10_000
 TELEMETRY_OUTBOX: Final = 1024  # commands waiting to go out on one Telemetry stream; more are dropped
 
 SERVICE_NAME: Final = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name
+# Calls the leader serves again, on whichever node leads next, when leadership was lost under them (the outcome
+# unknown): those whose second attempt cannot undo or repeat what a first one did. An ack names a delivery epoch,
+# so acknowledging a delivery twice answers "already acknowledged" (``invisibility``). The official clients never
+# retry an ack, and an ack lost to a leader change is a redelivery (docs/rocketmq.md, "Consumption state").
+RETRIED_ON_LEADER_CHANGE: Final = frozenset({"AckMessage"})
 
 
 def duration_ms(d: Duration) -> int:
@@ -126,8 +131,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         leader the call goes straight to ``local`` (no deadline, forwarding coroutine or closure per call: the
         forwarder would do the same after asking the same question)."""
         try:
-            if self._node.is_leader():
-                return await local(request, context)
+            try:
+                if self._node.is_leader():
+                    return await local(request, context)
+            except (OutcomeUnknownError, NotLeaderError):
+                if method not in RETRIED_ON_LEADER_CHANGE:
+                    raise
+                # Once more, on whichever node leads next (this one again, or forwarded there).
             return await self._forward.unary(
                 method,
                 request if raw is None else raw,

@@ -5,6 +5,7 @@ the real servicer over the in-memory node double of ``tests/broker``:
   as one proposal, not one each (broker-level group commit);
 - the one-entry ack path answers as the general one does: OK, "already acknowledged", a foreign or mangled
   receipt handle refused in the overall status and in the entry;
+- an ack whose leader lost leadership under it (outcome unknown) is served again on the next leader;
 - a received message, built inside its response, is the message ``convert.incoming`` makes, and its receipt
   handle (packed by ``ReceiptHandle.encoder``) the one ``ReceiptHandle.encode`` makes.
 """
@@ -20,6 +21,7 @@ from rocketmq.grpc_protocol import Code, service_pb2
 from broker_adapter.rocketmq import convert
 from broker_adapter.rocketmq.receipt import ReceiptHandle
 from broker_adapter.rocketmq.servicer import MessagingServicer
+from dledger.errors import OutcomeUnknownError
 from tests.broker.test_broker import made, out, run, topic  # noqa: F401  (fixture and helpers)
 from tests.rocketmq.test_routes import Context
 
@@ -142,3 +144,52 @@ def test_a_pops_handle_encoder_makes_the_handles_encode_makes(group, topic_, que
         h = ReceiptHandle(group, topic_, queue_id, offset, epoch, deadline)
         assert encode(offset, epoch) == h.encode()
         assert ReceiptHandle.decode(encode(offset, epoch)) == h
+
+
+@run
+async def test_an_ack_whose_leader_lost_leadership_is_served_again(made):  # noqa: F811
+    """Leadership lost under an ack, its outcome unknown: the leader serves it again once a leader is known,
+    whether the first attempt was committed (then "already acknowledged") or not (then it acknowledges)."""
+    broker, node = made
+    await topic(broker, queues=1)
+    await broker.send("T", [out(0, b"a"), out(0, b"b")])
+    s = MessagingServicer(broker)
+    real_submit = node.submit
+    try:
+        h1, h2 = [
+            r.message.system_properties.receipt_handle for r in await receive(s, 2) if r.HasField("message")
+        ]
+        for handle, committed in ((h1, True), (h2, False)):
+            failed = []
+
+            async def submit(bodies, prepare=None, committed=committed, failed=failed):
+                if not failed:
+                    failed.append(1)
+                    if committed:
+                        await real_submit(bodies, prepare)  # it commits, but the leader cannot tell
+                    raise OutcomeUnknownError("lost leadership: the outcome of the append is unknown")
+                return await real_submit(bodies, prepare)
+
+            node.submit = submit
+            r = await s.AckMessage(ack_request(handle), Context())
+            assert failed and r.status.code == Code.OK, r
+            assert (r.status.message == "already acknowledged") == committed
+        assert not broker.sm.pops.get(("G", "T", 0)).inflight  # both acknowledged: nothing comes back
+        # A call that is not retried answers the error (a send's outcome stays unknown to its client).
+        node.submit = real_submit
+
+        async def append(bodies, prepare=None):
+            raise OutcomeUnknownError("lost leadership: the outcome of the append is unknown")
+
+        node.append = append
+        req = service_pb2.SendMessageRequest()
+        m = req.messages.add(body=b"x")
+        m.topic.name = "T"
+        m.system_properties.message_id = "01ABC"
+        m.system_properties.message_type = 1
+        m.system_properties.body_encoding = 1
+        sent = await s.SendMessage(req, Context())
+        assert sent.status.code == Code.PROXY_TIMEOUT, sent
+    finally:
+        node.submit = real_submit
+        await s.close()
