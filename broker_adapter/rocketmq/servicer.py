@@ -144,6 +144,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 context,
                 self._deadline(context),
                 lambda: local(request, context),
+                _lost_leadership(response) if method in RETRIED_ON_LEADER_CHANGE else None,
             )
         except RocketMQError as e:
             return response(status=of(e))
@@ -695,6 +696,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return service_pb2.SyncLiteSubscriptionResponse(
             status=of(unsupported("lite topics (SyncLiteSubscription)"))
         )
+
+
+def _lost_leadership(response: type) -> Callable[[bytes], bool]:
+    """Whether a leader's answer (bytes) says it lost leadership under the call, or no leader was found: the
+    statuses ``from_dledger`` gives those (docs/rocketmq.md, "Consumption state")."""
+    parse = response.FromString
+
+    def lost(answer: bytes) -> bool:
+        return parse(answer).status.code in (Code.HA_NOT_AVAILABLE, Code.PROXY_TIMEOUT)
+
+    return lost
 
 
 def _polling_ms(poll_ms: int) -> int:

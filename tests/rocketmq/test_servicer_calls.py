@@ -5,7 +5,8 @@ the real servicer over the in-memory node double of ``tests/broker``:
   as one proposal, not one each (broker-level group commit);
 - the one-entry ack path answers as the general one does: OK, "already acknowledged", a foreign or mangled
   receipt handle refused in the overall status and in the entry;
-- an ack whose leader lost leadership under it (outcome unknown) is served again on the next leader;
+- an ack whose leader lost leadership under it (outcome unknown) is served again on the next leader, also
+  when a follower forwarded it;
 - a received message, built inside its response, is the message ``convert.incoming`` makes, and its receipt
   handle (packed by ``ReceiptHandle.encoder``) the one ``ReceiptHandle.encode`` makes.
 """
@@ -192,4 +193,45 @@ async def test_an_ack_whose_leader_lost_leadership_is_served_again(made):  # noq
         assert sent.status.code == Code.PROXY_TIMEOUT, sent
     finally:
         node.submit = real_submit
+        await s.close()
+
+
+@run
+async def test_a_follower_forwards_an_ack_again_when_the_leader_lost_leadership_under_it(made):  # noqa: F811
+    """On a follower, a leader's answer that it lost leadership under an ack (HA_NOT_AVAILABLE or PROXY_TIMEOUT)
+    sends the ack to the next leader; any other call's answer is relayed as it is."""
+    broker, node = made
+    s = MessagingServicer(broker)
+    node.leader_id = "n1"  # this node follows
+    node.config.security = None  # a plain group: forwarded with the client id only
+    answers = {
+        "AckMessage": [
+            service_pb2.AckMessageResponse(status={"code": Code.PROXY_TIMEOUT, "message": "lost it"}),
+            service_pb2.AckMessageResponse(status={"code": Code.OK, "message": "OK"}),
+        ],
+        "SendMessage": [
+            service_pb2.SendMessageResponse(status={"code": Code.HA_NOT_AVAILABLE, "message": "lost it"}),
+        ],
+    }
+    calls: list[str] = []
+
+    def call(leader: str, method: str):
+        async def send(request, timeout, metadata):
+            calls.append(method)
+            return answers[method].pop(0).SerializeToString()
+
+        return send
+
+    s._forward._call = call
+    try:
+        got = await s.AckMessage(ack_request("v1whatever"), Context())
+        assert service_pb2.AckMessageResponse.FromString(got).status.code == Code.OK
+        assert calls == ["AckMessage", "AckMessage"]
+        req = service_pb2.SendMessageRequest()
+        req.messages.add(body=b"x").topic.name = "T"
+        got = await s.SendMessage(req, Context())
+        assert service_pb2.SendMessageResponse.FromString(got).status.code == Code.HA_NOT_AVAILABLE
+        assert calls == ["AckMessage", "AckMessage", "SendMessage"]
+    finally:
+        node.leader_id = node.id
         await s.close()
