@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import tempfile
 from pathlib import Path
 
@@ -37,10 +38,13 @@ async def serve(topics: list[str], queues: int) -> None:
             await topic(broker, t, queues)
         servicer = MessagingServicer(broker)
         handlers.add_to_server(servicer, server)
+        stop = asyncio.Event()  # SIGTERM (``Double.stop``) ends it with its temporary directory removed
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await server.start()
         print(address, flush=True)
         try:
-            await server.wait_for_termination()
+            await stop.wait()
+            await server.stop(0.5)
         finally:
             await servicer.close()
             for _ in gen:
