@@ -13,16 +13,38 @@ Per round, 1 KiB messages:
   each batch's acks sent at once (from a thread pool); against our ``Consumer`` pulling 32 at a time and committing
   the group's offset after every batch (also through the log). Each side consumes what it sent.
 
+- receive + ack, ``--ack-window`` (32) acks in flight: the official ``SimpleConsumer`` receiving batches of 32
+  while up to 32 of its acks are outstanding (the ``concurrent.futures`` future of the client's own async ack
+  call, its status checked as ``ack`` checks it: the public ``ack_async`` drops its future in 5.1.2). This and "send, 16 in flight" are issue 15's two official-client workloads.
+
 Prints messages/s per round, the medians with [min-max], and the ratio official / ours (below 1: the official
-client is slower). Every process started is stopped by its pid at the end, also on failure.
+client is slower). For the official client's runs it also prints the CPU each process spent per message (ms,
+from ``/proc/PID/stat`` utime + stime deltas): the client (this process: the client's I/O thread and the
+bench's), the leader and the two followers, so whether the client itself is the limit is a number. Every process
+started is stopped by its pid at the end, also on failure.
 
     python -m bench.rocketmq_client [--rounds 3] [--messages 600] [--inflight 16] [--dir DIR]
+
+``--baseline-tree DIR`` measures the servicer instead of the clients: two groups, one running the nodes from the
+source tree DIR (e.g. /work/main) and one from this tree (their ``PYTHONPATH``), and only issue 15's two
+workloads through the official client, alternating which group goes first each round; the ratio is this tree /
+DIR. ``--profile DIR`` also records each official-client measurement with py-spy (``--nonblocking``, idle
+samples off; leader and client) into DIR as collapsed stacks and prints where their CPU goes per message.
+``--double`` (with ``--baseline-tree``) runs the two workloads against ``bench.rocketmq_double`` of each tree
+instead: one process serving the servicer over an in-memory log, no replication, so what is left is the client
+and one gRPC server with the face: the client's ceiling on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
+import os
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,11 +53,14 @@ from functools import partial
 from pathlib import Path
 
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+from rocketmq.grpc_protocol import Code
 
 from broker_adapter.client import BrokerConnection, Consumer
 from broker_adapter.client import Producer as OurProducer
 from broker_adapter.rocketmq import ensure_event_loop
 from dledger import group as grp
+from dledger.client import DLedgerClient
+from dledger.errors import DLedgerError
 
 BODY = bytes(range(256)) * 4  # 1 KiB
 QUEUES = 4
@@ -145,6 +170,274 @@ def our_consume(addresses: list[str], topic: str, group: str, n: int) -> float:
         return rate(got, time.perf_counter() - t0)
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PYSPY = Path(sys.executable).with_name("py-spy")
+
+
+class Double:
+    """``bench.rocketmq_double`` in a process of its own, running the servicer of source tree ``tree``: one gRPC
+    server, no replication (the client's ceiling, and the face's cost without the log)."""
+
+    def __init__(self, tree: Path, topics: list[str]):
+        script = Path(__file__).with_name("rocketmq_double.py")
+        self.proc = subprocess.Popen(
+            [  # this tree's script over the other tree's packages (its directory is not put on sys.path)
+                sys.executable,
+                "-c",
+                "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+                str(script),
+                *[a for t in topics for a in ("--topic", t)],
+                "--queues",
+                str(QUEUES),
+            ],
+            cwd=tree,
+            env=dict(os.environ, PYTHONPATH=str(tree)),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.address = self.proc.stdout.readline().strip()
+        if not self.address:
+            self.stop()
+            raise RuntimeError(f"bench.rocketmq_double of {tree} did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def pick_first(g: grp.GroupSpec) -> str:
+    """The node the official Python client 5.1.2 sends to: it sorts an endpoint's addresses as strings and
+    dials them as one pick-first channel, whatever order the route gives (``rpc_channel.RpcEndpoints``), so
+    the lowest address gets every call and a follower there forwards each to the leader."""
+    return min(g.nodes, key=lambda n: n.address).id
+
+
+def place_leader(g: grp.GroupSpec, where: str) -> None:
+    """``where``: "elected" leaves the leader be; "pick-first" makes the client's pick-first node lead (no
+    forwarding hop); "forwarded" makes another node lead (every call forwarded by the pick-first node)."""
+    if where == "elected":
+        return
+    first = pick_first(g)
+    for _ in range(5):
+        lead = grp.wait_for_leader(g).id
+        if (lead == first) == (where == "pick-first"):
+            return
+        target = first if where == "pick-first" else next(n.id for n in g.nodes if n.id != first)
+        with DLedgerClient(g.addresses, g.name) as c, contextlib.suppress(DLedgerError):
+            c.transfer_leadership(target)
+        time.sleep(0.5)
+    raise RuntimeError(f"could not place the leader ({where})")
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class Measured:
+    """One official-client measurement: msg/s and CPU ms per message of each process."""
+
+    def __init__(self, rate: float, cpu_ms: dict[str, float]):
+        self.rate = rate
+        self.cpu_ms = cpu_ms
+
+
+def measure(
+    g: grp.GroupSpec | Double,
+    fn: Callable[[], tuple[float, int]],
+    profile: Path | None = None,
+    tag: str = "",
+) -> Measured:
+    """Run ``fn`` (returns msg/s and the message count) with the CPU of the client (this process), the leader and
+    the followers (or the double's one process, as "leader") counted around it; with ``profile``, py-spy records
+    the leader and this process meanwhile."""
+    pids = {"client": os.getpid()}
+    if isinstance(g, Double):
+        pids["leader"] = g.proc.pid
+    else:
+        leader = grp.wait_for_leader(g).id
+        if tag:
+            print(f"  {tag}: leader {leader}, client's pick-first node {pick_first(g)}", file=sys.stderr)
+        followers = 0
+        for spec in g.nodes:
+            pid = grp.read_pid(spec)
+            if pid is None:
+                continue
+            if spec.id == leader:
+                pids["leader"] = pid
+            else:
+                followers += 1
+                pids[f"follower{followers}"] = pid
+    spies = []
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+        for who in ("leader", "client"):
+            out = profile / f"{tag}-{who}.txt"
+            spies.append(
+                (
+                    who,
+                    out,
+                    subprocess.Popen(
+                        [
+                            str(PYSPY),
+                            "record",
+                            "--nonblocking",
+                            "-r",
+                            "100",
+                            "-f",
+                            "raw",
+                            "-o",
+                            str(out),
+                            "-p",
+                            str(pids[who]),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    ),
+                )
+            )
+        time.sleep(1.0)  # py-spy attached
+    before = {k: cpu_s(p) for k, p in pids.items()}
+    try:
+        r, n = fn()
+    finally:
+        after = {k: cpu_s(p) for k, p in pids.items()}
+        for _, _, spy in spies:
+            spy.send_signal(signal.SIGINT)
+        for _, _, spy in spies:
+            try:
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                spy.wait()
+    cpu_ms = {k: (after[k] - before[k]) * 1000 / max(n, 1) for k in pids}
+    for who, out, _ in spies:
+        if out.exists():
+            print(f"  py-spy {tag} {who}: {n} messages", file=sys.stderr)
+            for line in top_functions(out, n):
+                print("    " + line, file=sys.stderr)
+    return Measured(r, cpu_ms)
+
+
+# Leaf frames where a sampled thread waits rather than computes (py-spy --nonblocking cannot always tell).
+# (grpc's Cython poller thread shows as a bare Thread.run; a thread pool's idle worker as _worker.)
+WAITING = frozenset(
+    {
+        "EpollSelector.select (selectors.py)",
+        "Condition.wait (threading.py)",
+        "_worker (thread.py)",
+        "Thread.run (threading.py)",
+        "FileIO.fdatasync (fileio.py)",
+        "Event.wait (threading.py)",
+    }
+)
+# Where a computing sample's time goes: the first of these (file path fragments) its stack passes through,
+# innermost first.
+PARTS = (
+    ("servicer (broker_adapter/rocketmq)", "broker_adapter/rocketmq/"),
+    ("broker (broker_adapter, other)", "broker_adapter/"),
+    ("state machine", "statemachine/"),
+    ("storage", "storage/"),
+    ("raft runtime + transport (dledger)", "dledger/"),
+    ("grpc python (grpc/aio)", "grpc/"),
+    ("rocketmq client", "rocketmq/"),
+    ("protobuf", "protobuf/"),
+    ("event loop callbacks (grpc's Cython server and channel code runs here)", "Handle._run"),
+    ("asyncio", "asyncio/"),
+)
+# Frames every stack of a process starts with (a node's command line; a bench's main): not where time goes.
+ROOTS = (
+    "dledger/cli.py",
+    "dledger/__main__.py",
+    "typer/",
+    "runpy",
+    "bench/rocketmq_client.py",
+    "threading.py",
+)
+
+
+def top_functions(path: Path, messages: int, limit: int = 12) -> list[str]:
+    """A py-spy raw (collapsed stacks) file summed up, as ms of CPU per message at 100 Hz: samples whose leaf
+    waits (epoll, condition, fdatasync) apart, the others by the innermost part of the code they are in
+    (``PARTS``, so "servicer" includes the protobuf and grpc calls it makes), and the heaviest leaf functions."""
+    total = waiting = 0
+    parts: collections.Counter[str] = collections.Counter()
+    leaves: collections.Counter[str] = collections.Counter()
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        c = int(count)
+        total += c
+        frames = stack.split(";")
+        func, _, where = frames[-1].rpartition(" (")
+        leaf = f"{func} ({where.split(':')[0].rsplit('/', 1)[-1]})"
+        if leaf in WAITING:
+            waiting += c
+            continue
+        leaves[leaf] += c
+        inner = [f for f in frames if not any(r in f for r in ROOTS)]
+        for name, frag in PARTS:
+            if any(frag in f for f in inner):
+                parts[name] += c
+                break
+        else:
+            parts["other"] += c
+    per = 10.0 / max(messages, 1)  # one sample = 10 ms
+    out = [
+        f"samples {total}: waiting {waiting * per:.3f} ms/msg, computing {(total - waiting) * per:.3f} ms/msg"
+    ]
+    out += [f"{c * per:7.3f} ms/msg  {name}" for name, c in parts.most_common()]
+    out += [f"{c * per:7.3f} ms/msg  leaf {f}" for f, c in leaves.most_common(limit)]
+    return out
+
+
+def official_send_window(cfg: ClientConfiguration, topic: str, n: int, inflight: int) -> tuple[float, int]:
+    return official_send_async(cfg, topic, n, inflight), n
+
+
+def _acked(f) -> bool:
+    """Whether the ack was answered OK. One refused (a leader change under load: the client does not retry
+    acks, the message comes back after its invisible time) is not counted and is reported."""
+    st = f.result().status
+    if st.code != Code.OK:
+        print(f"  ack refused: {st.code} {st.message}", file=sys.stderr)
+        return False
+    return True
+
+
+def official_consume_window(
+    cfg: ClientConfiguration, topic: str, group: str, n: int, window: int = 32
+) -> tuple[float, int]:
+    """Receive batches of 32 and acknowledge every message with up to ``window`` acks in flight (the next
+    receive goes out while the last batch's acks are still outstanding). ``n``: what the topic holds."""
+    ensure_event_loop()
+    c = SimpleConsumer(cfg, group, {topic: FilterExpression()}, await_duration=1)
+    c.startup()
+    try:
+        got = acked = 0
+        pending: set = set()
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + 120
+        while got < n and time.monotonic() < deadline:
+            for m in c.receive(32, 30):
+                if len(pending) >= window:
+                    done, pending = wait(pending, return_when="FIRST_COMPLETED")
+                    acked += sum(_acked(f) for f in done)
+                pending.add(c._Consumer__ack(m))  # the future the public ack_async drops (5.1.2)
+                got += 1
+        acked += sum(_acked(f) for f in pending)
+        return rate(acked, time.perf_counter() - t0), acked
+    finally:
+        c.shutdown()
+
+
 def _alternate(round_no: int, a: Callable[[], float], b: Callable[[], float]) -> tuple[float, float]:
     """Run a then b on even rounds, b then a on odd ones; returns (a's figure, b's figure)."""
     if round_no % 2 == 0:
@@ -154,29 +447,256 @@ def _alternate(round_no: int, a: Callable[[], float], b: Callable[[], float]) ->
     return a(), rb
 
 
+CPU_KEYS = ("client", "leader", "follower1", "follower2")
+
+
+def _cpu_cells(ms: list[dict[str, float]]) -> str:
+    return "  ".join(f"{k} {statistics.median(m[k] for m in ms):.2f}" for k in CPU_KEYS if k in ms[0])
+
+
+def _summary(rows: dict[str, list[tuple[float, float]]], a_name: str, b_name: str, ratio: str) -> None:
+    print()
+    print(f"medians over the rounds [min-max]; ratio = {ratio}")
+    print(f"{'workload':<28}{a_name:>26}{b_name:>26}{'ratio':>8}")
+    for name, vals in rows.items():
+        xa = [a for a, _ in vals]
+        xb = [b for _, b in vals]
+        ma, mb = statistics.median(xa), statistics.median(xb)
+        print(
+            f"{name:<28}{f'{ma:,.0f} [{min(xa):,.0f}-{max(xa):,.0f}]':>26}"
+            f"{f'{mb:,.0f} [{min(xb):,.0f}-{max(xb):,.0f}]':>26}{ma / mb:>8.2f}"
+        )
+
+
+def _up(d: Path, tree: Path | None) -> grp.GroupSpec:
+    """A three-node broker group in ``d``; its nodes run the code of source tree ``tree`` (their PYTHONPATH)
+    when given (the spawned nodes inherit this process's environment)."""
+    old = os.environ.get("PYTHONPATH")
+    if tree is not None:
+        os.environ["PYTHONPATH"] = str(tree)
+    try:
+        g, _ = grp.up(d, 3, None, state_machine="broker")
+    finally:
+        if tree is not None:
+            if old is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = old
+    grp.wait_for_all(g, 30)
+    return g
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--messages", type=int, default=600, help="messages per side per measurement")
     ap.add_argument("--inflight", type=int, default=16, help="sends outstanding in the concurrent runs")
+    ap.add_argument("--ack-window", type=int, default=32, help="acks outstanding in the receive + ack run")
     ap.add_argument("--dir", type=Path, default=None, help="group directory (default: a temporary one)")
+    ap.add_argument(
+        "--baseline-tree",
+        type=Path,
+        default=None,
+        help="A/B the servicer: nodes from this source tree against nodes from this one (official client only)",
+    )
+    ap.add_argument(
+        "--leader",
+        choices=("elected", "pick-first", "forwarded"),
+        default="elected",
+        help="before each round: leave the leader (elected), or move it to the official client's pick-first node "
+        "(the lowest address: no forwarding hop), or away from it (every call forwarded)",
+    )
+    ap.add_argument(
+        "--double",
+        action="store_true",
+        help="with --baseline-tree: against bench.rocketmq_double of each tree (one process, no replication)",
+    )
+    ap.add_argument(
+        "--this-first", action="store_true", help="with --baseline-tree: start this tree's group first"
+    )
+    ap.add_argument(
+        "--profile", type=Path, default=None, help="py-spy the leader and client into this directory"
+    )
     args = ap.parse_args()
     tmp = None
     d = args.dir
     if d is None:
         tmp = tempfile.TemporaryDirectory(prefix="bench-rmq-")
         d = Path(tmp.name)
-    g, _ = grp.up(d, 3, None, state_machine="broker")
     try:
-        grp.wait_for_all(g, 30)
+        if args.baseline_tree is not None:
+            _trees(d, args)
+        else:
+            _clients(d, args)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _trees(d: Path, args: argparse.Namespace) -> None:
+    """Issue 15's two official-client workloads against a group of the baseline tree's nodes and one of this
+    tree's, alternating."""
+    here = Path(__file__).resolve().parent.parent
+    base = args.baseline_tree.resolve()
+    n, w, aw = args.messages, args.inflight, args.ack_window
+    if args.double:
+        _doubles(base, here, args)
+        return
+    groups: list[grp.GroupSpec] = []
+    try:
+        # Which group is created first decides its ports (and so which of its nodes the client dials): with
+        # --this-first the trees swap places, to tell a position effect from a code effect (index 0 is always
+        # the baseline below).
+        if args.this_first:
+            gt = _up(d / "this", here)
+            groups.append(gt)
+            groups.insert(0, _up(d / "base", base))
+        else:
+            groups.append(_up(d / "base", base))
+            groups.append(_up(d / "this", here))
+        cfgs = [ClientConfiguration(";".join(g.addresses), Credentials(), request_timeout=10) for g in groups]
+        print(
+            f"3-node broker groups, flush sync, 1 KiB bodies, {n} messages per measurement, official client"
+        )
+        print(f"baseline nodes: {base}; this: {here}; leader: {args.leader}; CPU in ms per message")
+        rows: dict[str, list[tuple[float, float]]] = {}
+        cpu: dict[tuple[str, str], list[dict[str, float]]] = {}
+        conns = [BrokerConnection(g.addresses) for g in groups]
+        try:
+            for r in range(args.rounds):
+                topics = []
+                for c in conns:
+                    t = f"rmq-ab-{r}"
+                    c.create_topic(t, QUEUES)
+                    topics.append(t)
+
+                def one(
+                    i: int, name: str, fn: Callable[[], tuple[float, int]], r: int = r
+                ) -> Callable[[], float]:
+                    def run() -> float:
+                        place_leader(groups[i], args.leader)
+                        m = measure(
+                            groups[i], fn, args.profile, f"r{r}-{'base' if i == 0 else 'this'}-{name[:4]}"
+                        )
+                        cpu.setdefault((name, "base" if i == 0 else "this"), []).append(m.cpu_ms)
+                        print(
+                            f"{r + 1:<7}{name:<28}{'base' if i == 0 else 'this':<6}{m.rate:>10,.0f} msg/s  "
+                            + "  ".join(f"{k} {v:.2f}" for k, v in m.cpu_ms.items())
+                        )
+                        return m.rate
+
+                    return run
+
+                pairs = [
+                    (
+                        f"send, {w} in flight",
+                        [partial(official_send_window, cfgs[i], topics[i], n, w) for i in (0, 1)],
+                    ),
+                    # the topic holds n + 1 (the warm-up send): all of it
+                    (
+                        f"receive+ack, {aw} in flight",
+                        [
+                            partial(official_consume_window, cfgs[i], topics[i], f"g-ab-{r}", n + 1, aw)
+                            for i in (0, 1)
+                        ],
+                    ),
+                ]
+                for name, fns in pairs:
+                    a, b = _alternate(r, one(1, name, fns[1]), one(0, name, fns[0]))
+                    rows.setdefault(name, []).append((a, b))
+        finally:
+            for c in conns:
+                c.close()
+        _summary(rows, "this msg/s", "baseline msg/s", "this / baseline")
+        print()
+        print("CPU ms per message, medians")
+        for (name, side), ms in cpu.items():
+            print(f"{name:<28}{side:<6}{_cpu_cells(ms)}")
+    finally:
+        for g in groups:
+            grp.stop_group(g)
+
+
+def _doubles(base: Path, here: Path, args: argparse.Namespace) -> None:
+    """Issue 15's two workloads against ``bench.rocketmq_double`` of each tree (one process, no replication),
+    alternating: the client's ceiling, and the servicer's A/B under the official client without the log."""
+    n, w, aw = args.messages, args.inflight, args.ack_window
+    topics = [f"rmq-double-{r}" for r in range(args.rounds)]
+    doubles: list[Double] = []
+    try:
+        doubles.append(Double(base, topics))
+        doubles.append(Double(here, topics))
+        cfgs = [ClientConfiguration(d.address, Credentials(), request_timeout=10) for d in doubles]
+        print(
+            f"in-memory doubles (no replication), 1 KiB bodies, {n} messages per measurement, official client"
+        )
+        print(f"baseline: {base}; this: {here}; CPU in ms per message ('leader': the double's process)")
+        rows: dict[str, list[tuple[float, float]]] = {}
+        cpu: dict[tuple[str, str], list[dict[str, float]]] = {}
+        for r in range(args.rounds):
+
+            def one(
+                i: int, name: str, fn: Callable[[], tuple[float, int]], r: int = r
+            ) -> Callable[[], float]:
+                side = "base" if i == 0 else "this"
+
+                def run() -> float:
+                    m = measure(doubles[i], fn, args.profile, f"r{r}-double-{side}-{name[:4]}")
+                    cpu.setdefault((name, side), []).append(m.cpu_ms)
+                    print(
+                        f"{r + 1:<7}{name:<28}{side:<6}{m.rate:>10,.0f} msg/s  "
+                        + "  ".join(f"{k} {v:.2f}" for k, v in m.cpu_ms.items())
+                    )
+                    return m.rate
+
+                return run
+
+            t = topics[r]
+            pairs = [
+                (f"send, {w} in flight", [partial(official_send_window, cfgs[i], t, n, w) for i in (0, 1)]),
+                (
+                    f"receive+ack, {aw} in flight",
+                    [partial(official_consume_window, cfgs[i], t, f"g-dbl-{r}", n + 1, aw) for i in (0, 1)],
+                ),
+            ]
+            for name, fns in pairs:
+                a, b = _alternate(r, one(1, name, fns[1]), one(0, name, fns[0]))
+                rows.setdefault(name, []).append((a, b))
+        _summary(rows, "this msg/s", "baseline msg/s", "this / baseline")
+        print()
+        print("CPU ms per message, medians ('leader': the double's process)")
+        for (name, side), ms in cpu.items():
+            print(f"{name:<28}{side:<6}{_cpu_cells(ms)}")
+    finally:
+        for d in doubles:
+            d.stop()
+
+
+def _clients(d: Path, args: argparse.Namespace) -> None:
+    g = _up(d, None)
+    try:
         addrs = g.addresses
         cfg = ClientConfiguration(";".join(addrs), Credentials(), request_timeout=10)
-        n, w = args.messages, args.inflight
+        n, w, aw = args.messages, args.inflight, args.ack_window
         rows: dict[str, list[tuple[float, float]]] = {}
+        cpu: dict[str, list[dict[str, float]]] = {}
         print(f"3-node broker group, flush sync, 1 KiB bodies, {n} messages per side per measurement")
-        print(f"{'round':<7}{'workload':<24}{'official msg/s':>16}{'ours msg/s':>13}{'ratio':>8}")
+        print(
+            f"{'round':<7}{'workload':<28}{'official msg/s':>16}{'ours msg/s':>13}{'ratio':>8}  official CPU ms/msg"
+        )
+
+        def counted(name: str, r: int, fn: Callable[[], tuple[float, int]]) -> Callable[[], float]:
+            def run() -> float:
+                place_leader(g, args.leader)
+                m = measure(g, fn, args.profile, f"r{r}-{name[:4]}")
+                cpu.setdefault(name, []).append(m.cpu_ms)
+                return m.rate
+
+            return run
+
         with BrokerConnection(addrs) as c:
             for r in range(args.rounds):
+                place_leader(g, args.leader)
                 t_off, t_our = f"rmq-official-{r}", f"rmq-ours-{r}"  # one topic per side and round
                 c.create_topic(t_off, QUEUES)
                 c.create_topic(t_our, QUEUES)
@@ -185,7 +705,7 @@ def main() -> None:
                     ("send", partial(official_send, cfg, t_off, n), partial(our_send, addrs, t_our, n)),
                     (
                         f"send, {w} in flight",
-                        partial(official_send_async, cfg, t_off, n, w),
+                        counted(f"send, {w} in flight", r, partial(official_send_window, cfg, t_off, n, w)),
                         partial(our_send_concurrent, addrs, t_our, n, w),
                     ),
                     (
@@ -198,26 +718,28 @@ def main() -> None:
                         partial(official_consume, cfg, t_off, f"g-off-async-{r}", 2 * n + 2, True),
                         partial(our_consume, addrs, t_our, f"g-our-again-{r}", 2 * n + 2),
                     ),
+                    (
+                        f"receive+ack, {aw} in flight",
+                        counted(
+                            f"receive+ack, {aw} in flight",
+                            r,
+                            partial(official_consume_window, cfg, t_off, f"g-off-win-{r}", 2 * n + 2, aw),
+                        ),
+                        partial(our_consume, addrs, t_our, f"g-our-win-{r}", 2 * n + 2),
+                    ),
                 ]
                 for name, official, ours in pairs:
                     a, b = _alternate(r, official, ours)
                     rows.setdefault(name, []).append((a, b))
-                    print(f"{r + 1:<7}{name:<24}{a:>16,.0f}{b:>13,.0f}{a / b:>8.2f}")
+                    cells = "  ".join(f"{k} {v:.2f}" for k, v in cpu[name][-1].items()) if name in cpu else ""
+                    print(f"{r + 1:<7}{name:<28}{a:>16,.0f}{b:>13,.0f}{a / b:>8.2f}  {cells}")
+        _summary(rows, "official msg/s", "ours msg/s", "official / ours")
         print()
-        print("medians over the rounds [min-max]; ratio = official / ours")
-        print(f"{'workload':<24}{'official msg/s':>26}{'ours msg/s':>26}{'ratio':>8}")
-        for name, vals in rows.items():
-            off = [a for a, _ in vals]
-            our = [b for _, b in vals]
-            mo, mu = statistics.median(off), statistics.median(our)
-            print(
-                f"{name:<24}{f'{mo:,.0f} [{min(off):,.0f}-{max(off):,.0f}]':>26}"
-                f"{f'{mu:,.0f} [{min(our):,.0f}-{max(our):,.0f}]':>26}{mo / mu:>8.2f}"
-            )
+        print("official client, CPU ms per message, medians")
+        for name, ms in cpu.items():
+            print(f"{name:<28}{_cpu_cells(ms)}")
     finally:
         grp.stop_group(g)
-        if tmp is not None:
-            tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -196,10 +196,15 @@ def incoming(
     receipt_handle: str | None = None,
     attempt: int | None = None,
     invisible_ms: int | None = None,
+    out: definition_pb2.Message | None = None,
 ) -> definition_pb2.Message:
-    """The RocketMQ message a consumer receives for a stored message (with its receipt handle when popped)."""
+    """The RocketMQ message a consumer receives for a stored message (with its receipt handle when popped),
+    filled into ``out`` when given (an empty message inside a response: no copy afterwards)."""
     props = m.properties
-    out = definition_pb2.Message(body=m.body)
+    if out is None:
+        out = definition_pb2.Message(body=m.body)
+    else:
+        out.body = m.body
     out.topic.name = m.topic
     user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
     if user:

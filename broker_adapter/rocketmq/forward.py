@@ -122,8 +122,11 @@ class Forwarder:
         context: grpc.aio.ServicerContext,
         deadline: float,
         local: Callable[[], Any],
+        again: Callable[[bytes], bool] | None = None,
     ) -> Any:
-        """Serve on the leader (``local()``), or forward to it; RocketMQError when no leader answers in time."""
+        """Serve on the leader (``local()``), or forward to it; RocketMQError when no leader answers in time.
+        ``again``: for a call that may be served twice, whether the leader's answer says it lost leadership
+        under the call; then it goes to the next leader too, as after a transport failure."""
         loop = asyncio.get_running_loop()
         last: BaseException | None = None
         while True:
@@ -133,9 +136,13 @@ class Forwarder:
             if leader is None or forwarded(context):
                 raise _no_leader(self._node.id, last)
             try:
-                return await self._call(leader, method)(
+                answer = await self._call(leader, method)(
                     request, timeout=max(0.05, deadline - loop.time()), metadata=self._metadata(context)
                 )
+                if again is None or loop.time() >= deadline or not again(answer):
+                    return answer
+                last = RocketMQError(Code.HA_NOT_AVAILABLE, f"{leader} lost leadership under {method}")
+                await asyncio.sleep(0.02)
             except grpc.aio.AioRpcError as err:
                 if err.code() not in _RETRIABLE or loop.time() >= deadline:
                     raise RocketMQError(

@@ -88,12 +88,11 @@ class PopQueue:
         return out
 
     def exhausted(self, now_ms: int, max_attempts: int) -> list[tuple[int, InFlight]]:
-        """Expired offsets already delivered ``max_attempts`` times: bound for the dead-letter topic."""
-        return [
-            (o, f)
-            for o, f in sorted(self.heads().items())
-            if f.deadline_ms <= now_ms and f.attempt >= max_attempts
-        ]
+        """Expired offsets already delivered ``max_attempts`` times: bound for the dead-letter topic. (Asked at
+        every pop: the few that qualify are sorted, not everything in flight.)"""
+        return sorted(
+            (o, f) for o, f in self.heads().items() if f.deadline_ms <= now_ms and f.attempt >= max_attempts
+        )
 
     def next_deadline(self) -> int | None:
         """The earliest deadline among offsets that can be granted again (when something becomes deliverable)."""

@@ -62,7 +62,7 @@ from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
 from broker_adapter.rocketmq.renewal import Renewals
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, from_dledger, of, status, unsupported
 from broker_adapter.transactions import Half
-from dledger.errors import DLedgerError, NotFoundError
+from dledger.errors import DLedgerError, NotFoundError, NotLeaderError, OutcomeUnknownError
 
 MAX_SEND_BATCH: Final = 1024
 MAX_RECEIVE_BATCH: Final = 1024
@@ -76,6 +76,11 @@ MAX_CLIENTS: Final = 10_000
 TELEMETRY_OUTBOX: Final = 1024  # commands waiting to go out on one Telemetry stream; more are dropped
 
 SERVICE_NAME: Final = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name
+# Calls the leader serves again, on whichever node leads next, when leadership was lost under them (the outcome
+# unknown): those whose second attempt cannot undo or repeat what a first one did. An ack names a delivery epoch,
+# so acknowledging a delivery twice answers "already acknowledged" (``invisibility``). The official clients never
+# retry an ack, and an ack lost to a leader change is a redelivery (docs/rocketmq.md, "Consumption state").
+RETRIED_ON_LEADER_CHANGE: Final = frozenset({"AckMessage"})
 
 
 def duration_ms(d: Duration) -> int:
@@ -122,14 +127,24 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def _unary(
         self, method: str, request: Any, context: Any, local: Callable, response: type, raw: bytes | None
     ) -> Any:
-        """Serve on the leader, or forward (the client's bytes, ``raw``, when the handler passed them)."""
+        """Serve on the leader, or forward (the client's bytes, ``raw``, when the handler passed them). On the
+        leader the call goes straight to ``local`` (no deadline, forwarding coroutine or closure per call: the
+        forwarder would do the same after asking the same question)."""
         try:
+            try:
+                if self._node.is_leader():
+                    return await local(request, context)
+            except (OutcomeUnknownError, NotLeaderError):
+                if method not in RETRIED_ON_LEADER_CHANGE:
+                    raise
+                # Once more, on whichever node leads next (this one again, or forwarded there).
             return await self._forward.unary(
                 method,
                 request if raw is None else raw,
                 context,
                 self._deadline(context),
                 lambda: local(request, context),
+                _lost_leadership(response) if method in RETRIED_ON_LEADER_CHANGE else None,
             )
         except RocketMQError as e:
             return response(status=of(e))
@@ -140,6 +155,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, method: str, request: Any, context: Any, local: Callable, response: type, raw: bytes | None
     ):
         try:
+            if self._node.is_leader():  # as in ``_unary``
+                async for r in local(request, context):
+                    yield r
+                return
             async for r in self._forward.stream(
                 method,
                 request if raw is None else raw,
@@ -358,7 +377,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         max_body = self._max_body
         cid = client_id(context)
         out = [convert.outgoing(m, self._queue_for(topic, m, queues), cid, max_body) for m in msgs]
-        now = now_ms()
+        now = now_ms() if convert.DELAY in kinds else 0
         for i, m in enumerate(msgs):
             if kinds[i] == convert.DELAY:
                 due = convert.delivery_ms(m)
@@ -367,7 +386,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 else:
                     b.delivery.check_delivery_time(due, now)
         try:
-            if all(k == convert.NORMAL for k in kinds):
+            if kinds.count(convert.NORMAL) == len(kinds):
                 sent = await b.send(topic, out)
             else:
                 sent = [None] * len(msgs)
@@ -444,13 +463,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # As RocketMQ's proxy does: the clients time delivery latency from it (the PushConsumer fails every
         # received batch without it).
         yield service_pb2.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(now_ms()))
+        handle = ReceiptHandle(group, topic, qid, 0, 0, popped.deadline_ms).encoder()
+        response = service_pb2.ReceiveMessageResponse
         for d in popped.deliveries:
-            handle = ReceiptHandle(group, topic, qid, d.offset, d.epoch, popped.deadline_ms).encode()
-            yield service_pb2.ReceiveMessageResponse(
-                message=convert.incoming(
-                    msgs[d.offset], receipt_handle=handle, attempt=d.attempt, invisible_ms=invisible_ms
-                )
+            r = response()  # the message is built in place: no copy of it (and its body) into the response
+            convert.incoming(
+                msgs[d.offset],
+                receipt_handle=handle(d.offset, d.epoch),
+                attempt=d.attempt,
+                invisible_ms=invisible_ms,
+                out=r.message,
             )
+            yield r
 
     async def AckMessage(self, request, context, raw=None):
         return await self._unary(
@@ -473,7 +497,23 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         group = check_group(request.group.name)
         topic = request.topic.name
         self._broker.queues(topic)
-        if not 1 <= len(request.entries) <= MAX_RECEIVE_BATCH:
+        entries = request.entries
+        if len(entries) == 1:  # the official clients ack one message per call: no per-entry lists
+            e = entries[0]
+            try:
+                h = self._handle(e.receipt_handle, group, topic)
+            except RocketMQError as err:
+                st = of(err)
+            else:
+                renewals = self.renewals
+                epoch = renewals.epoch(group, topic, h.queue_id, h.offset, h.epoch)
+                (r,) = await self._broker.pops.ack(group, topic, ((h.queue_id, h.offset, epoch),))
+                renewals.done(group, topic, h.queue_id, h.offset)
+                st = _handled_status(r, "acknowledge")
+            resp = service_pb2.AckMessageResponse(status=st)
+            resp.entries.add(message_id=e.message_id, receipt_handle=e.receipt_handle, status=st)
+            return resp
+        if not 1 <= len(entries) <= MAX_RECEIVE_BATCH:
             raise bad_request(f"an AckMessageRequest carries 1..{MAX_RECEIVE_BATCH} entries")
         statuses: list[definition_pb2.Status | None] = []
         acks: list[tuple[int, tuple[int, int, int]]] = []
@@ -658,6 +698,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
 
 
+def _lost_leadership(response: type) -> Callable[[bytes], bool]:
+    """Whether a leader's answer (bytes) says it lost leadership under the call, or no leader was found: the
+    statuses ``from_dledger`` gives those (docs/rocketmq.md, "Consumption state")."""
+    parse = response.FromString
+
+    def lost(answer: bytes) -> bool:
+        return parse(answer).status.code in (Code.HA_NOT_AVAILABLE, Code.PROXY_TIMEOUT)
+
+    return lost
+
+
 def _polling_ms(poll_ms: int) -> int:
     if not 0 <= poll_ms <= MAX_POLLING_MS:
         raise bad_request(
@@ -689,6 +740,8 @@ def _handled_status(r: Any, verb: str) -> definition_pb2.Status:
 
 
 def _overall(statuses: Sequence[definition_pb2.Status | None]) -> definition_pb2.Status:
+    if len(statuses) == 1 and statuses[0] is not None:  # the official clients ack one message per call
+        return statuses[0]
     codes = {s.code for s in statuses if s is not None}
     if codes == {Code.OK}:
         return status()
