@@ -202,6 +202,7 @@ class Node:
                 control_timeout_s=control_timeout,
                 credentials=self.plugin.peer_credentials() if cfg.security is not None else None,
             )
+        self.peers.after_step = self._ready.commit_acked
         self.peers.transport.set_reply_handler(self.peers.step_all)
         if self._serve:
             attach = (lambda server: self.plugin.attach(self, server)) if self.plugin is not None else None
