@@ -129,12 +129,20 @@ class Group:
 
 @contextlib.contextmanager
 def _environ(env: dict[str, str]):
-    """``os.environ`` with ``env`` in it for the duration (``grp.start_node`` spawns with ``os.environ``)."""
+    """``os.environ`` with ``env`` in it for the duration (``grp.start_node`` spawns with ``os.environ``).
+
+    With a ``PYTHONPATH``, the working directory is its first entry too: ``python -m`` puts the working
+    directory ahead of ``PYTHONPATH`` on ``sys.path``, so nodes spawned from a checkout would import that
+    checkout's code whatever ``PYTHONPATH`` says."""
     old = {k: os.environ.get(k) for k in env}
+    cwd = os.getcwd()
     os.environ.update(env)
+    if env.get("PYTHONPATH"):
+        os.chdir(env["PYTHONPATH"].split(os.pathsep)[0])
     try:
         yield
     finally:
+        os.chdir(cwd)
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -491,13 +499,32 @@ def parse_ab(specs: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+IDLE_S = 0.3  # --ab: seconds of idle CPU measured per group and round (subtracted from the steps' CPU)
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds the processes used so far (from /proc; 0 for a process that is gone)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / tick
+
+
 def measure_ab(
     groups: dict[str, Group], names: list[str], calls: int, rounds: int
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, int]]:
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, int], dict[str, dict[str, float]]]:
     """Like ``measure``, over several groups: each round, every group runs every step (``calls / rounds``
-    calls), the order of the groups rotating round by round."""
+    calls), the order of the groups rotating round by round. Also returns the CPU seconds the group's three
+    node processes used during each step's calls, less what they use idle (ticks, heartbeats: measured for
+    ``IDLE_S`` before each group's turn and charged pro rata); the machine's load moves it less than latency."""
     per = max(1, calls // rounds)
     labels = list(groups)
+    cpu = {lb: dict.fromkeys(names, 0.0) for lb in labels}
     lat = {lb: {n: [] for n in names} for lb in labels}
     errors = dict.fromkeys(labels, 0)
     steps: dict[str, list[Step] | None] = dict.fromkeys(labels)
@@ -510,13 +537,20 @@ def measure_ab(
                     if steps[lb] is None:
                         g.leader = grp.wait_for_leader(g.spec, timeout_s=30)
                         steps[lb] = make_steps(g)
+                    pids = [p for p in (grp.read_pid(n) for n in g.spec.nodes) if p is not None]
+                    c0, w0 = _cpu_s(pids), time.perf_counter()
+                    time.sleep(IDLE_S)
+                    idle_rate = (_cpu_s(pids) - c0) / (time.perf_counter() - w0)
                     for name in names:
                         call = next(s.call for s in steps[lb] if s.name == name)
                         out = lat[lb][name]
+                        c0, w0 = _cpu_s(pids), time.perf_counter()
                         for _ in range(per):
                             t0 = time.perf_counter()
                             took = call()
                             out.append(took if isinstance(took, float) else time.perf_counter() - t0)
+                        busy = _cpu_s(pids) - c0
+                        cpu[lb][name] += busy - idle_rate * (time.perf_counter() - w0)
                 except Exception:  # a lost lease under load: counted, the steps rebuilt
                     errors[lb] += 1
                     if steps[lb] is not None:
@@ -526,10 +560,15 @@ def measure_ab(
         for st in steps.values():
             if st is not None:
                 _close(st)
-    return lat, errors
+    return lat, errors, cpu
 
 
-def table_ab(flush: str, lat: dict[str, dict[str, list[float]]], errors: dict[str, int]) -> str:
+def table_ab(
+    flush: str,
+    lat: dict[str, dict[str, list[float]]],
+    errors: dict[str, int],
+    cpu: dict[str, dict[str, float]],
+) -> str:
     labels = list(lat)
     base = labels[0]
     names = list(lat[base])
@@ -546,11 +585,26 @@ def table_ab(flush: str, lat: dict[str, dict[str, list[float]]], errors: dict[st
         cells = " | ".join(f"{p50[lb]:.2f} ({pct(lat[lb][n], 0.9):.2f})" for lb in labels)
         rs = " | ".join(f"{p50[lb] / p50[base]:.2f}" for lb in labels[1:])
         lines.append(f"| {n} | {len(lat[base][n])} | {cells} | {rs} |")
+    lines += [
+        "",
+        f"| node CPU ms per call, 3 processes, idle subtracted | {' | '.join(labels)} | {ratios} |",
+        "|---|" + "---:|" * (len(labels) + len(labels) - 1),
+    ]
+    for n in names:
+        per = {lb: 1000 * cpu[lb][n] / max(1, len(lat[lb][n])) for lb in labels}
+        cells = " | ".join(f"{per[lb]:.2f}" for lb in labels)
+        rs = " | ".join(f"{per[lb] / per[base]:.2f}" if per[base] else "-" for lb in labels[1:])
+        lines.append(f"| {n} | {cells} | {rs} |")
     return "\n".join(lines)
 
 
 def run_ab(
-    ab: dict[str, dict[str, str]], names: list[str], flushes: list[str], calls: int, rounds: int, workdir: Path
+    ab: dict[str, dict[str, str]],
+    names: list[str],
+    flushes: list[str],
+    calls: int,
+    rounds: int,
+    workdir: Path,
 ) -> str:
     head = (
         f"send budget A/B, {time.strftime('%Y-%m-%d %H:%M')}, commit {_commit()}, "
@@ -564,8 +618,8 @@ def run_ab(
         try:
             for lb, env in ab.items():
                 groups[lb] = Group(workdir, flush, lb, env)
-            lat, errors = measure_ab(groups, names, calls, rounds)
-            text = table_ab(flush, lat, errors)
+            lat, errors, cpu = measure_ab(groups, names, calls, rounds)
+            text = table_ab(flush, lat, errors, cpu)
             load = f"load after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
             parts += [text, "", load, ""]
             print(text + "\n\n" + load + "\n", flush=True)
