@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import os
 import random
@@ -260,13 +261,15 @@ class Node:
         )
 
     def _new_core(self, hard_state: HardState, applied: int) -> RaftCore:
+        """The core, telling followers a new commit index with the next AppendEntries or at the next tick
+        rather than with an empty AppendEntries per commit (``commit_at_tick``, docs/send-budget.md)."""
         cfg = self.config
         return RaftCore(
             self.id,
             cfg.voters,
             self._data.log,
             hard_state,
-            cfg.raft,
+            dataclasses.replace(cfg.raft, commit_at_tick=True),
             self._rng,
             applied=applied,
             conf=self._base_conf(),
