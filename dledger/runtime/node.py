@@ -251,13 +251,14 @@ class Node:
             t.add_done_callback(self._task_done)
         self._members.watch_conf()
         log.info(
-            "%s started: group %s, term %d, last index %d, listening on %s, flush %s",
+            "%s started: group %s, term %d, last index %d, listening on %s, flush %s, event loop %s",
             self.id,
             self.group,
             hard_state.term,
             data.log.last_index,
             cfg.bind,
             cfg.flush,
+            type(loop).__module__,
         )
 
     def _new_core(self, hard_state: HardState, applied: int) -> RaftCore:
@@ -628,6 +629,17 @@ class Node:
     def disk_full(self) -> str | None:
         """Why writes are refused (a full disk), or None."""
         return self._ready.disk_full if self._ready is not None else None
+
+
+def serve(config: NodeConfig) -> None:
+    """Run one node in the foreground on uvloop until SIGTERM/SIGINT (``dledger node``).
+
+    uvloop, not asyncio's own loop: a node's work per replicated entry is mostly event-loop plumbing around
+    grpc.aio (callbacks, futures, epoll), and uvloop does that part in C; measured side by side in
+    docs/send-budget.md. A required dependency (pyproject.toml), so there is no fallback to hide a missing one."""
+    import uvloop  # here, not at the top: importing the runtime (tests, clients) does not need it
+
+    uvloop.run(run_node(config))
 
 
 async def run_node(config: NodeConfig) -> None:
