@@ -159,7 +159,7 @@ class RaftCore(Election, Replication, ReadIndex):
         self._leader: str | None = None
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
-        self._commit_untold = False  # commit_at_tick: a commit index the followers have not all been sent
+        self._commit_at_last_tick = -1  # commit_at_tick: the commit index at the leader's previous tick
         self._randomized_timeout = self._election_min
         self._votes: dict[str, bool] = {}
         self._prs: dict[str, Progress] = {}
@@ -551,7 +551,7 @@ class RaftCore(Election, Replication, ReadIndex):
         nxt = log.last_index + 1
         inflight = self._config.max_inflight
         self._prs = {p: Progress(nxt, inflight) for p in self._peers}
-        self._commit_untold = False
+        self._commit_at_last_tick = log.committed
         self._event(f"{self._id} became leader at term {self._term}")
         # The no-op: commits every earlier entry once a quorum holds it (§5.4.2, §8).
         log.append_new([b""], self._term, codec.MAGIC_NOOP)
@@ -569,7 +569,7 @@ class RaftCore(Election, Replication, ReadIndex):
 
     def _tick_heartbeat(self) -> None:
         self._heartbeat_elapsed += 1
-        if self._commit_untold:
+        if self._config.commit_at_tick:
             self._tell_commit()
         self._election_elapsed += 1
         if self._election_elapsed >= self._election_min:

@@ -7,7 +7,7 @@ calls them with no extra indirection. Rules that live here:
 
 - Commit only entries of the leader's own term by counting replicas (§5.4.2): ``_maybe_commit``. Followers
   learn a new commit index at once (an empty AppendEntries each), or with ``RaftConfig.commit_at_tick`` from the
-  next AppendEntries or the leader's next tick (``_tell_commit``).
+  next AppendEntries or within two of the leader's ticks (``_tell_commit``).
 - Fast log backtracking: a rejection carries the follower's conflicting term and its first index
   (``_on_append_entries`` builds the hint, ``_hint_next`` uses it).
 - A follower whose entries are compacted gets the snapshot instead (``_send_snapshot``); the runtime reports the
@@ -159,12 +159,10 @@ class Replication:
                     pr.become_replicate()
             else:
                 pr.inflights.free_le(pr.match_index)
-            if self._maybe_commit():
-                if self._config.commit_at_tick:
-                    self._commit_untold = True  # with the next AppendEntries, or at the next tick
-                else:
-                    for p in self._peers:  # tell everyone the new commit index
-                        self._send_append(p, True)
+            # Tell everyone the new commit index now; with commit_at_tick, the next AppendEntries or a tick will.
+            if self._maybe_commit() and not self._config.commit_at_tick:
+                for p in self._peers:
+                    self._send_append(p, True)
             while self._send_append(m.src, False):
                 pass
             if m.src == self._lead_transferee and pr.match_index == log.last_index:
@@ -238,12 +236,14 @@ class Replication:
         return True
 
     def _tell_commit(self) -> None:
-        """``commit_at_tick``: at the leader's tick, the followers whose last AppendEntries carried an older
-        commit index than the leader's get one now (the commit advanced and no entries followed it)."""
-        self._commit_untold = False
-        c = self._raft_log.committed
+        """``commit_at_tick``, at each leader tick: the followers whose last AppendEntries carried an older commit
+        index than the leader had at its previous tick get one now. A commit index is untold for two ticks at
+        most, and while AppendEntries flow none is sent for it alone (each carries the commit index of its time).
+        """
+        told_by = self._commit_at_last_tick
+        self._commit_at_last_tick = self._raft_log.committed
         for p in self._peers:
-            if self._prs[p].commit_sent < c:
+            if self._prs[p].commit_sent < told_by:
                 self._send_append(p, True)
 
     def _send_snapshot(self, to: str, pr: Progress) -> bool:
