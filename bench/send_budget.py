@@ -21,6 +21,12 @@ The differences between the steps (e.g. ``send-stub - append-unary`` = what the 
 write path) are printed under each table. ``--profile S`` then runs a sequential ``Producer.send`` loop in a
 child process for S seconds while ``py-spy record`` samples that client and the leader (CPU only, idle
 excluded), and prints the CPU each costs per send by function; stacks are kept in ``--out``.
+
+``--ab LABEL=PYTHONPATH`` (twice or more) compares source trees instead: per flush policy, one group per label
+whose node processes start with that ``PYTHONPATH`` (e.g. ``main=/work/main`` against a branch's worktree);
+the groups take turns round by round (the order rotating), each running the ``--steps`` chosen, and the table
+gives every label's p50 (p90) and its ratio to the first label's. ``LABEL=PATH;VAR=VALUE`` also sets an
+environment variable for that label's nodes (an experiment switch).
 """
 
 from __future__ import annotations
@@ -94,15 +100,17 @@ def pct(xs: list[float], q: float) -> float:
 
 
 class Group:
-    """A 3-node broker group with one flush policy and a topic of ``QUEUES`` queues."""
+    """A 3-node broker group with one flush policy and a topic of ``QUEUES`` queues. ``env`` is put into the
+    environment of its node processes (``--ab``: another source tree on ``PYTHONPATH``)."""
 
-    def __init__(self, workdir: Path, flush: str):
+    def __init__(self, workdir: Path, flush: str, name: str = "", env: dict[str, str] | None = None):
         self.flush = flush
-        self.dir = workdir / f"group-{flush}"
+        self.dir = workdir / f"group-{name}{'-' if name else ''}{flush}"
         self.spec = grp.create(self.dir, 3, None, flush=flush, state_machine="broker")
         try:
-            for n in self.spec.nodes:
-                grp.start_node(n)
+            with _environ(env or {}):
+                for n in self.spec.nodes:
+                    grp.start_node(n)
             self.leader = grp.wait_for_leader(self.spec, timeout_s=30)
             from broker_adapter.client import BrokerConnection
 
@@ -117,6 +125,29 @@ class Group:
 
     def stop(self) -> None:
         grp.stop_group(self.spec)
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]):
+    """``os.environ`` with ``env`` in it for the duration (``grp.start_node`` spawns with ``os.environ``).
+
+    With a ``PYTHONPATH``, the working directory is its first entry too: ``python -m`` puts the working
+    directory ahead of ``PYTHONPATH`` on ``sys.path``, so nodes spawned from a checkout would import that
+    checkout's code whatever ``PYTHONPATH`` says."""
+    old = {k: os.environ.get(k) for k in env}
+    cwd = os.getcwd()
+    os.environ.update(env)
+    if env.get("PYTHONPATH"):
+        os.chdir(env["PYTHONPATH"].split(os.pathsep)[0])
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def make_steps(g: Group) -> list[Step]:
@@ -449,6 +480,155 @@ def run(flushes: list[str], calls: int, rounds: int, profile_s: float, out: Path
     return "\n".join(parts)
 
 
+# -- A/B of source trees --------------------------------------------------------------------------------------
+
+
+def parse_ab(specs: list[str]) -> dict[str, dict[str, str]]:
+    """``LABEL=PYTHONPATH[;VAR=VALUE...]`` -> {label: environment of its nodes}."""
+    out: dict[str, dict[str, str]] = {}
+    for spec in specs:
+        label, _, rest = spec.partition("=")
+        path, *extra = rest.split(";")
+        if not label or not path:
+            raise ValueError(f"--ab {spec!r}: expected LABEL=PYTHONPATH[;VAR=VALUE...]")
+        env = {"PYTHONPATH": path}
+        for kv in extra:
+            k, _, v = kv.partition("=")
+            env[k] = v
+        out[label] = env
+    return out
+
+
+IDLE_S = 0.3  # --ab: seconds of idle CPU measured per group and round (subtracted from the steps' CPU)
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds the processes used so far (from /proc; 0 for a process that is gone)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / tick
+
+
+def measure_ab(
+    groups: dict[str, Group], names: list[str], calls: int, rounds: int
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, int], dict[str, dict[str, float]]]:
+    """Like ``measure``, over several groups: each round, every group runs every step (``calls / rounds``
+    calls), the order of the groups rotating round by round. Also returns the CPU seconds the group's three
+    node processes used during each step's calls, less what they use idle (ticks, heartbeats: measured for
+    ``IDLE_S`` before each group's turn and charged pro rata); the machine's load moves it less than latency."""
+    per = max(1, calls // rounds)
+    labels = list(groups)
+    cpu = {lb: dict.fromkeys(names, 0.0) for lb in labels}
+    lat = {lb: {n: [] for n in names} for lb in labels}
+    errors = dict.fromkeys(labels, 0)
+    steps: dict[str, list[Step] | None] = dict.fromkeys(labels)
+    try:
+        for r in range(rounds):
+            for k in range(len(labels)):
+                lb = labels[(r + k) % len(labels)]
+                g = groups[lb]
+                try:
+                    if steps[lb] is None:
+                        g.leader = grp.wait_for_leader(g.spec, timeout_s=30)
+                        steps[lb] = make_steps(g)
+                    pids = [p for p in (grp.read_pid(n) for n in g.spec.nodes) if p is not None]
+                    c0, w0 = _cpu_s(pids), time.perf_counter()
+                    time.sleep(IDLE_S)
+                    idle_rate = (_cpu_s(pids) - c0) / (time.perf_counter() - w0)
+                    for name in names:
+                        call = next(s.call for s in steps[lb] if s.name == name)
+                        out = lat[lb][name]
+                        c0, w0 = _cpu_s(pids), time.perf_counter()
+                        for _ in range(per):
+                            t0 = time.perf_counter()
+                            took = call()
+                            out.append(took if isinstance(took, float) else time.perf_counter() - t0)
+                        busy = _cpu_s(pids) - c0
+                        cpu[lb][name] += busy - idle_rate * (time.perf_counter() - w0)
+                except Exception:  # a lost lease under load: counted, the steps rebuilt
+                    errors[lb] += 1
+                    if steps[lb] is not None:
+                        _close(steps[lb])
+                    steps[lb] = None
+    finally:
+        for st in steps.values():
+            if st is not None:
+                _close(st)
+    return lat, errors, cpu
+
+
+def table_ab(
+    flush: str,
+    lat: dict[str, dict[str, list[float]]],
+    errors: dict[str, int],
+    cpu: dict[str, dict[str, float]],
+) -> str:
+    labels = list(lat)
+    base = labels[0]
+    names = list(lat[base])
+    head = " | ".join(f"{lb} p50 (p90)" for lb in labels)
+    ratios = " | ".join(f"{lb}/{base}" for lb in labels[1:])
+    lines = [
+        f"### flush {flush}, A/B (errors: {', '.join(f'{lb} {errors[lb]}' for lb in labels)})",
+        "",
+        f"| step | calls | {head} | {ratios} |",
+        "|---|---:|" + "---:|" * (len(labels) + len(labels) - 1),
+    ]
+    for n in names:
+        p50 = {lb: pct(lat[lb][n], 0.5) for lb in labels}
+        cells = " | ".join(f"{p50[lb]:.2f} ({pct(lat[lb][n], 0.9):.2f})" for lb in labels)
+        rs = " | ".join(f"{p50[lb] / p50[base]:.2f}" for lb in labels[1:])
+        lines.append(f"| {n} | {len(lat[base][n])} | {cells} | {rs} |")
+    lines += [
+        "",
+        f"| node CPU ms per call, 3 processes, idle subtracted | {' | '.join(labels)} | {ratios} |",
+        "|---|" + "---:|" * (len(labels) + len(labels) - 1),
+    ]
+    for n in names:
+        per = {lb: 1000 * cpu[lb][n] / max(1, len(lat[lb][n])) for lb in labels}
+        cells = " | ".join(f"{per[lb]:.2f}" for lb in labels)
+        rs = " | ".join(f"{per[lb] / per[base]:.2f}" if per[base] else "-" for lb in labels[1:])
+        lines.append(f"| {n} | {cells} | {rs} |")
+    return "\n".join(lines)
+
+
+def run_ab(
+    ab: dict[str, dict[str, str]],
+    names: list[str],
+    flushes: list[str],
+    calls: int,
+    rounds: int,
+    workdir: Path,
+) -> str:
+    head = (
+        f"send budget A/B, {time.strftime('%Y-%m-%d %H:%M')}, commit {_commit()}, "
+        f"load {' '.join(f'{x:.1f}' for x in os.getloadavg())}, {os.cpu_count()} CPUs; "
+        + ", ".join(f"{lb}: {env}" for lb, env in ab.items())
+    )
+    parts = [head, ""]
+    print(head, flush=True)
+    for flush in flushes:
+        groups: dict[str, Group] = {}
+        try:
+            for lb, env in ab.items():
+                groups[lb] = Group(workdir, flush, lb, env)
+            lat, errors, cpu = measure_ab(groups, names, calls, rounds)
+            text = table_ab(flush, lat, errors, cpu)
+            load = f"load after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+            parts += [text, "", load, ""]
+            print(text + "\n\n" + load + "\n", flush=True)
+        finally:
+            for g in groups.values():
+                g.stop()
+    return "\n".join(parts)
+
+
 def _commit() -> str:
     try:
         r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
@@ -469,6 +649,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "dledger-send-budget")
     ap.add_argument("--dir", type=Path, default=None, help="where the groups live (default: a temporary dir)")
+    ap.add_argument(
+        "--ab",
+        action="append",
+        default=[],
+        help="LABEL=PYTHONPATH[;VAR=VALUE]: compare source trees side by side (twice or more)",
+    )
+    ap.add_argument(
+        "--steps",
+        default="grpc-empty,append-unary,send-producer",
+        help="with --ab: the steps to run, comma separated",
+    )
     ap.add_argument("--client-loop", default=None, help=argparse.SUPPRESS)  # the profiled client (internal)
     ap.add_argument("--seconds", type=float, default=10.0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -480,7 +671,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--flush takes sync and/or async")
     workdir = args.dir or Path(tempfile.mkdtemp(prefix="dledger-send-budget-"))
     try:
-        text = run(flushes, args.calls, args.rounds, args.profile, args.out, workdir)
+        if args.ab:
+            names = [n for n in args.steps.split(",") if n]
+            if len(args.ab) < 2 or any(n not in STEPS for n in names):
+                ap.error(f"--ab needs two labels or more; --steps among {', '.join(STEPS)}")
+            text = run_ab(parse_ab(args.ab), names, flushes, args.calls, args.rounds, workdir)
+        else:
+            text = run(flushes, args.calls, args.rounds, args.profile, args.out, workdir)
     finally:
         if args.dir is None:
             shutil.rmtree(workdir, ignore_errors=True)

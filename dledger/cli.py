@@ -108,7 +108,7 @@ def node(
 ) -> None:
     """Run one node in the foreground until SIGTERM or Ctrl-C."""
     from dledger import nodeconfig
-    from dledger.runtime.node import run_node
+    from dledger.runtime.node import serve
     from statemachine.snapshot import SnapshotError
     from storage.errors import StorageCorruptError, StorageError
 
@@ -133,7 +133,7 @@ def node(
     except DLedgerError as e:
         _fail(f"bad configuration: {e}", 2)
     try:
-        asyncio.run(run_node(cfg))
+        serve(cfg)
     except DLedgerError as e:
         _fail(str(e))
     except OSError as e:

@@ -26,6 +26,11 @@ class RaftConfig:
     max_append_bytes: int = 256 * 1024  # frames carried by one AppendEntries
     segment_size: int = DEFAULT_SEGMENT_SIZE  # must be equal on every node: pos is replicated state
     preferred_leader: str | None = None  # as DLedger's preferredLeaderIds: gets leadership back when healthy
+    # A new commit index reaches followers with the next AppendEntries, or within two leader ticks, instead of
+    # an empty AppendEntries to every follower at each commit (which, for one entry at a time, doubles the
+    # replication messages and follower turns). Off here (the simulator's transcripts are of the eager rule);
+    # the node runtime turns it on (dledger/runtime/node.py, docs/send-budget.md).
+    commit_at_tick: bool = False
 
     def __post_init__(self) -> None:
         if self.tick_ms <= 0:

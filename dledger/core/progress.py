@@ -81,6 +81,7 @@ class Progress:
     """One follower's replication state, as the leader sees it. Mutable: the leader updates it on every reply."""
 
     __slots__ = (
+        "commit_sent",
         "inflights",
         "match_index",
         "next_index",
@@ -98,6 +99,7 @@ class Progress:
         self.pending_snapshot = -1
         self.recent_active = False
         self.inflights = Inflights(max_inflight)
+        self.commit_sent = -1  # the commit index the last AppendEntries to this follower carried
 
     def __repr__(self) -> str:
         return (

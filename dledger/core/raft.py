@@ -159,6 +159,7 @@ class RaftCore(Election, Replication, ReadIndex):
         self._leader: str | None = None
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
+        self._commit_at_last_tick = -1  # commit_at_tick: the commit index at the leader's previous tick
         self._randomized_timeout = self._election_min
         self._votes: dict[str, bool] = {}
         self._prs: dict[str, Progress] = {}
@@ -550,6 +551,7 @@ class RaftCore(Election, Replication, ReadIndex):
         nxt = log.last_index + 1
         inflight = self._config.max_inflight
         self._prs = {p: Progress(nxt, inflight) for p in self._peers}
+        self._commit_at_last_tick = log.committed
         self._event(f"{self._id} became leader at term {self._term}")
         # The no-op: commits every earlier entry once a quorum holds it (§5.4.2, §8).
         log.append_new([b""], self._term, codec.MAGIC_NOOP)
@@ -567,6 +569,8 @@ class RaftCore(Election, Replication, ReadIndex):
 
     def _tick_heartbeat(self) -> None:
         self._heartbeat_elapsed += 1
+        if self._config.commit_at_tick:
+            self._tell_commit()
         self._election_elapsed += 1
         if self._election_elapsed >= self._election_min:
             self._election_elapsed = 0

@@ -5,7 +5,9 @@ compacted) and the commit rule (Raft §5.3, §5.4.2).
 A mixin of ``RaftCore`` (see ``raft.py``): the methods run on the core's own state, so a role's step function
 calls them with no extra indirection. Rules that live here:
 
-- Commit only entries of the leader's own term by counting replicas (§5.4.2): ``_maybe_commit``.
+- Commit only entries of the leader's own term by counting replicas (§5.4.2): ``_maybe_commit``. Followers
+  learn a new commit index at once (an empty AppendEntries each), or with ``RaftConfig.commit_at_tick`` from the
+  next AppendEntries or within two of the leader's ticks (``_tell_commit``).
 - Fast log backtracking: a rejection carries the follower's conflicting term and its first index
   (``_on_append_entries`` builds the hint, ``_hint_next`` uses it).
 - A follower whose entries are compacted gets the snapshot instead (``_send_snapshot``); the runtime reports the
@@ -157,8 +159,9 @@ class Replication:
                     pr.become_replicate()
             else:
                 pr.inflights.free_le(pr.match_index)
-            if self._maybe_commit():
-                for p in self._peers:  # tell everyone the new commit index
+            # Tell everyone the new commit index now; with commit_at_tick, the next AppendEntries or a tick will.
+            if self._maybe_commit() and not self._config.commit_at_tick:
+                for p in self._peers:
                     self._send_append(p, True)
             while self._send_append(m.src, False):
                 pass
@@ -226,10 +229,22 @@ class Replication:
         msg = AppendEntries(
             self._term, self._id, to, prev, prev_term, log.committed, frames, log.chain_at(prev)
         )
+        pr.commit_sent = log.committed
         if frames:
             pr.sent_entries(last)
         self._msgs.append(msg)
         return True
+
+    def _tell_commit(self) -> None:
+        """``commit_at_tick``, at each leader tick: the followers whose last AppendEntries carried an older commit
+        index than the leader had at its previous tick get one now. A commit index is untold for two ticks at
+        most, and while AppendEntries flow none is sent for it alone (each carries the commit index of its time).
+        """
+        told_by = self._commit_at_last_tick
+        self._commit_at_last_tick = self._raft_log.committed
+        for p in self._peers:
+            if self._prs[p].commit_sent < told_by:
+                self._send_append(p, True)
 
     def _send_snapshot(self, to: str, pr: Progress) -> bool:
         if not pr.recent_active:

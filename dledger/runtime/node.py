@@ -12,30 +12,30 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import os
 import random
 import signal
 from collections.abc import AsyncIterator, Callable
 
-from dledger.core.membership import ConfChange, ConfChangeKind, Configuration
+from dledger.core.membership import Configuration
 from dledger.core.messages import InstallSnapshot, Message, Prepare, Role
 from dledger.core.raft import RaftCore
 from dledger.errors import (
-    ConfigError,
     InvalidRequestError,
     NotFoundError,
     NotLeaderError,
-    OutcomeUnknownError,
     UnavailableError,
 )
 from dledger.metrics import NodeMetrics
-from dledger.nodeconfig import NodeConfig, parse_address, valid_id
+from dledger.nodeconfig import NodeConfig
 from dledger.plugins import NodePlugin
 from dledger.plugins import resolve as resolve_plugin
 from dledger.runtime.datadir import SNAPSHOT_CONF_KEY, DataDir
 from dledger.runtime.futures import retrieve
 from dledger.runtime.iothread import IoThread
+from dledger.runtime.membership import Membership
 from dledger.runtime.peers import Peers
 from dledger.runtime.proposals import ApplyWaiters, PendingAppend, Proposals
 from dledger.runtime.reads import Reads
@@ -91,8 +91,6 @@ class Node:
         self._commit_listeners: list[Callable[[int], None]] = []
         self._role_listeners: list[Callable[[Role, int], None]] = []
         self._seen_role_term: tuple[Role, int] = (Role.FOLLOWER, -1)
-        self._seen_conf: Configuration | None = None
-        self._conf_waiters: list[tuple[int, int, asyncio.Future]] = []  # (index, term, future) of changes
         if plugin is None and config.state_machine:
             plugin = resolve_plugin(config.state_machine)(config)
         if config.security is not None:  # TLS, peer identity, users and permissions (docs/security.md)
@@ -139,6 +137,18 @@ class Node:
             refusal=lambda: self._ready.refusal(),
             stats=self.stats,
             metrics=self.metrics,
+        )
+        self._members = Membership(
+            self.id,
+            config,
+            core=lambda: self._core,
+            wake=self._wake,
+            peers=self.peers,
+            not_leader=self._not_leader,
+            running=lambda: not self._stopping,
+            commit_index=lambda: self.commit_index,
+            transfer=self.transfer_leadership,
+            start_sender=self._start_sender,
         )
         self._reads = Reads(
             self.id,
@@ -202,6 +212,7 @@ class Node:
                 control_timeout_s=control_timeout,
                 credentials=self.plugin.peer_credentials() if cfg.security is not None else None,
             )
+        self.peers.after_step = self._ready.commit_acked
         self.peers.transport.set_reply_handler(self.peers.step_all)
         if self._serve:
             attach = (lambda server: self.plugin.attach(self, server)) if self.plugin is not None else None
@@ -238,25 +249,28 @@ class Node:
             self._tasks.append(asyncio.create_task(self._apply.run(), name=f"{self.id}-apply"))
         for t in self._tasks:
             t.add_done_callback(self._task_done)
-        self._watch_conf()
+        self._members.watch_conf()
         log.info(
-            "%s started: group %s, term %d, last index %d, listening on %s, flush %s",
+            "%s started: group %s, term %d, last index %d, listening on %s, flush %s, event loop %s",
             self.id,
             self.group,
             hard_state.term,
             data.log.last_index,
             cfg.bind,
             cfg.flush,
+            type(loop).__module__,
         )
 
     def _new_core(self, hard_state: HardState, applied: int) -> RaftCore:
+        """The core, telling followers a new commit index with the next AppendEntries or at the next tick
+        rather than with an empty AppendEntries per commit (``commit_at_tick``, docs/send-budget.md)."""
         cfg = self.config
         return RaftCore(
             self.id,
             cfg.voters,
             self._data.log,
             hard_state,
-            cfg.raft,
+            dataclasses.replace(cfg.raft, commit_at_tick=True),
             self._rng,
             applied=applied,
             conf=self._base_conf(),
@@ -369,33 +383,26 @@ class Node:
         """Entries up to ``commit_index`` are committed and persisted locally: resolve waiting appends with
         (index, pos) and tell the listeners."""
         self._proposals.committed(commit_index)
-        if self._conf_waiters:
-            self._resolve_conf_waiters(commit_index)
+        self._members.committed(commit_index)
         for listener in self._commit_listeners:
             listener(commit_index)
 
     def _watch_role(self) -> None:
-        """After each Ready: appends of a lost leadership fail; listeners hear of a new role or term."""
+        """After each Ready: appends of a lost leadership fail; listeners hear of a new role or term; a new
+        configuration's members are dialed."""
         core = self._core
         self._proposals.on_role(core, self.commit_index)
-        if core.configuration is not self._seen_conf:
-            self._watch_conf()
+        self._members.watch_conf_changed()
         if (core.role, core.term) != self._seen_role_term:
             self._seen_role_term = (core.role, core.term)
             for listener in self._role_listeners:
                 listener(core.role, core.term)
-            self._fail_conf_waiters()
+            self._members.role_changed()
 
-    def _watch_conf(self) -> None:
-        """The configuration changed (a config entry appended, truncated or installed): dial new members."""
-        conf = self._core.configuration
-        self._seen_conf = conf
-        for member in conf.members:
-            if self.peers.learn(member, conf.address(member) or self.config.peers.get(member)):
-                t = asyncio.create_task(self.peers.sender(member), name=f"{self.id}-send-{member}")
-                t.add_done_callback(self._task_done)
-                self._tasks.append(t)
-        log.info("%s: configuration %s", self.id, conf.describe())
+    def _start_sender(self, peer: str) -> None:
+        t = asyncio.create_task(self.peers.sender(peer), name=f"{self.id}-send-{peer}")
+        t.add_done_callback(self._task_done)
+        self._tasks.append(t)
 
     def _on_applied(self, chunk: list[Applied]) -> None:
         """The apply loop applied ``chunk``: resolve proposers and reads waiting for it; snapshot by policy."""
@@ -543,84 +550,9 @@ class Node:
         )
 
     async def change_membership(self, kind: str, node_id: str, address: str) -> tuple[int, int, tuple, tuple]:
-        """One membership change (docs/membership.md), on the leader; returns (index, term, voters, learners)
-        once its config entry committed. Removing this leader transfers leadership first (to the most caught-up
-        voter), so clients see a transfer rather than an election; the change is then proposed on the new
-        leader by the caller (``NotLeaderError`` points there)."""
-        try:
-            change_kind = ConfChangeKind(kind)
-        except ValueError:
-            kinds = ", ".join(k.value for k in ConfChangeKind)
-            raise InvalidRequestError(f"unknown membership change {kind!r}; one of: {kinds}") from None
-        if not valid_id(node_id):
-            raise InvalidRequestError(
-                f"node id {node_id!r} is invalid: use 1-64 letters, digits, '_', '.', '-' (e.g. n3)"
-            )
-        adding = change_kind in (ConfChangeKind.ADD_LEARNER, ConfChangeKind.ADD_VOTER)
-        if adding and not address:
-            raise InvalidRequestError(f"{kind} {node_id} needs the new node's address (host:port)")
-        if address:
-            try:
-                parse_address(address, f"{kind} {node_id}")
-            except ConfigError as e:
-                raise InvalidRequestError(str(e)) from None
-        core = self._core
-        if core is None or self._stopping:
-            raise UnavailableError(f"node {self.id} is not running")
-        if core.role is not Role.LEADER:
-            raise self._not_leader()
-        if change_kind is ConfChangeKind.REMOVE and node_id == self.id:
-            others = [v for v in core.configuration.voters if v != self.id]
-            if others:
-                st = core.status()
-                target = max(others, key=lambda v: st.match.get(v, -1))
-                await self.transfer_leadership(target)
-                raise self._not_leader()
-        p = core.propose_conf_change(ConfChange(change_kind, node_id, address))
-        log.info("%s: proposed %s %s at index %d", self.id, kind, node_id, p.first_index)
-        self._wake.set()
-        fut = asyncio.get_running_loop().create_future()
-        self._conf_waiters.append((p.first_index, p.term, fut))
-        self._resolve_conf_waiters(self.commit_index)
-        timeout = 10 * self.config.raft.election_timeout_max_ms / 1000
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
-            raise OutcomeUnknownError(
-                f"the change {kind} {node_id} (index {p.first_index}) did not commit within {timeout:.1f} s; "
-                "check 'dledger member list'"
-            ) from None
-        conf = self._core.configuration_at(p.first_index)
-        return p.first_index, p.term, conf.voters, conf.learners
-
-    def _resolve_conf_waiters(self, commit_index: int) -> None:
-        log_view = self._core.raft_log if self._core is not None else None
-        keep = []
-        for index, term, fut in self._conf_waiters:
-            if fut.done():
-                continue
-            if index > commit_index:
-                keep.append((index, term, fut))
-            elif log_view is not None and log_view.match_term(index, term):
-                fut.set_result(None)
-            else:
-                fut.set_exception(OutcomeUnknownError(f"the config entry at index {index} was replaced"))
-        self._conf_waiters = keep
-
-    def _fail_conf_waiters(self) -> None:
-        """Leadership changed: a change still waiting may or may not commit."""
-        core = self._core
-        if core is not None and core.role is Role.LEADER:
-            return
-        for index, _, fut in self._conf_waiters:
-            if not fut.done():
-                fut.set_exception(
-                    OutcomeUnknownError(
-                        f"leadership was lost before the config entry at index {index} committed; "
-                        "check 'dledger member list'"
-                    )
-                )
-        self._conf_waiters = []
+        """One membership change on the leader, answered once its config entry committed (``Membership.change``,
+        docs/membership.md)."""
+        return await self._members.change(kind, node_id, address)
 
     async def read_index(self, timeout_s: float | None = None) -> int:
         """A linearizable read point (Raft thesis 6.4): the leader confirms with a quorum that it still leads,
@@ -697,6 +629,17 @@ class Node:
     def disk_full(self) -> str | None:
         """Why writes are refused (a full disk), or None."""
         return self._ready.disk_full if self._ready is not None else None
+
+
+def serve(config: NodeConfig) -> None:
+    """Run one node in the foreground on uvloop until SIGTERM/SIGINT (``dledger node``).
+
+    uvloop, not asyncio's own loop: a node's work per replicated entry is mostly event-loop plumbing around
+    grpc.aio (callbacks, futures, epoll), and uvloop does that part in C; measured side by side in
+    docs/send-budget.md. A required dependency (pyproject.toml), so there is no fallback to hide a missing one."""
+    import uvloop  # here, not at the top: importing the runtime (tests, clients) does not need it
+
+    uvloop.run(run_node(config))
 
 
 async def run_node(config: NodeConfig) -> None:

@@ -133,6 +133,9 @@ class Peers:
         # Every node we know an address for: the configured peers, then members the log adds (docs/membership.md).
         self.addresses: dict[str, str] = dict(config.peers)
         self._unreachable_logged: dict[str, float] = {}
+        # Called after answers were stepped: the node hands on what they committed at once (fix 3 of
+        # docs/send-budget.md: ``ReadyLoop.commit_acked``), not a ready-loop turn later.
+        self.after_step: Callable[[], None] = lambda: None
 
     # -- stepping ----------------------------------------------------------------------------------------------
 
@@ -142,6 +145,7 @@ class Peers:
             return
         for m in messages:
             self.step(m)
+        self.after_step()
         if self._core().has_ready():
             self._wake.set()
 

@@ -9,6 +9,10 @@ Writes go to the I/O thread, except small appends while the disk is fast and tha
 (``persist_inline``). A full disk makes the node refuse writes rather than stop (``_enter_disk_full``); the
 next append that succeeds lifts the refusal. The flusher makes ``async``-policy writes durable every interval
 and checkpoints the commit index.
+
+A leader also hands on a commit outside the Ready order, in the turn that steps the follower's acknowledgement
+(``commit_acked``, docs/send-budget.md fix 3): a ready-loop turn fewer on every commit. It is bounded by
+``persisted_index``, so a leader's own entry still counts toward its commit only once its write completed.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from dledger.core.messages import Ready, split_early
+from dledger.core.messages import Ready, Role, split_early
 from dledger.core.raft import RaftCore
 from dledger.errors import StorageFullError
 from dledger.metrics import NodeMetrics
@@ -49,7 +53,8 @@ class ReadyLoop:
     """Drives one core. What it hands on goes through explicit seams: ``proposals`` (group commit, failing
     appends), ``peers`` (answers and outbound messages), ``committed(index)`` (the node's commit seam),
     ``read_states(states)``, ``watch_role()`` (after each Ready) and ``rebuild_core()`` (a full disk: a core
-    rebuilt from what storage holds). ``commit_index`` is the highest index committed *and* persisted here."""
+    rebuilt from what storage holds). ``commit_index`` is the highest index committed *and* persisted here;
+    ``persisted_index`` the last index of the log as of the last completed write (synced under ``sync``)."""
 
     def __init__(
         self,
@@ -86,6 +91,7 @@ class ReadyLoop:
         self.stats = stats
         self.metrics = metrics
         self.commit_index = -1
+        self.persisted_index = data.log.last_index  # what storage held at start is persisted
         self._dirty_since_sync = False
         self._persist_ewma_s = 0.0  # recent time per persist (decides inline writes on followers)
         self.disk_full: str | None = None  # why writes are refused (a full disk), until a write succeeds
@@ -149,11 +155,32 @@ class ReadyLoop:
                 if rd.commit_index > self.commit_index:
                     self.commit_index = rd.commit_index
                     self._committed(rd.commit_index)
+                self.commit_acked()  # acknowledgements stepped while this Ready was written
                 if rd.read_states:
                     self._read_states(rd.read_states)
                 self._watch_role()
                 # 4. tell the core its work was done.
                 core.advance(rd)
+
+    def commit_acked(self) -> None:
+        """Hand on what a leader's core committed, up to what this node has persisted, now: called right after
+        stepping peers' answers (``Peers.step_all``) and after each Ready.
+
+        Without it a follower's acknowledgement that commits an entry wakes the ready loop, and the append is
+        answered one loop turn later, from the next Ready (docs/send-budget.md, fix 3). The core counts a
+        leader's own entries toward commit as soon as it proposed them (``_maybe_commit``); the runtime keeps
+        the rule that an entry is persisted on the leader before it commits there by taking the minimum with
+        ``persisted_index``, which ``persist`` raises only once a write is complete. Only a leader: its log is
+        never truncated, so every index up to ``persisted_index`` holds the entry its core commits (a
+        follower's store may still hold a suffix its core has replaced but not yet truncated)."""
+        core = self.core
+        if core.role is not Role.LEADER:
+            return
+        c = min(core.commit_index, self.persisted_index)
+        if c > self.commit_index:
+            self.commit_index = c
+            self._committed(c)
+            self.stats["commits_at_ack"] += 1
 
     async def ticker(self) -> None:
         """``core.tick()`` every ``tick_ms``. Missed ticks are dropped, never replayed in a burst: a loop stall
@@ -217,6 +244,7 @@ class ReadyLoop:
         if self._data.sync_each_ready and (rd.frames or rd.truncate_from is not None):
             self._log.sync()
             self._dirty_since_sync = False
+        self.persisted_index = self._log.last_index  # complete (and synced under ``sync``): see commit_acked
         self.stats["persists"] += 1
         took = time.perf_counter() - t0
         self._persist_ewma_s += (took - self._persist_ewma_s) / 8

@@ -135,3 +135,64 @@ def test_an_async_flush_in_progress_does_not_send_appends_to_the_io_thread(tmp_p
 def _tail(h: Harness) -> tuple[int, int]:
     t = h.log.tail()
     return t.end_pos, t.chain_crc
+
+
+def test_a_leader_commits_in_the_turn_that_steps_the_acknowledgement(tmp_path):
+    """Fix 3 (docs/send-budget.md): the append is answered when the ack is stepped, not a ready-loop turn
+    later."""
+
+    async def run():
+        async with Harness(tmp_path) as h:
+            await h.elect()
+            p = h.proposals.enqueue([b"x"], None, False)
+            await h.settle()
+            assert ("send", "AppendEntries", "n1") in h.events and not p.future.done()
+            last = h.log.last_index
+            h.core.step(AppendEntriesResponse(h.core.term, "n1", "n0", True, match_index=last))
+            h.ready.commit_acked()  # what Peers.step_all does after stepping; no await in between
+            assert p.future.done() and p.future.result().first_index == last
+            assert h.commits == [last] and h.ready.commit_index == last
+            assert h.stats["commits_at_ack"] == 1
+            h.wake.set()  # the core's commit broadcast still goes out from the next Ready
+            await h.settle()
+            assert h.commits == [last], "the next Ready does not hand the same commit on again"
+
+    asyncio.run(run())
+
+
+def test_an_acknowledgement_does_not_commit_before_the_leaders_own_write_completes(tmp_path, monkeypatch):
+    """A follower may acknowledge an entry before the leader's write of it completes (the AppendEntries leave
+    first, ``split_early``): the entry commits on the leader only once its own write is done."""
+    monkeypatch.setattr(ready_loop, "INLINE_MAX_PERSIST_S", 0.0)  # every write on the I/O thread
+
+    async def run():
+        async with Harness(tmp_path) as h:
+            await h.elect()
+            noop = h.log.last_index
+            for peer in ("n1", "n2"):  # out of probing: the next append goes to both at once
+                h.core.step(AppendEntriesResponse(h.core.term, peer, "n0", True, match_index=noop))
+            h.wake.set()
+            await h.settle()
+            gate = h.log.gate = threading.Event()
+
+            def sent() -> int:
+                return sum(e[:2] == ("send", "AppendEntries") for e in h.events)
+
+            try:
+                before = sent()
+                p = h.proposals.enqueue([b"x"], None, False)
+                while sent() < before + 2:
+                    await asyncio.sleep(0.001)  # the early AppendEntries are out; the write is held
+                last = h.core.last_index
+                assert h.ready.persisted_index < last
+                h.core.step(AppendEntriesResponse(h.core.term, "n1", "n0", True, match_index=last))
+                assert h.core.commit_index == last, "the core counts the leader's entry at once"
+                h.ready.commit_acked()
+                assert not p.future.done() and h.ready.commit_index < last, "not before its own write"
+            finally:
+                gate.set()
+            run_ = await asyncio.wait_for(p.future, 5)
+            assert run_.first_index == last and h.commits[-1] == last
+            assert h.ready.persisted_index == last
+
+    asyncio.run(run())

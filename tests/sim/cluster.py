@@ -68,6 +68,7 @@ class SimNode:
         default_factory=list
     )  # (context, read index) as Ready gave them
     initial_voters: tuple[str, ...] = ()  # the members it was started with (empty: a node joining the group)
+    acked: int = -1  # highest index a leader handed on as committed when stepping an answer (commit_acked)
 
     @property
     def alive(self) -> bool:
@@ -315,10 +316,24 @@ class Cluster:
         core = node.core
         assert core is not None
         core.step(m)
+        self._commit_acked(node)
         if type(m) is InstallSnapshot:
             self._snapshot_fate(m, True)
         self.process(m.dst)
         return True
+
+    def _commit_acked(self, node: SimNode) -> None:
+        """What ``ReadyLoop.commit_acked`` does in the node: a leader hands on its core's commit index, bounded by
+        what its store holds, as soon as an answer is stepped (before any Ready). The entries it reads from its
+        store are recorded as committed, so state machine safety checks them (docs/send-budget.md, fix 3)."""
+        core = node.core
+        if core is None or core.role is not Role.LEADER:
+            return
+        c = min(core.commit_index, node.store.last_index)
+        store = node.store
+        for i in range(max(node.acked + 1, store.first_index), c + 1):
+            self._record_commit(node, i, store.term(i), store.entry(i).header.chain_crc)
+        node.acked = max(node.acked, c)
 
     def _snapshot_fate(self, m: Message, success: bool) -> None:
         """The leader's runtime learns whether shipping a snapshot worked (it streamed the files itself)."""
