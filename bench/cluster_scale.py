@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench.proc_cpu import cpu_seconds
 from broker_adapter import cluster as cl
 from broker_adapter.cluster_client import ClusterProducer
 from dledger.errors import DLedgerError
@@ -29,18 +30,6 @@ from dledger.errors import DLedgerError
 BODY = bytes(range(256)) * 4  # 1 KiB
 TOPIC = "bench-scale"
 QUEUES = 4
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_s(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / TICKS
 
 
 def _node_pids(c: cl.ClusterSpec) -> list[int]:
@@ -79,7 +68,7 @@ def run_one(groups: int, seconds: float, callers: int, base: Path) -> dict:
                     counts[k] += 1
 
             pids = _node_pids(c)
-            cpu0 = _cpu_s(pids)
+            cpu0 = cpu_seconds(pids)
             threads = [threading.Thread(target=sender, args=(k,)) for k in range(callers)]
             t0 = time.monotonic()
             for t in threads:
@@ -89,7 +78,7 @@ def run_one(groups: int, seconds: float, callers: int, base: Path) -> dict:
             for t in threads:
                 t.join()
             elapsed = time.monotonic() - t0
-            cpu = _cpu_s(pids) - cpu0
+            cpu = cpu_seconds(pids) - cpu0
         sent = sum(counts)
         return {
             "groups": groups,

@@ -30,6 +30,7 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from bench.proc_cpu import cpu_seconds
 from broker_adapter.client import AsyncProducer, BrokerConnection
 from dledger import group as grp
 from dledger.client import AsyncDLedgerClient
@@ -40,11 +41,6 @@ BATCH = 256
 WORKLOADS = ("send-64", "append-64", "send-batch", "append-batch")
 SPY = ("py-spy", "record", "--nonblocking", "-r", "100", "-f", "raw")
 BASELINE = {"send-64": "append-64", "send-batch": "append-batch"}
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def _client(workload: str, addresses: list[str]) -> tuple[object, Callable[[], Awaitable[int]], int]:
@@ -89,7 +85,7 @@ async def _measure(
                 )
             )
     loop = asyncio.get_running_loop()
-    before = {nid: _cpu_s(pid) for nid, pid in pids.items() if pid}
+    before = {nid: cpu_seconds([pid]) for nid, pid in pids.items() if pid}
     me = os.times()
     count = 0
     stop_at = loop.time() + seconds
@@ -108,7 +104,7 @@ async def _measure(
     followers = []
     for nid, pid in pids.items():
         if pid:
-            us = (_cpu_s(pid) - before[nid]) * 1e6 / max(count, 1)
+            us = (cpu_seconds([pid]) - before[nid]) * 1e6 / max(count, 1)
             if nid == leader:
                 row["leader"] = us
             else:

@@ -51,6 +51,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.compare.profile import raw_stacks
+from bench.proc_cpu import cpu_seconds
 from dledger import group as grp
 from dledger.v1 import broker_pb2, broker_pb2_grpc, client_pb2, client_pb2_grpc
 
@@ -502,19 +503,6 @@ def parse_ab(specs: list[str]) -> dict[str, dict[str, str]]:
 IDLE_S = 0.3  # --ab: seconds of idle CPU measured per group and round (subtracted from the steps' CPU)
 
 
-def _cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds the processes used so far (from /proc; 0 for a process that is gone)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / tick
-
-
 def measure_ab(
     groups: dict[str, Group], names: list[str], calls: int, rounds: int
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, int], dict[str, dict[str, float]]]:
@@ -538,18 +526,18 @@ def measure_ab(
                         g.leader = grp.wait_for_leader(g.spec, timeout_s=30)
                         steps[lb] = make_steps(g)
                     pids = [p for p in (grp.read_pid(n) for n in g.spec.nodes) if p is not None]
-                    c0, w0 = _cpu_s(pids), time.perf_counter()
+                    c0, w0 = cpu_seconds(pids), time.perf_counter()
                     time.sleep(IDLE_S)
-                    idle_rate = (_cpu_s(pids) - c0) / (time.perf_counter() - w0)
+                    idle_rate = (cpu_seconds(pids) - c0) / (time.perf_counter() - w0)
                     for name in names:
                         call = next(s.call for s in steps[lb] if s.name == name)
                         out = lat[lb][name]
-                        c0, w0 = _cpu_s(pids), time.perf_counter()
+                        c0, w0 = cpu_seconds(pids), time.perf_counter()
                         for _ in range(per):
                             t0 = time.perf_counter()
                             took = call()
                             out.append(took if isinstance(took, float) else time.perf_counter() - t0)
-                        busy = _cpu_s(pids) - c0
+                        busy = cpu_seconds(pids) - c0
                         cpu[lb][name] += busy - idle_rate * (time.perf_counter() - w0)
                 except Exception:  # a lost lease under load: counted, the steps rebuilt
                     errors[lb] += 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -70,6 +71,7 @@ MAX_NODES = 7  # membership rules add nodes up to this many (removed ones includ
 
 class RaftSchedule(RuleBasedStateMachine):
     coverage: Counter[str] = Counter()  # filled by teardown, checked by the tests below
+    config_overrides: ClassVar[dict[str, Any]] = {}  # RaftConfig settings a subclass schedules with
 
     def __init__(self) -> None:
         super().__init__()
@@ -89,6 +91,7 @@ class RaftSchedule(RuleBasedStateMachine):
             max_inflight=CONFIG.max_inflight,
             pre_vote=pre_vote,
             check_quorum=pre_vote,
+            **self.config_overrides,
         )
         self.cluster = c = Cluster(n, seed=seed, config=cfg, segment_size=cfg.segment_size)
         if warm:  # most schedules start from a working group with a few committed entries; some from scratch

@@ -5,13 +5,14 @@ per commit, and none is sent for a commit alone while AppendEntries flow. The sc
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import initialize, run_state_machine_as_test
+from hypothesis.stateful import run_state_machine_as_test
 
 from dledger.core.config import RaftConfig
 from dledger.core.messages import AppendEntries
-from tests.property.test_raft_safety import CONFIG, RaftSchedule
+from tests.property.test_raft_safety import RaftSchedule
 from tests.sim.cluster import Cluster
 
 
@@ -56,27 +57,9 @@ def test_a_commit_reaches_followers_with_the_next_append_or_within_two_ticks() -
 
 
 class CommitAtTickSchedule(RaftSchedule):
-    @initialize(
-        n=st.sampled_from([3, 3, 5]),
-        seed=st.integers(0, 2**32 - 1),
-        pre_vote=st.booleans(),
-        warm=st.integers(0, 9),
-    )
-    def boot(self, n: int, seed: int, pre_vote: bool, warm: int) -> None:
-        cfg = RaftConfig(
-            segment_size=CONFIG.segment_size,
-            max_append_bytes=CONFIG.max_append_bytes,
-            max_inflight=CONFIG.max_inflight,
-            pre_vote=pre_vote,
-            check_quorum=pre_vote,
-            commit_at_tick=True,
-        )
-        self.cluster = c = Cluster(n, seed=seed, config=cfg, segment_size=cfg.segment_size)
-        if warm:
-            c.run_until(lambda: c.leader() is not None)
-            for k in range(warm):
-                c.propose(c.leader(), [f"warm{k}".encode() * (1 + 40 * k)])
-            c.stabilize()
+    """The safety schedules, every node telling commits at ticks."""
+
+    config_overrides: ClassVar[dict[str, Any]] = {"commit_at_tick": True}
 
 
 def test_schedules_with_commit_at_tick() -> None:
