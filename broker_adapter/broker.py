@@ -24,9 +24,11 @@ from broker_adapter.broker_pop import Pops
 from broker_adapter.broker_send import Sender
 from broker_adapter.broker_types import (
     OffsetRangeError,
+    Outgoing,
     Pulled,
     PulledRaw,
     RouteInfo,
+    SendResult,
     UnknownGroupError,
     UnknownQueueError,
     UnknownTopicError,
@@ -162,6 +164,16 @@ class Broker:
             raise result
         # A CommandError here means a concurrent create chose another queue count first: that one stands.
         return self.queues(topic)
+
+    async def send_parts(
+        self, parts: Sequence[tuple[str, Sequence[Outgoing], bool]]
+    ) -> list[list[SendResult]]:
+        """One request stored as several sends, (topic, messages, system) each (normal, delayed and half
+        messages go to different topics): every part is checked before the first is written, so a request
+        refused for any of its messages leaves nothing in the log."""
+        for topic, msgs, system in parts:
+            await self._sender.check(topic, msgs, system)
+        return [await self.send(topic, msgs, system) for topic, msgs, system in parts]
 
     async def applied_through(self, index: int, timeout_s: float = 10.0) -> None:
         """Until this node's state machine applied entry ``index``."""

@@ -178,6 +178,12 @@ class Delivery:
         self, topic: str, msgs: Sequence[OutgoingMessage], due_ms: Sequence[int]
     ) -> list[SendResult]:
         """Store messages to be delivered to ``topic`` at their due times (in the timer topic until then)."""
+        return await self._broker.send(TIMER_TOPIC, await self.timed(topic, msgs, due_ms), system=True)
+
+    async def timed(
+        self, topic: str, msgs: Sequence[OutgoingMessage], due_ms: Sequence[int]
+    ) -> list[OutgoingMessage]:
+        """The timer topic's messages for ``send_timed`` (checked: delivery times, queues)."""
         b = self._broker
         check_user_topic(topic)
         await b.leader_state()
@@ -193,7 +199,7 @@ class Delivery:
             props[message.PROPERTY_REAL_TOPIC] = topic
             props[message.PROPERTY_REAL_QUEUE_ID] = str(m.queue_id)
             held.append(_with(m, 0, props))
-        return await b.send(TIMER_TOPIC, held, system=True)
+        return held
 
     async def _release(self, due: list[Waiting]) -> None:
         b = self._broker
@@ -218,6 +224,12 @@ class Delivery:
         self, topic: str, msgs: Sequence[OutgoingMessage], producer_group: str
     ) -> list[SendResult]:
         """Store transactional messages for ``topic``; each result's queue offset is its transaction id."""
+        return await self._broker.send(HALF_TOPIC, await self.half(topic, msgs, producer_group), system=True)
+
+    async def half(
+        self, topic: str, msgs: Sequence[OutgoingMessage], producer_group: str
+    ) -> list[OutgoingMessage]:
+        """The half topic's messages for ``send_half`` (checked: queues)."""
         b = self._broker
         check_user_topic(topic)
         await b.leader_state()
@@ -233,7 +245,7 @@ class Delivery:
             if producer_group:
                 props[message.PROPERTY_PRODUCER_GROUP] = producer_group
             held.append(_with(m, 0, props))
-        return await b.send(HALF_TOPIC, held, system=True)
+        return held
 
     async def end_transaction(self, offset: int, commit: bool, topic: str | None = None) -> str:
         """Commit (copy to the real topic) or roll back an open transaction; a retried end that matches how it

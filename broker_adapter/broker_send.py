@@ -59,10 +59,15 @@ class Sender:
                 await asyncio.wait_for(self._applied_event.wait(), min(left, 0.05))
 
     # -- send ----------------------------------------------------------------------------------------------
-    async def send(self, topic: str, msgs: Sequence[Outgoing], system: bool = False) -> list[SendResult]:
-        """Store messages in one topic on the leader, each once per (producer_id, sequence); acknowledged at
-        quorum commit. A retried send is answered with the first attempt's place (``duplicate``). Only the
-        broker itself (``system``) writes to its system topics."""
+    async def check(self, topic: str, msgs: Sequence[Outgoing], system: bool = False) -> None:
+        """Refuse what ``send`` would refuse for these messages, writing nothing: a request stored as several
+        sends checks them all before the first is written (``Broker.send_parts``)."""
+        await self._checked(topic, msgs, system)
+
+    async def _checked(
+        self, topic: str, msgs: Sequence[Outgoing], system: bool
+    ) -> list[tuple[str, bytes, message.Route]]:
+        """A send's checks (topic, properties, queues, count, size) on the leader, then the messages encoded."""
         b = self._broker
         if system:
             check_topic(topic)
@@ -84,7 +89,14 @@ class Sender:
             queues = await b.ensure_topic(topic)
         if not msgs or len(msgs) > MAX_SEND_BATCH:
             raise InvalidRequestError(f"a send carries 1..{MAX_SEND_BATCH} messages, got {len(msgs)}")
-        encoded = self._encode(topic, queues, msgs)
+        return self._encode(topic, queues, msgs)
+
+    async def send(self, topic: str, msgs: Sequence[Outgoing], system: bool = False) -> list[SendResult]:
+        """Store messages in one topic on the leader, each once per (producer_id, sequence); acknowledged at
+        quorum commit. A retried send is answered with the first attempt's place (``duplicate``). Only the
+        broker itself (``system``) writes to its system topics."""
+        b = self._broker
+        encoded = await self._checked(topic, msgs, system)
         term = b.require_leader()
         self._alloc.ensure_term(term, b.node.log_store.last_index)
         loop = asyncio.get_running_loop()

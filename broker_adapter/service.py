@@ -15,6 +15,7 @@ from broker_adapter.broker import Broker
 from broker_adapter.broker_delivery import now_ms
 from broker_adapter.groups import GroupSettings
 from broker_adapter.sqlfilter import FilterSyntaxError
+from broker_adapter.timer import TIMER_TOPIC
 from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError
 from dledger.transport import convert
 from dledger.v1 import broker_pb2, broker_pb2_grpc
@@ -54,20 +55,26 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return out
 
     async def _send_timed(self, topic: str, msgs) -> list:
-        """Messages with a delivery time: the due ones at once, the others through the timer topic."""
+        """Messages with a delivery time: the due ones at once, the others through the timer topic; all of them
+        checked before any is written (``Broker.send_parts``)."""
         b = self._broker
         now = now_ms()
         later = [i for i, m in enumerate(msgs) if m.delivery_timestamp > now]
-        soon = [i for i in range(len(msgs)) if i not in set(later)]
-        sent: list = [None] * len(msgs)
+        ahead = set(later)
+        soon = [i for i in range(len(msgs)) if i not in ahead]
+        for i in later:
+            b.delivery.check_delivery_time(msgs[i].delivery_timestamp, now)
+        parts: list[tuple[list[int], tuple[str, list, bool]]] = []
         if soon:
-            for i, r in zip(soon, await b.send(topic, [msgs[i] for i in soon]), strict=True):
-                sent[i] = r
+            parts.append((soon, (topic, [msgs[i] for i in soon], False)))
         if later:
-            got = await b.delivery.send_timed(
+            held = await b.delivery.timed(
                 topic, [msgs[i] for i in later], [msgs[i].delivery_timestamp for i in later]
             )
-            for i, r in zip(later, got, strict=True):
+            parts.append((later, (TIMER_TOPIC, held, True)))
+        sent: list = [None] * len(msgs)
+        for (idx, _), got in zip(parts, await b.send_parts([p for _, p in parts]), strict=True):
+            for i, r in zip(idx, got, strict=True):
                 sent[i] = r
         return sent
 

@@ -61,7 +61,8 @@ from broker_adapter.rocketmq.invisibility import Handled, Outcome
 from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
 from broker_adapter.rocketmq.renewal import Renewals
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, from_dledger, of, status, unsupported
-from broker_adapter.transactions import Half
+from broker_adapter.timer import TIMER_TOPIC
+from broker_adapter.transactions import HALF_TOPIC, Half
 from dledger.errors import DLedgerError, NotFoundError, NotLeaderError, OutcomeUnknownError
 
 MAX_SEND_BATCH: Final = 1024
@@ -389,20 +390,23 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if kinds.count(convert.NORMAL) == len(kinds):
                 sent = await b.send(topic, out)
             else:
-                sent = [None] * len(msgs)
+                # One send per kind (normal, delayed, half messages go to different topics), every one checked
+                # before the first is written: a request refused for one message leaves nothing in the log.
+                parts: list[tuple[list[int], tuple[str, list, bool]]] = []
                 for kind in (convert.NORMAL, convert.DELAY, convert.TRANSACTION):
                     idx = [i for i, k in enumerate(kinds) if k == kind]
                     if not idx:
                         continue
                     part = [out[i] for i in idx]
                     if kind == convert.DELAY:
-                        got = await b.delivery.send_timed(
-                            topic, part, [convert.delivery_ms(msgs[i]) for i in idx]
-                        )
+                        due = [convert.delivery_ms(msgs[i]) for i in idx]
+                        parts.append((idx, (TIMER_TOPIC, await b.delivery.timed(topic, part, due), True)))
                     elif kind == convert.TRANSACTION:
-                        got = await b.delivery.send_half(topic, part, "")
+                        parts.append((idx, (HALF_TOPIC, await b.delivery.half(topic, part, ""), True)))
                     else:
-                        got = await b.send(topic, part)
+                        parts.append((idx, (topic, part, False)))
+                sent = [None] * len(msgs)
+                for (idx, _), got in zip(parts, await b.send_parts([p for _, p in parts]), strict=True):
                     for i, r in zip(idx, got, strict=True):
                         sent[i] = r
         except NotFoundError as e:

@@ -520,3 +520,72 @@ def broker_delivery_now() -> int:
     from broker_adapter.broker_delivery import now_ms
 
     return now_ms()
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Context:
+    """The part of a grpc.aio ServicerContext the Broker servicer uses when it refuses a call."""
+
+    def __init__(self):
+        self.code = None
+        self.details = ""
+
+    def set_trailing_metadata(self, md) -> None:
+        pass
+
+    async def abort(self, code, details):
+        self.code, self.details = code, details
+        raise _Refused(details)
+
+
+@run
+async def test_a_send_refused_for_one_delayed_message_writes_none_of_the_others(made):
+    # Found by the gRPC fuzzing: the due messages of a request were stored before its delayed one was refused
+    # (too far ahead), so the caller was told "refused" while the log had grown.
+    import grpc
+
+    from broker_adapter.broker_delivery import now_ms
+    from broker_adapter.service import BrokerServicer
+    from dledger.v1 import broker_pb2
+
+    broker, node = made
+    await topic(broker)
+    before = node.log_store.last_index
+    too_far = now_ms() + broker.delivery.max_delay_ms + 60_000
+    request = broker_pb2.SendRequest(
+        topic="T",
+        messages=[
+            broker_pb2.OutgoingMessage(queue_id=0, body=b"now"),
+            broker_pb2.OutgoingMessage(queue_id=1, body=b"now too"),
+            broker_pb2.OutgoingMessage(queue_id=0, body=b"later", delivery_timestamp=too_far),
+        ],
+    )
+    ctx = _Context()
+    with pytest.raises(_Refused):
+        await BrokerServicer(broker).Send(request, ctx)
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and "max_delay_ms" in ctx.details
+    assert node.log_store.last_index == before  # nothing of the request was written
+    bad_queue = broker_pb2.SendRequest(
+        topic="T",
+        messages=[
+            broker_pb2.OutgoingMessage(queue_id=0, body=b"now"),
+            broker_pb2.OutgoingMessage(queue_id=7, body=b"later", delivery_timestamp=now_ms() + 60_000),
+        ],
+    )
+    with pytest.raises(_Refused):
+        await BrokerServicer(broker).Send(bad_queue, _Context())
+    assert node.log_store.last_index == before
+    ok = await BrokerServicer(broker).Send(
+        broker_pb2.SendRequest(
+            topic="T",
+            messages=[
+                broker_pb2.OutgoingMessage(queue_id=0, body=b"now"),
+                broker_pb2.OutgoingMessage(queue_id=1, body=b"later", delivery_timestamp=now_ms() + 60_000),
+            ],
+        ),
+        _Context(),
+    )
+    assert len(ok.results) == 2 and node.log_store.last_index == before + 2
