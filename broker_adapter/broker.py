@@ -23,6 +23,9 @@ from broker_adapter.broker_delivery import Delivery
 from broker_adapter.broker_pop import Pops
 from broker_adapter.broker_send import Sender
 from broker_adapter.broker_types import (
+    DELAY,
+    NORMAL,
+    TRANSACTION,
     OffsetRangeError,
     Outgoing,
     Pulled,
@@ -38,6 +41,8 @@ from broker_adapter.broker_types import (
 )
 from broker_adapter.commitlog import CommitLog, CommitLogError
 from broker_adapter.dispatcher import BrokerStateMachine
+from broker_adapter.timer import TIMER_TOPIC
+from broker_adapter.transactions import HALF_TOPIC
 from dledger.core.messages import Role
 from dledger.errors import (
     DLedgerError,
@@ -165,15 +170,32 @@ class Broker:
         # A CommandError here means a concurrent create chose another queue count first: that one stands.
         return self.queues(topic)
 
-    async def send_parts(
-        self, parts: Sequence[tuple[str, Sequence[Outgoing], bool]]
-    ) -> list[list[SendResult]]:
-        """One request stored as several sends, (topic, messages, system) each (normal, delayed and half
-        messages go to different topics): every part is checked before the first is written, so a request
-        refused for any of its messages leaves nothing in the log."""
-        for topic, msgs, system in parts:
-            await self._sender.check(topic, msgs, system)
-        return [await self.send(topic, msgs, system) for topic, msgs, system in parts]
+    async def send_kinds(
+        self, topic: str, msgs: Sequence[Outgoing], kinds: Sequence[str], due_ms: Sequence[int]
+    ) -> list[SendResult]:
+        """One request's messages, each stored by its kind: NORMAL in ``topic``, DELAY in the timer topic until
+        its ``due_ms``, TRANSACTION as a half message. Each kind is one send, and every send is checked before
+        the first is written, so a request refused for any of its messages leaves nothing in the log."""
+        parts: list[tuple[list[int], str, list, bool]] = []
+        for kind in (NORMAL, DELAY, TRANSACTION):
+            idx = [i for i, k in enumerate(kinds) if k == kind]
+            if not idx:
+                continue
+            part = [msgs[i] for i in idx]
+            if kind == DELAY:
+                held = await self.delivery.timed(topic, part, [due_ms[i] for i in idx])
+                parts.append((idx, TIMER_TOPIC, held, True))
+            elif kind == TRANSACTION:
+                parts.append((idx, HALF_TOPIC, await self.delivery.half(topic, part, ""), True))
+            else:
+                parts.append((idx, topic, part, False))
+        for _, to, part, system in parts:
+            await self._sender.check(to, part, system)
+        sent: list[Any] = [None] * len(msgs)
+        for idx, to, part, system in parts:
+            for i, r in zip(idx, await self.send(to, part, system), strict=True):
+                sent[i] = r
+        return sent
 
     async def applied_through(self, index: int, timeout_s: float = 10.0) -> None:
         """Until this node's state machine applied entry ``index``."""

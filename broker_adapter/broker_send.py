@@ -61,7 +61,7 @@ class Sender:
     # -- send ----------------------------------------------------------------------------------------------
     async def check(self, topic: str, msgs: Sequence[Outgoing], system: bool = False) -> None:
         """Refuse what ``send`` would refuse for these messages, writing nothing: a request stored as several
-        sends checks them all before the first is written (``Broker.send_parts``)."""
+        sends checks them all before the first is written (``Broker.send_kinds``)."""
         await self._checked(topic, msgs, system)
 
     async def _checked(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from broker_adapter import commands, message
 from dledger.errors import InvalidRequestError, NotFoundError
@@ -70,6 +70,13 @@ def check_group(group: str) -> str:
         return commands.check_group(group)
     except commands.CommandError as e:
         raise InvalidGroupError(str(e)) from None
+
+
+# How one message of a request is stored (``Broker.send_kinds``): as it is, held until its delivery time in the
+# timer topic, or held as a transaction's half message until the transaction ends.
+NORMAL: Final = "normal"
+DELAY: Final = "delay"
+TRANSACTION: Final = "transaction"
 
 
 class Outgoing(Protocol):

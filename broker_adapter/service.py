@@ -13,9 +13,9 @@ import grpc
 from broker_adapter import selectors
 from broker_adapter.broker import Broker
 from broker_adapter.broker_delivery import now_ms
+from broker_adapter.broker_types import DELAY, NORMAL
 from broker_adapter.groups import GroupSettings
 from broker_adapter.sqlfilter import FilterSyntaxError
-from broker_adapter.timer import TIMER_TOPIC
 from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError
 from dledger.transport import convert
 from dledger.v1 import broker_pb2, broker_pb2_grpc
@@ -56,27 +56,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     async def _send_timed(self, topic: str, msgs) -> list:
         """Messages with a delivery time: the due ones at once, the others through the timer topic; all of them
-        checked before any is written (``Broker.send_parts``)."""
-        b = self._broker
+        checked before any is written (``Broker.send_kinds``)."""
         now = now_ms()
-        later = [i for i, m in enumerate(msgs) if m.delivery_timestamp > now]
-        ahead = set(later)
-        soon = [i for i in range(len(msgs)) if i not in ahead]
-        for i in later:
-            b.delivery.check_delivery_time(msgs[i].delivery_timestamp, now)
-        parts: list[tuple[list[int], tuple[str, list, bool]]] = []
-        if soon:
-            parts.append((soon, (topic, [msgs[i] for i in soon], False)))
-        if later:
-            held = await b.delivery.timed(
-                topic, [msgs[i] for i in later], [msgs[i].delivery_timestamp for i in later]
-            )
-            parts.append((later, (TIMER_TOPIC, held, True)))
-        sent: list = [None] * len(msgs)
-        for (idx, _), got in zip(parts, await b.send_parts([p for _, p in parts]), strict=True):
-            for i, r in zip(idx, got, strict=True):
-                sent[i] = r
-        return sent
+        due = [m.delivery_timestamp for m in msgs]
+        return await self._broker.send_kinds(topic, msgs, [DELAY if t > now else NORMAL for t in due], due)
 
     async def SetGroupSettings(self, request, context):
         defaults = GroupSettings()

@@ -23,7 +23,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import Code, DigestType, Encoding, MessageType, definition_pb2
 
 from broker_adapter import message, selectors
-from broker_adapter.broker_types import OutgoingMessage
+from broker_adapter.broker_types import DELAY, NORMAL, TRANSACTION, OutgoingMessage
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, unsupported
 from broker_adapter.selectors import Select
 from broker_adapter.sqlfilter import FilterSyntaxError
@@ -65,9 +65,6 @@ _UNSUPPORTED_TYPES: Final = {
     MessageType.LITE: "lite topics",
     MessageType.PRIORITY: "priority messages",
 }
-NORMAL: Final = "normal"
-DELAY: Final = "delay"
-TRANSACTION: Final = "transaction"
 
 
 def _ms(ts: Timestamp) -> int:

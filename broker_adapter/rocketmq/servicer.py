@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -60,19 +59,17 @@ from broker_adapter.rocketmq.forward import Forwarder, client_id, forwarded
 from broker_adapter.rocketmq.invisibility import Handled, Outcome
 from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
 from broker_adapter.rocketmq.renewal import Renewals
+from broker_adapter.rocketmq.sending import HEADROOM, Sends
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, from_dledger, of, status, unsupported
-from broker_adapter.timer import TIMER_TOPIC
-from broker_adapter.transactions import HALF_TOPIC, Half
-from dledger.errors import DLedgerError, NotFoundError, NotLeaderError, OutcomeUnknownError
+from broker_adapter.transactions import Half
+from dledger.errors import DLedgerError, NotLeaderError, OutcomeUnknownError
 
-MAX_SEND_BATCH: Final = 1024
 MAX_RECEIVE_BATCH: Final = 1024
 MIN_INVISIBLE_MS: Final = 1_000
 MAX_INVISIBLE_MS: Final = 12 * 3600 * 1000  # RocketMQ's upper bound
 DEFAULT_INVISIBLE_MS: Final = 60_000  # a push consumer asks for none (auto renew): RocketMQ's proxy default
 MAX_POLLING_MS: Final = 60_000
 DEFAULT_DEADLINE_S: Final = 10.0
-HEADROOM: Final = 1024  # bytes of a CommitLog message besides the body (fixed fields, topic, properties)
 MAX_CLIENTS: Final = 10_000
 TELEMETRY_OUTBOX: Final = 1024  # commands waiting to go out on one Telemetry stream; more are dropped
 
@@ -103,8 +100,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._cluster = cluster
         self._node = broker.node
         self._forward = Forwarder(broker.node)
-        self._round_robin: dict[str, int] = {}
-        self._max_body = self._node.config.max_body_bytes - HEADROOM
+        self._sends = Sends(broker)
         self.routes = route.Routes(self._node.group, self._node.config.peers.values())
         self._node.add_role_listener(self.routes.clear)
         self.clients: OrderedDict[str, ClientInfo] = OrderedDict()
@@ -350,76 +346,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- send ----------------------------------------------------------------------------------------------
     async def SendMessage(self, request, context, raw=None):
         return await self._unary(
-            "SendMessage", request, context, self._send, service_pb2.SendMessageResponse, raw
+            "SendMessage", request, context, self._sends.send, service_pb2.SendMessageResponse, raw
         )
-
-    def _queue_for(self, topic: str, m: definition_pb2.Message, queues: int) -> int:
-        sp = m.system_properties
-        if sp.HasField("message_group") and sp.message_group:
-            return zlib.crc32(sp.message_group.encode()) % queues  # one group, one queue: its order holds
-        n = self._round_robin.get(topic, 0)
-        self._round_robin[topic] = n + 1
-        return n % queues
-
-    async def _send(self, request, context) -> service_pb2.SendMessageResponse:
-        msgs = request.messages
-        if not 1 <= len(msgs) <= MAX_SEND_BATCH:
-            raise bad_request(f"a SendMessageRequest carries 1..{MAX_SEND_BATCH} messages, got {len(msgs)}")
-        topic = msgs[0].topic.name
-        if len(msgs) > 1 and any(m.topic.name != topic for m in msgs):
-            raise bad_request(
-                "every message of one SendMessageRequest must have the same topic", Code.ILLEGAL_TOPIC
-            )
-        b = self._broker
-        b.queues(topic)  # a bad name or an unknown topic is refused before anything else
-        kinds = [convert.check_type(m) for m in msgs]
-        await b.leader_state()
-        queues = b.queues(topic)
-        max_body = self._max_body
-        cid = client_id(context)
-        out = [convert.outgoing(m, self._queue_for(topic, m, queues), cid, max_body) for m in msgs]
-        now = now_ms() if convert.DELAY in kinds else 0
-        for i, m in enumerate(msgs):
-            if kinds[i] == convert.DELAY:
-                due = convert.delivery_ms(m)
-                if due <= now:
-                    kinds[i] = convert.NORMAL  # already due: delivered at once, as RocketMQ does
-                else:
-                    b.delivery.check_delivery_time(due, now)
-        try:
-            if kinds.count(convert.NORMAL) == len(kinds):
-                sent = await b.send(topic, out)
-            else:
-                # One send per kind (normal, delayed, half messages go to different topics), every one checked
-                # before the first is written: a request refused for one message leaves nothing in the log.
-                parts: list[tuple[list[int], tuple[str, list, bool]]] = []
-                for kind in (convert.NORMAL, convert.DELAY, convert.TRANSACTION):
-                    idx = [i for i, k in enumerate(kinds) if k == kind]
-                    if not idx:
-                        continue
-                    part = [out[i] for i in idx]
-                    if kind == convert.DELAY:
-                        due = [convert.delivery_ms(msgs[i]) for i in idx]
-                        parts.append((idx, (TIMER_TOPIC, await b.delivery.timed(topic, part, due), True)))
-                    elif kind == convert.TRANSACTION:
-                        parts.append((idx, (HALF_TOPIC, await b.delivery.half(topic, part, ""), True)))
-                    else:
-                        parts.append((idx, (topic, part, False)))
-                sent = [None] * len(msgs)
-                for (idx, _), got in zip(parts, await b.send_parts([p for _, p in parts]), strict=True):
-                    for i, r in zip(idx, got, strict=True):
-                        sent[i] = r
-        except NotFoundError as e:
-            raise RocketMQError(Code.TOPIC_NOT_FOUND, str(e)) from None
-        ok = status()
-        resp = service_pb2.SendMessageResponse(status=ok)
-        add = resp.entries.add
-        for m, r, kind in zip(msgs, sent, kinds, strict=True):
-            tx = str(r.queue_offset) if kind == convert.TRANSACTION else ""
-            add(
-                status=ok, message_id=m.system_properties.message_id, offset=r.queue_offset, transaction_id=tx
-            )
-        return resp
 
     # -- receive, ack, change invisible duration -----------------------------------------------------------
     async def ReceiveMessage(self, request, context, raw=None):
