@@ -7,6 +7,12 @@ properties as properties. So our own ``Consumer`` reads it like any message, and
 (PRODUCER_ID / PRODUCER_SEQ) come from the client id and the sequence inside the client's message id, which the
 official clients keep across retries: a send retried after a failover is stored once.
 
+A received message carries its body's MD5 as 32 upper-case hex digits, as RocketMQ's proxy sends it: it is the
+one digest every official client checks alike (their CRC32 checks disagree: Node.js compares a decimal string,
+Java, Go and C# unpadded hex, Python 8 padded digits; docs/rocketmq.md, Body digest). Its message group comes back
+both as ``message_group`` and as the user property ``__SHARDINGKEY``, as the proxy passes every property that is
+not one of RocketMQ's own system properties through.
+
 Normal, FIFO (a message group, stored in the queue the group hashes to), delayed (``delivery_timestamp``, kept
 in ``TIMER_DELIVER_MS``) and transactional messages pass (``check_type`` says which; the servicer sends the
 last two through ``broker_delivery``). Lite and priority messages are refused with UNSUPPORTED.
@@ -15,8 +21,8 @@ last two through ``broker_delivery``). Lite and priority messages are refused wi
 from __future__ import annotations
 
 import gzip
+import hashlib
 import re
-import zlib
 from typing import Final
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -28,7 +34,8 @@ from broker_adapter.rocketmq.status import RocketMQError, bad_request, unsupport
 from broker_adapter.selectors import Select
 from broker_adapter.sqlfilter import FilterSyntaxError
 
-# Properties the broker fills from system properties; user properties may not use these names.
+# Properties the broker fills from system properties; user properties may not use these names (the message
+# group's property only when it names the message's own group: a received message sent on as it came).
 SYSTEM_PROPERTIES: Final = frozenset(
     {
         message.PROPERTY_TAGS,
@@ -44,6 +51,9 @@ SYSTEM_PROPERTIES: Final = frozenset(
         message.PROPERTY_ORIGIN,
     }
 )
+# Properties a consumer does not see among its message's user properties: what SystemProperties carry. The
+# message group is in both, as RocketMQ's proxy passes __SHARDINGKEY through (it is no system property there).
+_HIDDEN_PROPERTIES: Final = SYSTEM_PROPERTIES - {message.PROPERTY_MESSAGE_GROUP}
 # A v1 message id of the official clients: "01" + MAC (6 bytes) + pid (2) + seconds (4) + sequence (4), in hex.
 _MESSAGE_ID_V1: Final = re.compile(r"^01[0-9A-F]{32}$")
 MAX_GZIP_BODY: Final = 64 << 20
@@ -52,7 +62,7 @@ MAX_GZIP_BODY: Final = 64 << 20
 _GZIP: Final = int(Encoding.GZIP)
 _PLAIN_ENCODINGS: Final = frozenset({int(Encoding.ENCODING_UNSPECIFIED), int(Encoding.IDENTITY)})
 _IDENTITY: Final = int(Encoding.IDENTITY)
-_CRC32: Final = int(DigestType.CRC32)
+_MD5: Final = int(DigestType.MD5)
 _NORMAL: Final = int(MessageType.NORMAL)
 _FIFO: Final = int(MessageType.FIFO)
 _DELAY: Final = int(MessageType.DELAY)
@@ -142,6 +152,8 @@ def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body:
         raise bad_request("message_id contains a reserved character", Code.ILLEGAL_MESSAGE_ID)
     props: dict[str, str] = {}
     for k, v in m.user_properties.items() if m.user_properties else ():
+        if k == message.PROPERTY_MESSAGE_GROUP and sp.HasField("message_group") and v == sp.message_group:
+            continue  # what a consumer received, sent on with its properties: the group says it already
         if not k or k in SYSTEM_PROPERTIES or _reserved(k) or _reserved(v):
             raise bad_request(
                 f"user property {k!r} is empty, reserved by RocketMQ or contains \\x01/\\x02",
@@ -178,6 +190,12 @@ def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body:
     return out
 
 
+def body_digest(body: bytes) -> str:
+    """A received body's digest as RocketMQ's proxy sends it and every official client checks it: MD5 in 32
+    upper-case hex digits (``DigestType.MD5``)."""
+    return hashlib.md5(body, usedforsecurity=False).hexdigest().upper()
+
+
 def _reserved(text: str) -> bool:
     return message.NAME_VALUE_SEPARATOR in text or message.PROPERTY_SEPARATOR in text
 
@@ -203,7 +221,7 @@ def incoming(
     else:
         out.body = m.body
     out.topic.name = m.topic
-    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
+    user = {k: v for k, v in props.items() if k not in _HIDDEN_PROPERTIES}
     if user:
         out.user_properties.update(user)
     sp = out.system_properties
@@ -212,8 +230,8 @@ def incoming(
     sp.keys.extend(m.keys)
     sp.message_id = message_id_of(m)
     digest = sp.body_digest
-    digest.type = _CRC32
-    digest.checksum = format(zlib.crc32(m.body), "08X")
+    digest.type = _MD5
+    digest.checksum = body_digest(m.body)
     sp.body_encoding = _IDENTITY
     group = props.get(message.PROPERTY_MESSAGE_GROUP)
     due = props.get(message.PROPERTY_TIMER_DELIVER_MS)
@@ -275,4 +293,12 @@ def check_subscriptions(settings: definition_pb2.Settings) -> None:
                 raise RocketMQError(e.code, f"subscription to {entry.topic.name!r}: {e.message}") from None
 
 
-__all__ = ["RocketMQError", "check_filter", "check_subscriptions", "check_type", "incoming", "outgoing"]
+__all__ = [
+    "RocketMQError",
+    "body_digest",
+    "check_filter",
+    "check_subscriptions",
+    "check_type",
+    "incoming",
+    "outgoing",
+]

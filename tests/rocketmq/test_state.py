@@ -5,8 +5,8 @@ restarted) and that an acknowledged offset is never delivered again."""
 
 from __future__ import annotations
 
+import hashlib
 import io
-import zlib
 
 import pytest
 from hypothesis import given, settings
@@ -201,8 +201,8 @@ def test_conversion_keeps_rocketmq_properties_both_ways():
         3,
         "v1x",
     )
-    assert dict(back.user_properties) == {"color": "red"}
-    assert sp.body_digest.checksum == format(zlib.crc32(b"hello"), "08X")
+    assert dict(back.user_properties) == {"color": "red", message.PROPERTY_MESSAGE_GROUP: "orders-1"}
+    assert sp.body_digest.checksum == hashlib.md5(b"hello").hexdigest().upper()
 
 
 @pytest.mark.parametrize(
@@ -214,6 +214,11 @@ def test_conversion_keeps_rocketmq_properties_both_ways():
         ({"keys": ["with space"]}, Code.ILLEGAL_MESSAGE_KEY),
         ({"props": {message.PROPERTY_TAGS: "x"}}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
         ({"props": {"k": "bad\x01value"}}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        ({"props": {message.PROPERTY_MESSAGE_GROUP: "g"}}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        (
+            {"props": {message.PROPERTY_MESSAGE_GROUP: "g"}, "message_group": "h"},
+            Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+        ),
         ({"message_id": ""}, Code.ILLEGAL_MESSAGE_ID),
     ],
 )
@@ -227,7 +232,26 @@ def test_bad_messages_get_the_protocol_codes(fields, code):
     assert err.value.code == code
 
 
-@pytest.mark.parametrize("fields", [{"message_type": MessageType.LITE}, {"lite_topic": "x"}])
+def test_a_received_fifo_message_sent_on_with_its_properties_is_taken():
+    """A consumer sees its message group as __SHARDINGKEY too; sending that message on keeps the group."""
+    received = convert.incoming(
+        message.Message(topic=T, body=b"b", properties={message.PROPERTY_MESSAGE_GROUP: "g", "k": "v"})
+    )
+    again = v2(message_group=received.system_properties.message_group)
+    again.user_properties.update(received.user_properties)
+    out = convert.outgoing(again, 0, "c", 1000)
+    assert out.properties == {"k": "v", message.PROPERTY_MESSAGE_GROUP: "g"}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"message_type": MessageType.LITE},
+        {"lite_topic": "x"},
+        {"message_type": MessageType.PRIORITY},
+        {"priority": 3},
+    ],
+)
 def test_unsupported_message_types(fields):
     with pytest.raises(RocketMQError) as err:
         convert.check_type(v2(**fields))
