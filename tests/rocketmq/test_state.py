@@ -5,13 +5,14 @@ restarted) and that an acknowledged offset is never delivered again."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rocketmq.grpc_protocol import Code, MessageType, definition_pb2
+from rocketmq.grpc_protocol import Code, Encoding, MessageType, definition_pb2
 
 from broker_adapter import commands, message
 from broker_adapter.dispatcher import BrokerStateMachine
@@ -216,6 +217,20 @@ def test_conversion_keeps_rocketmq_properties_both_ways():
         ({"props": {"k": "bad\x01value"}}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
         ({"props": {message.PROPERTY_MESSAGE_GROUP: "g"}}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
         (
+            {"props": {"RETRY_TOPIC": "t"}},
+            Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+        ),  # the broker counts retries by it
+        ({"props": {"RECONSUME_TIME": "0"}}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        ({"props": {f"k{i}": "v" for i in range(129)}}, Code.MESSAGE_PROPERTIES_TOO_LARGE),
+        ({"props": {"k": "v" * 16384}}, Code.MESSAGE_PROPERTIES_TOO_LARGE),
+        ({"message_group": "g" * 65}, Code.ILLEGAL_MESSAGE_GROUP),
+        (
+            {"body": gzip.compress(b"\0" * 10_000_000), "body_encoding": Encoding.GZIP},
+            Code.MESSAGE_BODY_TOO_LARGE,
+        ),
+        ({"body": gzip.compress(b"hello")[:-6], "body_encoding": Encoding.GZIP}, Code.MESSAGE_CORRUPTED),
+        ({"body": b"not gzip", "body_encoding": Encoding.GZIP}, Code.MESSAGE_CORRUPTED),
+        (
             {"props": {message.PROPERTY_MESSAGE_GROUP: "g"}, "message_group": "h"},
             Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
         ),
@@ -230,6 +245,14 @@ def test_bad_messages_get_the_protocol_codes(fields, code):
     with pytest.raises(RocketMQError) as err:
         convert.outgoing(m, 0, "c", 1000)
     assert err.value.code == code
+
+
+def test_gzip_bodies_are_stored_inflated_member_after_member():
+    one = convert.outgoing(v2(gzip.compress(b"x" * 1000), body_encoding=Encoding.GZIP), 0, "c", 1000)
+    two = convert.outgoing(
+        v2(gzip.compress(b"ab") + gzip.compress(b"cd"), body_encoding=Encoding.GZIP), 0, "c", 1000
+    )
+    assert (one.body, two.body) == (b"x" * 1000, b"abcd")
 
 
 def test_a_received_fifo_message_sent_on_with_its_properties_is_taken():
