@@ -50,6 +50,7 @@ SYSTEM_PROPERTIES: Final = frozenset(
         message.PROPERTY_REAL_QUEUE_ID,
         message.PROPERTY_TRANSACTION_PREPARED,
         message.PROPERTY_ORIGIN,
+        message.PROPERTY_BORN_HOST,
     }
 )
 # Names RocketMQ keeps for itself (its MessageConst.STRING_HASH_SET), refused as user properties as its proxy
@@ -241,6 +242,10 @@ def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body:
                 Code.ILLEGAL_MESSAGE_GROUP,
             )
         props[message.PROPERTY_MESSAGE_GROUP] = group
+    if sp.born_host:
+        if _reserved(sp.born_host):
+            raise bad_request("born_host contains a reserved character")
+        props[message.PROPERTY_BORN_HOST] = sp.born_host  # as RocketMQ's proxy keeps it
     out = OutgoingMessage(
         queue_id=queue_id,
         body=body,
@@ -351,7 +356,7 @@ def incoming(
         )
     born, stored = m.born_timestamp, m.store_timestamp
     sp.born_timestamp.seconds, sp.born_timestamp.nanos = born // 1000, (born % 1000) * 1_000_000
-    sp.born_host = m.born_host[0]
+    sp.born_host = props.get(message.PROPERTY_BORN_HOST) or m.born_host[0]
     sp.store_timestamp.seconds, sp.store_timestamp.nanos = stored // 1000, (stored % 1000) * 1_000_000
     sp.store_host = f"{m.store_host[0]}:{m.store_host[1]}"
     sp.queue_id = m.queue_id

@@ -168,7 +168,7 @@ def v2(body=b"b", **sp) -> definition_pb2.Message:
 
 
 def test_conversion_keeps_rocketmq_properties_both_ways():
-    src = v2(b"hello", tag="TagA", keys=["k1", "k2"], message_group="orders-1")
+    src = v2(b"hello", tag="TagA", keys=["k1", "k2"], message_group="orders-1", born_host="producer-host")
     src.user_properties["color"] = "red"
     out = convert.outgoing(src, 2, "host@1@0@x", 1000)
     assert (out.queue_id, out.tags, list(out.keys), out.msg_id) == (
@@ -181,7 +181,11 @@ def test_conversion_keeps_rocketmq_properties_both_ways():
         "host@1@0@x",
         42,
     )  # the sequence inside the client's message id
-    assert out.properties == {"color": "red", message.PROPERTY_MESSAGE_GROUP: "orders-1"}
+    assert out.properties == {
+        "color": "red",
+        message.PROPERTY_MESSAGE_GROUP: "orders-1",
+        message.PROPERTY_BORN_HOST: "producer-host",
+    }
     props = dict(out.properties)
     props.update(
         {message.PROPERTY_TAGS: "TagA", message.PROPERTY_KEYS: "k1 k2", message.PROPERTY_UNIQ_KEY: out.msg_id}
@@ -203,6 +207,7 @@ def test_conversion_keeps_rocketmq_properties_both_ways():
         "v1x",
     )
     assert dict(back.user_properties) == {"color": "red", message.PROPERTY_MESSAGE_GROUP: "orders-1"}
+    assert sp.born_host == "producer-host"
     assert sp.body_digest.checksum == hashlib.md5(b"hello").hexdigest().upper()
 
 
