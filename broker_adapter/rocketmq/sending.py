@@ -74,9 +74,7 @@ class Sends:
         ok = status()
         resp = service_pb2.SendMessageResponse(status=ok)
         add = resp.entries.add
-        for m, r, kind in zip(msgs, sent, kinds, strict=True):
-            tx = str(r.queue_offset) if kind == convert.TRANSACTION else ""
-            add(
-                status=ok, message_id=m.system_properties.message_id, offset=r.queue_offset, transaction_id=tx
-            )
+        for m, r in zip(msgs, sent, strict=True):
+            mid = m.system_properties.message_id  # every receipt's transaction id, as RocketMQ sets it
+            add(status=ok, message_id=mid, offset=r.queue_offset, transaction_id=mid)
         return resp

@@ -16,7 +16,8 @@ follower forwards them (``forward``). What each call does:
 - SendMessage: the messages become the broker's outgoing messages (``convert``), sent through ``Broker.send``
   (idempotent, acknowledged at quorum commit); the queue is the message group's hash, else round robin.
   Delayed messages wait in the timer topic and transactional ones in the half topic (``broker_delivery``).
-- EndTransaction: commits (a copy to the topic) or rolls back an open transaction, by its transaction id.
+- EndTransaction: commits (a copy to the topic) or rolls back an open transaction, by its transaction id (the
+  message id, which every send receipt carries as its transaction id, as RocketMQ does).
 - ForwardMessageToDeadLetterQueue: copies the delivery named by a receipt handle to ``%DLQ%<group>``.
 - ReceiveMessage: a pop (``broker_pop``), streamed with a receipt handle per message. With nothing deliverable
   it long-polls until a message is dispatched, an invisible time runs out, or the client's polling time ends
@@ -338,7 +339,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 cmd = service_pb2.TelemetryCommand(status=status())
                 rc = cmd.recover_orphaned_transaction_command
                 rc.message.CopyFrom(msg)
-                rc.transaction_id = str(half.offset)
+                rc.transaction_id = half.transaction_id
                 with contextlib.suppress(asyncio.QueueFull):
                     outbox.put_nowait(cmd)
                 return
@@ -585,14 +586,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def _end_transaction(self, request, context) -> service_pb2.EndTransactionResponse:
         tid = request.transaction_id
-        if not tid.isdigit():
+        if not tid:
             raise bad_request(
-                f"transaction id {tid[:40]!r} was not issued by this broker", Code.INVALID_TRANSACTION_ID
+                "an EndTransactionRequest needs the transaction id of the send receipt",
+                Code.INVALID_TRANSACTION_ID,
             )
         if request.resolution not in (TransactionResolution.COMMIT, TransactionResolution.ROLLBACK):
             raise bad_request(f"resolution must be COMMIT or ROLLBACK, got {request.resolution}")
         await self._broker.delivery.end_transaction(
-            int(tid), request.resolution == TransactionResolution.COMMIT, request.topic.name or None
+            tid,
+            request.resolution == TransactionResolution.COMMIT,
+            request.topic.name or None,
+            request.message_id,
         )
         return service_pb2.EndTransactionResponse(status=status())
 

@@ -129,7 +129,9 @@ DELIVERY_TOPIC = "rmq-delivery-calls"
 BAD_DELIVERY_CALLS = [
     (
         "EndTransaction",
-        service_pb2.EndTransactionRequest(topic=res(DELIVERY_TOPIC), message_id="x", transaction_id="t"),
+        service_pb2.EndTransactionRequest(
+            topic=res(DELIVERY_TOPIC), message_id="x", transaction_id="", resolution=1
+        ),
         Code.INVALID_TRANSACTION_ID,
     ),
     (
