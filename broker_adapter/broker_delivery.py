@@ -72,6 +72,10 @@ class TransactionError(NotFoundError):
     """EndTransaction names no open transaction (never sent, or ended the other way)."""
 
 
+class RecallError(NotFoundError):
+    """A recall names a delayed message that no longer waits (delivered at its time, or gone)."""
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -218,6 +222,36 @@ class Delivery:
                 await b.send(topic, copies, system=True)
         finally:
             await self.settled()  # also after a failure: a copy whose outcome is unknown is applied or gone
+
+    async def recall(self, topic: str, offset: int, msg_id: str, due_ms: int) -> bool:
+        """Cancel the delayed message ``msg_id`` of ``topic``, waiting at ``offset`` of the timer topic, before
+        it is delivered (a ``Recall`` command). True when this call recalled it, False when a recall before did
+        (a retry). Under the tick lock: no copy of it is in flight, and none is made once the recall is applied."""
+        b = self._broker
+        async with self._tick_lock:
+            await b.leader_state()
+            timer = b.sm.timer
+            if timer.recalled.get(offset) == msg_id:
+                return False
+            w = timer.entries.get(offset)
+            if w is None:
+                late = now_ms() - due_ms
+                raise RecallError(
+                    f"delayed message {msg_id} is no longer waiting"
+                    + (f": it was delivered at its delivery time, {late} ms ago" if late >= 0 else "")
+                    + "; a recall must come before the delivery time"
+                )
+            m = b.read(TIMER_TOPIC, 0, offset)
+            if m is None:
+                raise RecallError(f"delayed message {msg_id}: the log no longer holds it")
+            if (m.msg_id or "") != msg_id or w.topic != topic:  # the checksum holds, but not these names
+                raise InvalidRequestError(f"the recall handle names no delayed message {msg_id} of {topic!r}")
+            (r,) = await b.submit([commands.Recall(offset, msg_id)])
+            if isinstance(r, BaseException):
+                raise r if isinstance(r, DLedgerError) else InvalidRequestError(str(r))
+            if r is None:  # cannot happen under the lock; said plainly if it does
+                raise RecallError(f"delayed message {msg_id} was delivered before the recall was applied")
+            return True
 
     # -- transactions --------------------------------------------------------------------------------------
     async def send_half(

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from broker_adapter import commands, groups, message
 from broker_adapter.dispatcher import BrokerStateMachine
 from broker_adapter.rocketmq.invisibility import PopStates
-from broker_adapter.timer import TIMER_TOPIC, TimerIndex, Waiting
+from broker_adapter.timer import RECALLED_WINDOW, TIMER_TOPIC, TimerIndex, Waiting
 from broker_adapter.transactions import COMMIT, HALF_TOPIC, MAX_CHECKS, ROLLBACK, HalfMessages
 from statemachine.api import CommittedEntry
 
@@ -66,6 +66,7 @@ def state_of(sm: BrokerStateMachine) -> tuple:
     """The delivery state as the node holds it in memory (not through ``save_snapshot``, which is under test)."""
     return (
         sorted(sm.timer.entries.items()),
+        list(sm.timer.recalled.items()),
         sorted(sm.halves.open.items()),
         list(sm.halves.ended.items()),
         sorted((g, st) for g, st in sm.groups.items()),
@@ -97,6 +98,40 @@ def test_timer_entries_open_on_dispatch_and_end_with_their_copy(tmp_path):
     sm.apply(log.entries[n:])
     assert len(sm.timer) == 0 and sm.repeats == 1
     assert sm.next_offset(T, 1) == 2
+
+
+def test_a_recall_ends_a_waiting_timer_message_once_and_is_remembered(tmp_path):
+    log = Log()
+    log.command(commands.CreateTopic(T, 1))
+    props = {message.PROPERTY_TIMER_DELIVER_MS: "5000", message.PROPERTY_REAL_TOPIC: T}
+    t = [log.message(TIMER_TOPIC, 0, {**props, message.PROPERTY_UNIQ_KEY: f"id{i}"}) for i in range(3)]
+    log.command(commands.Recall(t[0], "id0"))
+    log.command(commands.Recall(t[0], "id0"))  # a retry: changes nothing
+    log.message(T, 0, {message.PROPERTY_ORIGIN: f"timer/{t[1]}"})  # delivered
+    log.command(commands.Recall(t[1], "id1"))  # too late: nothing to end
+    sm = BrokerStateMachine(tmp_path / "cq")
+    results = sm.apply(log.entries)
+    assert [type(r).__name__ for r in results[-4:]] == ["Waiting", "NoneType", "Dispatched", "NoneType"]
+    assert [w.offset for w in sm.timer.due(10_000, 10)] == [t[2]]
+    assert dict(sm.timer.recalled) == {t[0]: "id0"}
+    n = len(log.entries)
+    log.message(T, 0, {message.PROPERTY_ORIGIN: f"timer/{t[0]}"})  # a copy of a recalled message: a repeat
+    sm.apply(log.entries[n:])
+    assert sm.repeats == 1
+    again = BrokerStateMachine(tmp_path / "cq2")
+    again.load_snapshot(io.BytesIO(snapshot(sm)))
+    assert state_of(again) == state_of(sm)
+
+
+def test_the_recalled_window_is_bounded_and_an_old_timer_snapshot_loads():
+    t = TimerIndex.from_json([[3, 10, T, 0], [1, 5, T, 1]])  # a snapshot from before recalls: waiting rows
+    assert sorted(t.entries) == [1, 3] and not t.recalled
+    for i in range(RECALLED_WINDOW + 2):
+        t.add(Waiting(10 + i, 99, T, 0))
+        t.recall(10 + i, f"m{i}")
+    assert len(t.recalled) == RECALLED_WINDOW and next(iter(t.recalled)) == 12  # the oldest went first
+    assert TimerIndex.from_json(t.to_json()).to_json() == t.to_json()
+    assert t.recall(10, "m0") is None  # forgotten and not waiting: nothing to end
 
 
 def test_half_messages_commit_rollback_and_check_limit(tmp_path):
@@ -240,6 +275,7 @@ steps = st.lists(
         st.tuples(st.just("ack"), st.integers(0, 15), st.integers(0, 40)),
         st.tuples(st.just("nack"), st.integers(0, 15), st.integers(0, 40)),
         st.tuples(st.just("release"), st.integers(0, 10), st.just(0)),
+        st.tuples(st.just("recall"), st.integers(0, 10), st.booleans()),
         st.tuples(st.just("commit"), st.integers(0, 5), st.booleans()),
         st.tuples(st.just("check"), st.integers(0, 5), st.just(0)),
         st.tuples(st.just("dead"), st.integers(0, 15), st.integers(0, 40)),
@@ -289,6 +325,8 @@ def build(seq) -> Log:
             log.command(commands.ChangeInvisible(G, T, 0, a, b, clock, 3))
         elif op == "release" and timers:
             log.message(T, 0, {message.PROPERTY_ORIGIN: f"timer/{a % timers}"})
+        elif op == "recall" and timers:  # b: a handle naming another message id (the state does not check it)
+            log.command(commands.Recall(a % timers, f"t{a % timers}" if b else "other"))
         elif op == "commit" and halves:
             if b:
                 log.message(T, 0, {message.PROPERTY_ORIGIN: f"half/{a % halves}"})
@@ -342,6 +380,7 @@ def test_replay_in_any_batching_and_from_a_snapshot_gives_the_same_state(tmp_pat
                 )
     for w in whole.timer.entries.values():
         assert w.topic == T
+    assert not set(whole.timer.entries) & set(whole.timer.recalled), "a recalled message still waits"
     assert all(h.checks <= MAX_CHECKS for h in whole.halves.open.values())
     # the index by transaction id is the open entries', oldest first, whatever the history
     derived: dict[str, list[int]] = {}
@@ -372,6 +411,7 @@ delivery_commands = st.one_of(
         commands.Settle, st.sampled_from(commands.SETTLE_KINDS), st.integers(0, 2**40), st.text(max_size=20)
     ),
     st.builds(commands.TxCheck, st.integers(0, 2**40), st.integers(0, 2**45)),
+    st.builds(commands.Recall, st.integers(0, 2**40), st.text(min_size=1, max_size=40)),
 )
 
 
@@ -385,6 +425,8 @@ def test_malformed_delivery_commands_are_refused():
         commands.encode(commands.Settle("other", 1, "x"))
     with pytest.raises(commands.CommandError):
         commands.encode(commands.TxCheck(-1, 0))
+    with pytest.raises(commands.CommandError):
+        commands.encode(commands.Recall(1, ""))
     body = commands.encode(commands.TxCheck(1, 2)).replace(b'"offset"', b'"offzet"')
     with pytest.raises(commands.CommandError):
         commands.decode(body)
