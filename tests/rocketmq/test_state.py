@@ -18,6 +18,7 @@ from broker_adapter import commands, message
 from broker_adapter.dispatcher import BrokerStateMachine
 from broker_adapter.rocketmq import convert
 from broker_adapter.rocketmq.invisibility import WINDOW, Outcome, PopStates
+from broker_adapter.rocketmq.recall import RecallHandle, RecallHandleError
 from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
 from broker_adapter.rocketmq.status import RocketMQError
 from statemachine.api import CommittedEntry
@@ -153,6 +154,27 @@ def test_receipt_handles_round_trip_and_refuse_tampering():
     for bad in ("", "v2abc", "v1!!!", text[:-3], text[:10] + ("A" if text[10] != "A" else "B") + text[11:]):
         with pytest.raises(ReceiptHandleError):
             ReceiptHandle.decode(bad)
+
+
+@given(
+    st.text(min_size=1, max_size=30),
+    st.text(max_size=30),
+    st.integers(0, 2**62),
+    st.integers(-(2**40), 2**50),
+    st.text(min_size=1, max_size=60),
+)
+def test_recall_handles_round_trip(group, topic, offset, due, msg_id):
+    h = RecallHandle(group, topic, offset, due, msg_id)
+    assert RecallHandle.decode(h.encode()) == h
+
+
+def test_recall_handles_refuse_tampering_and_receipt_handles():
+    text = RecallHandle("dledger", "topic%x", 12, 1_700_000_000_000, "01" + "AB" * 16).encode()
+    receipt = ReceiptHandle("g", "t", 0, 1, 1, 2).encode()
+    flipped = text[:10] + ("A" if text[10] != "A" else "B") + text[11:]
+    for bad in ("", "r2abc", "r1!!!", text[:-3], flipped, receipt, "r1" + receipt[2:]):
+        with pytest.raises(RecallHandleError):
+            RecallHandle.decode(bad)
 
 
 def v2(body=b"b", **sp) -> definition_pb2.Message:
