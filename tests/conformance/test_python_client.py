@@ -146,11 +146,11 @@ def test_normal_send_receipt_and_a_tag_subscription_receive_it(plain):
         r = p.send(m)
     assert r.message_id and isinstance(r.message_id, str)
     assert r.offset >= 0
-    assert r.transaction_id == r.message_id
     with running(simple(cfg, topic, t)) as c:
         (got,) = receive(c, 1)
-        assert (got.message_id, got.body, got.tag, got.keys) == (r.message_id, m.body, t, {"k1", "k2"})
-        assert not got.corrupted
+    assert (got.message_id, got.body, got.tag, got.keys) == (r.message_id, m.body, t, {"k1", "k2"})
+    assert not got.corrupted
+    assert r.transaction_id == r.message_id, "the receipt's transaction id is the message id"
 
 
 def test_delay_message_is_received_no_earlier_than_due(plain):
