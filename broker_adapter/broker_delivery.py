@@ -72,6 +72,10 @@ class TransactionError(NotFoundError):
     """EndTransaction names no open transaction (never sent, or ended the other way)."""
 
 
+class RecallError(NotFoundError):
+    """A recall names a delayed message that no longer waits (delivered at its time, or gone)."""
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -101,7 +105,7 @@ class Delivery:
         self._term = -1
         self._next_revive = 0
         self._tick_lock = asyncio.Lock()
-        self._tx_locks: dict[int, asyncio.Lock] = {}  # per transaction id: a retried end waits for the first
+        self._tx_locks: dict[str, asyncio.Lock] = {}  # per transaction id: a retried end waits for the first
         self.on_tx_check: Callable[[Half, message.Message], None] | None = None
         self.max_delay_ms = int(getattr(broker.node.config, "max_delay_ms", DEFAULT_MAX_DELAY_MS))
 
@@ -219,11 +223,41 @@ class Delivery:
         finally:
             await self.settled()  # also after a failure: a copy whose outcome is unknown is applied or gone
 
+    async def recall(self, topic: str, offset: int, msg_id: str, due_ms: int) -> bool:
+        """Cancel the delayed message ``msg_id`` of ``topic``, waiting at ``offset`` of the timer topic, before
+        it is delivered (a ``Recall`` command). True when this call recalled it, False when a recall before did
+        (a retry). Under the tick lock: no copy of it is in flight, and none is made once the recall is applied."""
+        b = self._broker
+        async with self._tick_lock:
+            await b.leader_state()
+            timer = b.sm.timer
+            if timer.recalled.get(offset) == msg_id:
+                return False
+            w = timer.entries.get(offset)
+            if w is None:
+                late = now_ms() - due_ms
+                raise RecallError(
+                    f"delayed message {msg_id} is no longer waiting"
+                    + (f": it was delivered at its delivery time, {late} ms ago" if late >= 0 else "")
+                    + "; a recall must come before the delivery time"
+                )
+            m = b.read(TIMER_TOPIC, 0, offset)
+            if m is None:
+                raise RecallError(f"delayed message {msg_id}: the log no longer holds it")
+            if (m.msg_id or "") != msg_id or w.topic != topic:  # the checksum holds, but not these names
+                raise InvalidRequestError(f"the recall handle names no delayed message {msg_id} of {topic!r}")
+            (r,) = await b.submit([commands.Recall(offset, msg_id)])
+            if isinstance(r, BaseException):
+                raise r if isinstance(r, DLedgerError) else InvalidRequestError(str(r))
+            if r is None:  # cannot happen under the lock; said plainly if it does
+                raise RecallError(f"delayed message {msg_id} was delivered before the recall was applied")
+            return True
+
     # -- transactions --------------------------------------------------------------------------------------
     async def send_half(
         self, topic: str, msgs: Sequence[OutgoingMessage], producer_group: str
     ) -> list[SendResult]:
-        """Store transactional messages for ``topic``; each result's queue offset is its transaction id."""
+        """Store transactional messages for ``topic``; each one's message id is its transaction id."""
         return await self._broker.send(HALF_TOPIC, await self.half(topic, msgs, producer_group), system=True)
 
     async def half(
@@ -247,46 +281,58 @@ class Delivery:
             held.append(_with(m, 0, props))
         return held
 
-    async def end_transaction(self, offset: int, commit: bool, topic: str | None = None) -> str:
-        """Commit (copy to the real topic) or roll back an open transaction; a retried end that matches how it
-        ended answers the same. Returns COMMIT or ROLLBACK."""
-        lock = self._tx_locks.setdefault(offset, asyncio.Lock())
+    async def end_transaction(
+        self, transaction_id: str, commit: bool, topic: str | None = None, message_id: str = ""
+    ) -> str:
+        """Commit (copy to the real topic) or roll back the open transaction ``transaction_id`` (its message id);
+        a retried end that matches how it ended answers the same. ``message_id``, when given, must be the
+        transaction's. Returns COMMIT or ROLLBACK."""
+        lock = self._tx_locks.setdefault(transaction_id, asyncio.Lock())
         try:
             async with lock:
-                return await self._end(offset, commit, topic)
+                return await self._end(transaction_id, commit, topic, message_id)
         finally:
-            if not lock.locked() and self._tx_locks.get(offset) is lock:
-                del self._tx_locks[offset]
+            if not lock.locked() and self._tx_locks.get(transaction_id) is lock:
+                del self._tx_locks[transaction_id]
 
-    async def _end(self, offset: int, commit: bool, topic: str | None) -> str:
+    async def _end(self, tid: str, commit: bool, topic: str | None, message_id: str) -> str:
         b = self._broker
         await b.leader_state()
-        sm = b.sm
+        halves = b.sm.halves
         want = COMMIT if commit else ROLLBACK
-        h = sm.halves.open.get(offset)
+        h = halves.find(tid)
+        if h is None and tid.isdigit():
+            # A transaction id issued before ids were message ids (a half offset), held across an upgrade.
+            h = halves.open.get(int(tid))
+            if h is not None and message_id and h.msg_id != message_id:
+                h = None
         if h is None:
-            how = sm.halves.ended.get(offset)
+            how = halves.ended.get(tid)
             if how == want:
                 return how
             raise TransactionError(
-                f"transaction {offset} is not open"
+                f"transaction {tid} is not open"
                 + (f": it was already ended by {how}" if how else " (unknown transaction id)")
             )
+        if message_id and h.msg_id and message_id != h.msg_id:
+            raise TransactionError(f"transaction {tid} is message {h.msg_id}, not {message_id}")
         if topic is not None and topic != h.topic:
-            raise InvalidRequestError(f"transaction {offset} is for topic {h.topic!r}, not {topic!r}")
+            raise InvalidRequestError(f"transaction {tid} is for topic {h.topic!r}, not {topic!r}")
         if commit:
-            m = b.read(HALF_TOPIC, 0, offset)
+            m = b.read(HALF_TOPIC, 0, h.offset)
             if m is None:
-                raise NotFoundError(f"transaction {offset}: the log no longer holds its message")
+                raise NotFoundError(f"transaction {tid}: the log no longer holds its message")
+            extra = {message.PROPERTY_TRANSACTION_ID: h.transaction_id}
             try:
-                await b.send(h.topic, [copy_of(m, h.queue_id, f"half/{offset}")], system=True)
+                await b.send(h.topic, [copy_of(m, h.queue_id, f"half/{h.offset}", extra)], system=True)
             finally:
                 await self.settled()
         else:
-            await b.submit([commands.Settle("half", offset, "rollback")])
-        how = sm.halves.ended.get(offset)
-        if how != want:
-            raise TransactionError(f"transaction {offset} ended by {how or 'nothing yet'}, not {want}")
+            await b.submit([commands.Settle("half", h.offset, "rollback")])
+        halves = b.sm.halves  # (a snapshot installed meanwhile replaces the table)
+        how = halves.ended.get(h.transaction_id)
+        if h.offset in halves.open or how != want:
+            raise TransactionError(f"transaction {tid} ended by {how or 'nothing yet'}, not {want}")
         return how
 
     async def _check(self, halves: list[Half], now: int) -> None:

@@ -10,7 +10,8 @@ A command body mirrors the message layout's first two fields so that one look at
     0  TOTALSIZE  4
     4  MAGIC      4   0x444C4243
     8  OP         1   1 create topic, 2 commit consumer offset, 3 pop, 4 ack, 5 change invisible duration,
-                      6 group settings, 7 settle a pending timer / half message, 8 transaction check
+                      6 group settings, 7 settle a pending timer / half message, 8 transaction check,
+                      9 recall a timer message
     9  PAYLOAD    n   UTF-8 JSON object
 
 Ops 3-5 carry the consumption state of RocketMQ 5 consumers (``broker_adapter.rocketmq``): which messages a group
@@ -19,7 +20,8 @@ it stamps ``now_ms`` into the command and every node applies the same deadline.
 
 Ops 6-8 carry delivery state (docs/rocketmq.md, Delivery): a consumer group's FIFO / retry settings, the end of a
 timer or half message that is not delivered (a rolled-back or unreadable one), and a transaction check-back
-counted before it is sent, so the check limit holds across failovers.
+counted before it is sent, so the check limit holds across failovers. Op 9 is a producer's recall of a delayed
+message before it is due (RocketMQ 5.3's RecallMessage).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ OP_CHANGE_INVISIBLE: Final = 5
 OP_GROUP_SETTINGS: Final = 6
 OP_SETTLE: Final = 7
 OP_TX_CHECK: Final = 8
+OP_RECALL: Final = 9
 SETTLE_KINDS: Final = ("timer", "half")
 
 MAX_QUEUES: Final = 1024
@@ -135,7 +138,17 @@ class TxCheck:
     now_ms: int
 
 
-Command = CreateTopic | CommitOffset | Pop | Ack | ChangeInvisible | GroupSettingsCmd | Settle | TxCheck
+@dataclass(frozen=True, slots=True)
+class Recall:
+    """A producer recalls the timer message at ``offset`` (its message id ``msg_id``) before it is due."""
+
+    offset: int
+    msg_id: str
+
+
+Command = (
+    CreateTopic | CommitOffset | Pop | Ack | ChangeInvisible | GroupSettingsCmd | Settle | TxCheck | Recall
+)
 
 
 def check_topic(topic: str) -> str:
@@ -193,6 +206,10 @@ def encode(cmd: Command) -> bytes:
         if cmd.offset < 0 or cmd.now_ms < 0:
             raise CommandError(f"a transaction check names an offset and a time >= 0: {cmd!r}")
         op, payload = OP_TX_CHECK, {"offset": cmd.offset, "now_ms": cmd.now_ms}
+    elif isinstance(cmd, Recall):
+        if cmd.offset < 0 or not cmd.msg_id:
+            raise CommandError(f"a recall names an offset >= 0 and a message id: {cmd!r}")
+        op, payload = OP_RECALL, {"offset": cmd.offset, "msg_id": cmd.msg_id}
     else:
         raise TypeError(f"not a broker command: {cmd!r}")
     raw = json.dumps(payload, separators=(",", ":")).encode()
@@ -258,6 +275,8 @@ def decode(body: bytes | memoryview) -> Command:
             return Settle(str(payload["kind"]), int(payload["offset"]), str(payload["reason"]))
         if op == OP_TX_CHECK:
             return TxCheck(int(payload["offset"]), int(payload["now_ms"]))
+        if op == OP_RECALL:
+            return Recall(int(payload["offset"]), str(payload["msg_id"]))
     except (ValueError, KeyError, TypeError) as err:
         raise CommandError(f"malformed command payload: {err}") from err
     raise CommandError(f"unknown command op {op}")

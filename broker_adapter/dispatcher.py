@@ -330,6 +330,8 @@ class BrokerStateMachine:
             if cmd.kind == "timer":
                 return self.timer.remove(cmd.offset)
             return self.halves.end(cmd.offset, ROLLBACK)
+        if isinstance(cmd, commands.Recall):
+            return self.timer.recall(cmd.offset, cmd.msg_id)
         if isinstance(cmd, commands.TxCheck):
             checked = self.halves.checked(cmd.offset, cmd.now_ms)
             if checked is not None and self.on_tx_check is not None:

@@ -90,9 +90,13 @@ PROPERTY_REAL_QUEUE_ID: Final = "REAL_QID"
 PROPERTY_TRANSACTION_PREPARED: Final = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
 PROPERTY_CHECK_IMMUNITY_S: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+PROPERTY_TRANSACTION_ID: Final = "__transactionId__"  # a committed transactional message's transaction id
 PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"  # a dead letter's original topic
 PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
 PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
+PROPERTY_BORN_HOST: Final = (
+    "__BORNHOST"  # the producer's own name for its host (a RocketMQ 5 client's born_host)
+)
 KEY_SEPARATOR: Final = " "
 
 

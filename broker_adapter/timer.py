@@ -10,17 +10,22 @@ what is still waiting: a message due during a failover is copied by whichever le
 (the leader's read barrier means it has applied every copy its log holds before it looks;
 docs/decisions/0018-delivery-state-in-the-log.md).
 
-A timer message the log no longer holds (it cannot be copied) ends with a ``Settle`` command.
+A timer message the log no longer holds (it cannot be copied) ends with a ``Settle`` command. A producer's
+RecallMessage ends one before it is due with a ``Recall`` command (the leader proposes it only while the entry
+is still here, between two of its delivery ticks, so a recalled message is never copied); ``recalled``
+remembers the last ``RECALLED_WINDOW`` recalls (offset -> message id), so a retried recall answers the same.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Final
 
 TIMER_TOPIC: Final = "%SYS%TIMER"
 DEFAULT_MAX_DELAY_MS: Final = 86_400_000  # RocketMQ's proxy: a delivery time at most 1 day ahead
+RECALLED_WINDOW: Final = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +40,7 @@ class TimerIndex:
     def __init__(self) -> None:
         self.entries: dict[int, Waiting] = {}
         self._heap: list[tuple[int, int]] = []  # (due, offset): a cache of ``entries``' order, lazily cleaned
+        self.recalled: OrderedDict[int, str] = OrderedDict()  # offset -> message id of the last recalls
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -45,6 +51,15 @@ class TimerIndex:
 
     def remove(self, offset: int) -> Waiting | None:
         return self.entries.pop(offset, None)
+
+    def recall(self, offset: int, msg_id: str) -> Waiting | None:
+        """Cancel a waiting message (None if it is not waiting: delivered, settled or recalled before)."""
+        w = self.entries.pop(offset, None)
+        if w is not None:
+            self.recalled[offset] = msg_id
+            while len(self.recalled) > RECALLED_WINDOW:
+                self.recalled.popitem(last=False)
+        return w
 
     def due(self, now_ms: int, limit: int) -> list[Waiting]:
         """Up to ``limit`` entries due at ``now_ms``, earliest first."""
@@ -68,12 +83,19 @@ class TimerIndex:
             heapq.heappop(h)
         return h[0][0] if h else None
 
-    def to_json(self) -> list[Any]:
-        return [[w.offset, w.due_ms, w.topic, w.queue_id] for _, w in sorted(self.entries.items())]
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "waiting": [[w.offset, w.due_ms, w.topic, w.queue_id] for _, w in sorted(self.entries.items())],
+            "recalled": [[off, mid] for off, mid in self.recalled.items()],
+        }
 
     @classmethod
-    def from_json(cls, rows: list[Any]) -> TimerIndex:
+    def from_json(cls, d: dict[str, Any] | list[Any]) -> TimerIndex:
+        """From ``to_json``, or a snapshot's list of waiting rows from before recalls."""
         t = cls()
+        rows = d if isinstance(d, list) else d.get("waiting", [])
         for off, due, topic, qid in rows:
             t.add(Waiting(int(off), int(due), str(topic), int(qid)))
+        for off, mid in [] if isinstance(d, list) else d.get("recalled", []):
+            t.recalled[int(off)] = str(mid)
         return t

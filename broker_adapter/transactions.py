@@ -2,16 +2,23 @@
 
 A RocketMQ 5 producer sends a transactional message, runs its local transaction and then commits or rolls it
 back (EndTransaction). Until then the message is stored in the system topic ``HALF_TOPIC`` (one queue), where
-no consumer reads it; dispatching it adds it here, by its offset there (which is also the transaction id the
-producer gets back). A commit makes the leader append a copy to the real topic naming the half offset
-(``message.PROPERTY_ORIGIN`` = ``half/<offset>``), and dispatching that copy ends the entry; a rollback is a
-``Settle`` command. A producer that never ends its transaction is asked (RecoverOrphanedTransactionCommand on
+no consumer reads it; dispatching it adds it here, by its offset there. Its transaction id is its message id (the
+client's unique key, as RocketMQ sets a send receipt's transaction id), so ``by_id`` finds the open entries of a
+transaction id; it is derived from ``open`` and never stored. A commit makes the leader append a copy to the real
+topic naming the half offset (``message.PROPERTY_ORIGIN`` = ``half/<offset>``), and dispatching that copy ends
+the entry; a rollback is a ``Settle`` command.
+
+Two half messages with one message id are a producer's send stored twice (a retry the idempotent-producer window
+did not catch). Both stay open under that id; an EndTransaction ends the newer (as RocketMQ's proxy takes the
+newest transaction data of an id), and the older is checked back like any orphan, so the producer's checker
+ends it too (a commit then delivers the message twice: at least once, as the duplicate send did). A producer that never ends its transaction is asked (RecoverOrphanedTransactionCommand on
 its Telemetry stream) once the message is ``immunity_ms`` old, then every ``CHECK_INTERVAL_MS``, at most
 ``MAX_CHECKS`` times: each check is a ``TxCheck`` command counted before it is sent, so the limit holds across
 failovers; past it the transaction is dropped as a rollback (RocketMQ discards it too).
 
-``ended`` remembers how the last ``ENDED_WINDOW`` transactions ended, so a producer retrying its EndTransaction
-after a failover gets the same answer instead of an error.
+``ended`` remembers how the last ``ENDED_WINDOW`` transactions ended, by transaction id, so a producer retrying its
+EndTransaction after a failover gets the same answer instead of an error. (Snapshots from before transaction ids
+were message ids key it by half offset: those load as the offset's digits, the id such a producer holds.)
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ ROLLBACK: Final = "rollback"
 
 @dataclass(frozen=True, slots=True)
 class Half:
-    offset: int  # in HALF_TOPIC's queue 0: the transaction id
+    offset: int  # in HALF_TOPIC's queue 0
     stored_ms: int
     topic: str
     queue_id: int
@@ -40,22 +47,42 @@ class Half:
     checks: int = 0
     next_check_ms: int = 0  # the first check: stored_ms + immunity
 
+    @property
+    def transaction_id(self) -> str:
+        """The message id; the half offset's digits for a message without one (none of the official clients')."""
+        return self.msg_id or str(self.offset)
+
 
 class HalfMessages:
     def __init__(self) -> None:
         self.open: dict[int, Half] = {}
-        self.ended: OrderedDict[int, str] = OrderedDict()
+        self.by_id: dict[
+            str, list[int]
+        ] = {}  # transaction id -> its open offsets, oldest first (from ``open``)
+        self.ended: OrderedDict[str, str] = OrderedDict()  # transaction id -> COMMIT / ROLLBACK
 
     def __len__(self) -> int:
         return len(self.open)
 
     def add(self, h: Half) -> None:
         self.open[h.offset] = h
+        self.by_id.setdefault(h.transaction_id, []).append(h.offset)  # dispatched in offset order
+
+    def find(self, transaction_id: str) -> Half | None:
+        """The newest open half message of ``transaction_id``."""
+        offsets = self.by_id.get(transaction_id)
+        return self.open[offsets[-1]] if offsets else None
 
     def end(self, offset: int, how: str) -> Half | None:
         h = self.open.pop(offset, None)
         if h is not None:
-            self.ended[offset] = how
+            tid = h.transaction_id
+            offsets = self.by_id[tid]
+            offsets.remove(offset)
+            if not offsets:
+                del self.by_id[tid]
+            self.ended.pop(tid, None)  # the window's order is the order of ends
+            self.ended[tid] = how
             while len(self.ended) > ENDED_WINDOW:
                 self.ended.popitem(last=False)
         return h
@@ -97,10 +124,19 @@ class HalfMessages:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HalfMessages:
         t = cls()
-        for off, stored, topic, qid, pgroup, msg_id, checks, nxt in d.get("open", []):
-            t.open[int(off)] = Half(
-                int(off), int(stored), str(topic), int(qid), str(pgroup), str(msg_id), int(checks), int(nxt)
+        for off, stored, topic, qid, pgroup, msg_id, checks, nxt in sorted(d.get("open", [])):
+            t.add(
+                Half(
+                    int(off),
+                    int(stored),
+                    str(topic),
+                    int(qid),
+                    str(pgroup),
+                    str(msg_id),
+                    int(checks),
+                    int(nxt),
+                )
             )
-        for off, how in d.get("ended", []):
-            t.ended[int(off)] = str(how)
+        for tid, how in d.get("ended", []):
+            t.ended[str(tid)] = str(how)  # an old snapshot's half offset: its digits
         return t

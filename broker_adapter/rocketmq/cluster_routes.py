@@ -5,7 +5,8 @@ QueryAssignment with its own group's queues, as alone, plus every other group's 
 groups come from the name servers' picture that the node's registrar refreshes at every beat. So the official
 clients spread sends over every group and consume them all, whichever node they first asked.
 
-Each other group is one more RocketMQ broker, named after the group. Its endpoints are its leader first and then
+Each other group is one more RocketMQ broker, named after the group, whose queues take every message type ours
+do (a client refuses to send a delayed or transactional message to a queue that does not list its type). Its endpoints are its leader first and then
 its other live nodes. A client that dialled one address is given one address per broker, the leader's, because
 grpc-js (the Node.js client) cannot dial a list (docs/rocketmq.md).
 
@@ -17,12 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rocketmq.grpc_protocol import MessageType, definition_pb2, service_pb2
+from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
 from broker_adapter.nameserver.registry import GroupRoute
-from broker_adapter.rocketmq.route import endpoints, message_queues
-
-ACCEPTED_TYPES = (MessageType.NORMAL, MessageType.FIFO)
+from broker_adapter.rocketmq.route import ACCEPTED_TYPES, endpoints, message_queues
 
 
 def other_queues(

@@ -7,6 +7,12 @@ properties as properties. So our own ``Consumer`` reads it like any message, and
 (PRODUCER_ID / PRODUCER_SEQ) come from the client id and the sequence inside the client's message id, which the
 official clients keep across retries: a send retried after a failover is stored once.
 
+A received message carries its body's MD5 as 32 upper-case hex digits, as RocketMQ's proxy sends it: it is the
+one digest every official client checks alike (their CRC32 checks disagree: Node.js compares a decimal string,
+Java, Go and C# unpadded hex, Python 8 padded digits; docs/rocketmq.md, Body digest). Its message group comes back
+both as ``message_group`` and as the user property ``__SHARDINGKEY``, as the proxy passes every property that is
+not one of RocketMQ's own system properties through.
+
 Normal, FIFO (a message group, stored in the queue the group hashes to), delayed (``delivery_timestamp``, kept
 in ``TIMER_DELIVER_MS``) and transactional messages pass (``check_type`` says which; the servicer sends the
 last two through ``broker_delivery``). Lite and priority messages are refused with UNSUPPORTED.
@@ -14,9 +20,10 @@ last two through ``broker_delivery``). Lite and priority messages are refused wi
 
 from __future__ import annotations
 
-import gzip
+import hashlib
 import re
 import zlib
+from collections.abc import Mapping
 from typing import Final
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -28,7 +35,8 @@ from broker_adapter.rocketmq.status import RocketMQError, bad_request, unsupport
 from broker_adapter.selectors import Select
 from broker_adapter.sqlfilter import FilterSyntaxError
 
-# Properties the broker fills from system properties; user properties may not use these names.
+# Properties the broker fills from system properties; user properties may not use these names (the message
+# group's property only when it names the message's own group: a received message sent on as it came).
 SYSTEM_PROPERTIES: Final = frozenset(
     {
         message.PROPERTY_TAGS,
@@ -42,17 +50,83 @@ SYSTEM_PROPERTIES: Final = frozenset(
         message.PROPERTY_REAL_QUEUE_ID,
         message.PROPERTY_TRANSACTION_PREPARED,
         message.PROPERTY_ORIGIN,
+        message.PROPERTY_BORN_HOST,
     }
 )
+# Names RocketMQ keeps for itself (its MessageConst.STRING_HASH_SET), refused as user properties as its proxy
+# refuses them: the broker reads some of them (RETRY_TOPIC, RECONSUME_TIME, PGROUP...) to count retries and
+# route copies, so a user's value there would skew them.
+_ROCKETMQ_RESERVED: Final = frozenset(
+    [
+        "KEYS",
+        "TAGS",
+        "WAIT",
+        "DELAY",
+        "RETRY_TOPIC",
+        "REAL_TOPIC",
+        "REAL_QID",
+        "TRAN_MSG",
+        "PGROUP",
+        "MIN_OFFSET",
+        "MAX_OFFSET",
+        "BUYER_ID",
+        "ORIGIN_MESSAGE_ID",
+        "TRANSFER_FLAG",
+        "CORRECTION_FLAG",
+        "MQ2_FLAG",
+        "RECONSUME_TIME",
+        "MSG_REGION",
+        "TRACE_ON",
+        "UNIQ_KEY",
+        "MAX_RECONSUME_TIMES",
+        "CONSUME_START_TIME",
+        "POP_CK",
+        "POP_CK_OFFSET",
+        "1ST_POP_TIME",
+        "TRAN_PREPARED_QUEUE_OFFSET",
+        "DUP_INFO",
+        "EXTEND_UNIQ_INFO",
+        "INSTANCE_ID",
+        "CORRELATION_ID",
+        "REPLY_TO_CLIENT",
+        "TTL",
+        "ARRIVE_TIME",
+        "PUSH_REPLY_TIME",
+        "CLUSTER",
+        "MSG_TYPE",
+        "INNER_MULTI_QUEUE_OFFSET",
+        "TIMER_DELAY_MS",
+        "TIMER_DELAY_SEC",
+        "TIMER_DELIVER_MS",
+        "TIMER_ENQUEUE_MS",
+        "TIMER_DEQUEUE_MS",
+        "TIMER_ROLL_TIMES",
+        "TIMER_OUT_MS",
+        "TIMER_DEL_UNIQKEY",
+        "TIMER_DELAY_LEVEL",
+        "__BORNHOST",
+        "BORN_TIMESTAMP",
+        "DLQ_ORIGIN_TOPIC",
+        "DLQ_ORIGIN_MESSAGE_ID",
+        "__CRC32#",
+    ]
+)
+_RESERVED_FOR_SENDS: Final = SYSTEM_PROPERTIES | _ROCKETMQ_RESERVED
+# RocketMQ's proxy limits (ProxyConfig userPropertyMaxNum, maxUserPropertySize, maxMessageGroupSize).
+MAX_USER_PROPERTIES: Final = 128
+MAX_USER_PROPERTY_BYTES: Final = 16 * 1024
+MAX_MESSAGE_GROUP_BYTES: Final = 64
+# Properties a consumer does not see among its message's user properties: what SystemProperties carry. The
+# message group is in both, as RocketMQ's proxy passes __SHARDINGKEY through (it is no system property there).
+_HIDDEN_PROPERTIES: Final = SYSTEM_PROPERTIES - {message.PROPERTY_MESSAGE_GROUP}
 # A v1 message id of the official clients: "01" + MAC (6 bytes) + pid (2) + seconds (4) + sequence (4), in hex.
 _MESSAGE_ID_V1: Final = re.compile(r"^01[0-9A-F]{32}$")
-MAX_GZIP_BODY: Final = 64 << 20
 
 # Enum values as plain ints: reading them off the generated enum wrappers costs a Python call each time.
 _GZIP: Final = int(Encoding.GZIP)
 _PLAIN_ENCODINGS: Final = frozenset({int(Encoding.ENCODING_UNSPECIFIED), int(Encoding.IDENTITY)})
 _IDENTITY: Final = int(Encoding.IDENTITY)
-_CRC32: Final = int(DigestType.CRC32)
+_MD5: Final = int(DigestType.MD5)
 _NORMAL: Final = int(MessageType.NORMAL)
 _FIFO: Final = int(MessageType.FIFO)
 _DELAY: Final = int(MessageType.DELAY)
@@ -122,10 +196,7 @@ def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body:
     body = m.body
     encoding = sp.body_encoding
     if encoding == _GZIP:
-        try:
-            body = gzip.decompress(body)
-        except (OSError, EOFError) as err:
-            raise bad_request(f"message body is not valid gzip: {err}", Code.MESSAGE_CORRUPTED) from None
+        body = _gunzip(body, max_body)
     elif encoding not in _PLAIN_ENCODINGS:
         raise bad_request(f"unknown body encoding {encoding}")
     if not body:
@@ -141,8 +212,12 @@ def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body:
     if _reserved(msg_id):
         raise bad_request("message_id contains a reserved character", Code.ILLEGAL_MESSAGE_ID)
     props: dict[str, str] = {}
+    if m.user_properties:
+        _check_user_properties(m.user_properties)
     for k, v in m.user_properties.items() if m.user_properties else ():
-        if not k or k in SYSTEM_PROPERTIES or _reserved(k) or _reserved(v):
+        if k == message.PROPERTY_MESSAGE_GROUP and sp.HasField("message_group") and v == sp.message_group:
+            continue  # what a consumer received, sent on with its properties: the group says it already
+        if not k or k in _RESERVED_FOR_SENDS or _reserved(k) or _reserved(v):
             raise bad_request(
                 f"user property {k!r} is empty, reserved by RocketMQ or contains \\x01/\\x02",
                 Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
@@ -161,7 +236,16 @@ def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body:
         group = sp.message_group
         if not group.strip() or _reserved(group):
             raise bad_request(f"message group {group!r} is blank", Code.ILLEGAL_MESSAGE_GROUP)
+        if len(group.encode()) > MAX_MESSAGE_GROUP_BYTES:
+            raise bad_request(
+                f"message group is {len(group.encode())} bytes; at most {MAX_MESSAGE_GROUP_BYTES}",
+                Code.ILLEGAL_MESSAGE_GROUP,
+            )
         props[message.PROPERTY_MESSAGE_GROUP] = group
+    if sp.born_host:
+        if _reserved(sp.born_host):
+            raise bad_request("born_host contains a reserved character")
+        props[message.PROPERTY_BORN_HOST] = sp.born_host  # as RocketMQ's proxy keeps it
     out = OutgoingMessage(
         queue_id=queue_id,
         body=body,
@@ -176,6 +260,51 @@ def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body:
         out.producer_id = client_id
         out.sequence = seq
     return out
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    """A gzip body inflated to at most ``limit`` bytes: a small body that inflates past it (a gzip bomb) is
+    refused before it is held in memory whole."""
+    out: list[bytes] = []
+    size = 0
+    data = body
+    try:
+        while data:  # one gzip member after another, as gzip.decompress reads them
+            d = zlib.decompressobj(wbits=31)
+            chunk = d.decompress(data, limit + 1 - size)
+            size += len(chunk)
+            out.append(chunk)
+            if size > limit or d.unconsumed_tail:
+                raise bad_request(
+                    f"message body inflates past {limit} bytes; this broker takes at most {limit}",
+                    Code.MESSAGE_BODY_TOO_LARGE,
+                )
+            if not d.eof:
+                raise bad_request("message body is not valid gzip: truncated", Code.MESSAGE_CORRUPTED)
+            data = d.unused_data
+    except zlib.error as err:
+        raise bad_request(f"message body is not valid gzip: {err}", Code.MESSAGE_CORRUPTED) from None
+    return b"".join(out)
+
+
+def _check_user_properties(props: Mapping[str, str]) -> None:
+    if len(props) > MAX_USER_PROPERTIES:
+        raise bad_request(
+            f"message has {len(props)} user properties; at most {MAX_USER_PROPERTIES}",
+            Code.MESSAGE_PROPERTIES_TOO_LARGE,
+        )
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in props.items())
+    if size > MAX_USER_PROPERTY_BYTES:
+        raise bad_request(
+            f"message user properties are {size} bytes; at most {MAX_USER_PROPERTY_BYTES}",
+            Code.MESSAGE_PROPERTIES_TOO_LARGE,
+        )
+
+
+def body_digest(body: bytes) -> str:
+    """A received body's digest as RocketMQ's proxy sends it and every official client checks it: MD5 in 32
+    upper-case hex digits (``DigestType.MD5``)."""
+    return hashlib.md5(body, usedforsecurity=False).hexdigest().upper()
 
 
 def _reserved(text: str) -> bool:
@@ -203,7 +332,7 @@ def incoming(
     else:
         out.body = m.body
     out.topic.name = m.topic
-    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
+    user = {k: v for k, v in props.items() if k not in _HIDDEN_PROPERTIES}
     if user:
         out.user_properties.update(user)
     sp = out.system_properties
@@ -212,8 +341,8 @@ def incoming(
     sp.keys.extend(m.keys)
     sp.message_id = message_id_of(m)
     digest = sp.body_digest
-    digest.type = _CRC32
-    digest.checksum = format(zlib.crc32(m.body), "08X")
+    digest.type = _MD5
+    digest.checksum = body_digest(m.body)
     sp.body_encoding = _IDENTITY
     group = props.get(message.PROPERTY_MESSAGE_GROUP)
     due = props.get(message.PROPERTY_TIMER_DELIVER_MS)
@@ -227,7 +356,7 @@ def incoming(
         )
     born, stored = m.born_timestamp, m.store_timestamp
     sp.born_timestamp.seconds, sp.born_timestamp.nanos = born // 1000, (born % 1000) * 1_000_000
-    sp.born_host = m.born_host[0]
+    sp.born_host = props.get(message.PROPERTY_BORN_HOST) or m.born_host[0]
     sp.store_timestamp.seconds, sp.store_timestamp.nanos = stored // 1000, (stored % 1000) * 1_000_000
     sp.store_host = f"{m.store_host[0]}:{m.store_host[1]}"
     sp.queue_id = m.queue_id
@@ -275,4 +404,12 @@ def check_subscriptions(settings: definition_pb2.Settings) -> None:
                 raise RocketMQError(e.code, f"subscription to {entry.topic.name!r}: {e.message}") from None
 
 
-__all__ = ["RocketMQError", "check_filter", "check_subscriptions", "check_type", "incoming", "outgoing"]
+__all__ = [
+    "RocketMQError",
+    "body_digest",
+    "check_filter",
+    "check_subscriptions",
+    "check_type",
+    "incoming",
+    "outgoing",
+]

@@ -1,5 +1,6 @@
 """SendMessage on the RocketMQ 5 face: the official clients' messages converted and stored by kind (normal, FIFO
-by message group, delayed, transactional), through ``Broker.send_kinds`` (docs/rocketmq.md)."""
+by message group, delayed, transactional), through ``Broker.send_kinds`` (docs/rocketmq.md). Every receipt's
+transaction id is its message id; a delayed message's receipt carries a recall handle (``recall``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from broker_adapter.broker_pop import now_ms
 from broker_adapter.broker_send import MAX_SEND_BATCH
 from broker_adapter.rocketmq import convert
 from broker_adapter.rocketmq.forward import client_id
+from broker_adapter.rocketmq.recall import RecallHandle
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, status
 from dledger.errors import NotFoundError
 
@@ -24,6 +26,7 @@ class Sends:
 
     def __init__(self, broker: Broker):
         self._broker = broker
+        self._group = broker.node.group
         self._round_robin: dict[str, int] = {}
         self._max_body = broker.node.config.max_body_bytes - HEADROOM
 
@@ -75,8 +78,9 @@ class Sends:
         resp = service_pb2.SendMessageResponse(status=ok)
         add = resp.entries.add
         for m, r, kind in zip(msgs, sent, kinds, strict=True):
-            tx = str(r.queue_offset) if kind == convert.TRANSACTION else ""
-            add(
-                status=ok, message_id=m.system_properties.message_id, offset=r.queue_offset, transaction_id=tx
-            )
+            mid = m.system_properties.message_id  # every receipt's transaction id, as RocketMQ sets it
+            e = add(status=ok, message_id=mid, offset=r.queue_offset, transaction_id=mid)
+            if kind == convert.DELAY and r.queue_offset >= 0:  # (-1: a retry older than the producer window)
+                due = convert.delivery_ms(m)
+                e.recall_handle = RecallHandle(self._group, topic, r.queue_offset, due, mid).encode()
         return resp

@@ -16,7 +16,8 @@ follower forwards them (``forward``). What each call does:
 - SendMessage: the messages become the broker's outgoing messages (``convert``), sent through ``Broker.send``
   (idempotent, acknowledged at quorum commit); the queue is the message group's hash, else round robin.
   Delayed messages wait in the timer topic and transactional ones in the half topic (``broker_delivery``).
-- EndTransaction: commits (a copy to the topic) or rolls back an open transaction, by its transaction id.
+- EndTransaction: commits (a copy to the topic) or rolls back an open transaction, by its transaction id (the
+  message id, which every send receipt carries as its transaction id, as RocketMQ does).
 - ForwardMessageToDeadLetterQueue: copies the delivery named by a receipt handle to ``%DLQ%<group>``.
 - ReceiveMessage: a pop (``broker_pop``), streamed with a receipt handle per message. With nothing deliverable
   it long-polls until a message is dispatched, an invisible time runs out, or the client's polling time ends
@@ -24,7 +25,9 @@ follower forwards them (``forward``). What each call does:
 - AckMessage / ChangeInvisibleDuration: ``Ack`` / ``ChangeInvisible`` commands through the log.
 - PullMessage / UpdateOffset / GetOffset / QueryOffset: ConsumeQueue reads and the replicated committed offsets
   our own ``Consumer`` uses (``CommitOffset`` commands).
-- RecallMessage, SyncLiteSubscription: UNSUPPORTED.
+- RecallMessage: cancels a delayed message before it is due, named by the recall handle of its send receipt
+  (``recall``), with a ``Recall`` command through the log; NOT_FOUND once it was delivered.
+- SyncLiteSubscription: UNSUPPORTED.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from broker_adapter.groups import DEFAULT as DEFAULT_GROUP
 from broker_adapter.rocketmq import cluster_routes, convert, route
 from broker_adapter.rocketmq.forward import Forwarder, client_id, forwarded
 from broker_adapter.rocketmq.invisibility import Handled, Outcome
+from broker_adapter.rocketmq.recall import RecallHandle, RecallHandleError
 from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
 from broker_adapter.rocketmq.renewal import Renewals
 from broker_adapter.rocketmq.sending import HEADROOM, Sends
@@ -338,7 +342,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 cmd = service_pb2.TelemetryCommand(status=status())
                 rc = cmd.recover_orphaned_transaction_command
                 rc.message.CopyFrom(msg)
-                rc.transaction_id = str(half.offset)
+                rc.transaction_id = half.transaction_id
                 with contextlib.suppress(asyncio.QueueFull):
                     outbox.put_nowait(cmd)
                 return
@@ -585,14 +589,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def _end_transaction(self, request, context) -> service_pb2.EndTransactionResponse:
         tid = request.transaction_id
-        if not tid.isdigit():
+        if not tid:
             raise bad_request(
-                f"transaction id {tid[:40]!r} was not issued by this broker", Code.INVALID_TRANSACTION_ID
+                "an EndTransactionRequest needs the transaction id of the send receipt",
+                Code.INVALID_TRANSACTION_ID,
             )
         if request.resolution not in (TransactionResolution.COMMIT, TransactionResolution.ROLLBACK):
             raise bad_request(f"resolution must be COMMIT or ROLLBACK, got {request.resolution}")
         await self._broker.delivery.end_transaction(
-            int(tid), request.resolution == TransactionResolution.COMMIT, request.topic.name or None
+            tid,
+            request.resolution == TransactionResolution.COMMIT,
+            request.topic.name or None,
+            request.message_id,
         )
         return service_pb2.EndTransactionResponse(status=status())
 
@@ -617,12 +625,30 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
         return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=st)
 
-    # -- not supported -------------------------------------------------------------------------------------
-
-    async def RecallMessage(self, request, context):
-        return service_pb2.RecallMessageResponse(
-            status=of(unsupported("recalling delayed messages (RecallMessage)"))
+    # -- recall --------------------------------------------------------------------------------------------
+    async def RecallMessage(self, request, context, raw=None):
+        return await self._unary(
+            "RecallMessage", request, context, self._recall, service_pb2.RecallMessageResponse, raw
         )
+
+    async def _recall(self, request, context) -> service_pb2.RecallMessageResponse:
+        topic = request.topic.name
+        self._broker.queues(topic)
+        try:
+            h = RecallHandle.decode(request.recall_handle)
+        except RecallHandleError as e:
+            raise bad_request(f"{e} (use the recall_handle of a delayed message's send receipt)") from None
+        if h.topic != topic:
+            raise bad_request(f"the recall handle is for topic {h.topic!r}, not {topic!r}")
+        if h.group != self._node.group:
+            raise bad_request(
+                f"the recall handle was issued by broker group {h.group!r}, not {self._node.group!r}: "
+                "recall through that group's endpoints"
+            )
+        await self._broker.delivery.recall(topic, h.offset, h.msg_id, h.due_ms)
+        return service_pb2.RecallMessageResponse(status=status(), message_id=h.msg_id)
+
+    # -- not supported -------------------------------------------------------------------------------------
 
     async def SyncLiteSubscription(self, request, context):
         return service_pb2.SyncLiteSubscriptionResponse(

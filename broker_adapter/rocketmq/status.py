@@ -44,7 +44,8 @@ class RocketMQError(Exception):
 
 def unsupported(what: str) -> RocketMQError:
     return RocketMQError(
-        Code.UNSUPPORTED, f"{what} is not supported by dledger-py's broker (see README: RocketMQ 5 clients)"
+        Code.UNSUPPORTED,
+        f"{what}: not supported by dledger-py's broker (docs/rocketmq.md, Protocol conformance)",
     )
 
 

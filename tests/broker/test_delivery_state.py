@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from broker_adapter import commands, groups, message
 from broker_adapter.dispatcher import BrokerStateMachine
 from broker_adapter.rocketmq.invisibility import PopStates
-from broker_adapter.timer import TIMER_TOPIC, TimerIndex, Waiting
+from broker_adapter.timer import RECALLED_WINDOW, TIMER_TOPIC, TimerIndex, Waiting
 from broker_adapter.transactions import COMMIT, HALF_TOPIC, MAX_CHECKS, ROLLBACK, HalfMessages
 from statemachine.api import CommittedEntry
 
@@ -66,6 +66,7 @@ def state_of(sm: BrokerStateMachine) -> tuple:
     """The delivery state as the node holds it in memory (not through ``save_snapshot``, which is under test)."""
     return (
         sorted(sm.timer.entries.items()),
+        list(sm.timer.recalled.items()),
         sorted(sm.halves.open.items()),
         list(sm.halves.ended.items()),
         sorted((g, st) for g, st in sm.groups.items()),
@@ -99,6 +100,40 @@ def test_timer_entries_open_on_dispatch_and_end_with_their_copy(tmp_path):
     assert sm.next_offset(T, 1) == 2
 
 
+def test_a_recall_ends_a_waiting_timer_message_once_and_is_remembered(tmp_path):
+    log = Log()
+    log.command(commands.CreateTopic(T, 1))
+    props = {message.PROPERTY_TIMER_DELIVER_MS: "5000", message.PROPERTY_REAL_TOPIC: T}
+    t = [log.message(TIMER_TOPIC, 0, {**props, message.PROPERTY_UNIQ_KEY: f"id{i}"}) for i in range(3)]
+    log.command(commands.Recall(t[0], "id0"))
+    log.command(commands.Recall(t[0], "id0"))  # a retry: changes nothing
+    log.message(T, 0, {message.PROPERTY_ORIGIN: f"timer/{t[1]}"})  # delivered
+    log.command(commands.Recall(t[1], "id1"))  # too late: nothing to end
+    sm = BrokerStateMachine(tmp_path / "cq")
+    results = sm.apply(log.entries)
+    assert [type(r).__name__ for r in results[-4:]] == ["Waiting", "NoneType", "Dispatched", "NoneType"]
+    assert [w.offset for w in sm.timer.due(10_000, 10)] == [t[2]]
+    assert dict(sm.timer.recalled) == {t[0]: "id0"}
+    n = len(log.entries)
+    log.message(T, 0, {message.PROPERTY_ORIGIN: f"timer/{t[0]}"})  # a copy of a recalled message: a repeat
+    sm.apply(log.entries[n:])
+    assert sm.repeats == 1
+    again = BrokerStateMachine(tmp_path / "cq2")
+    again.load_snapshot(io.BytesIO(snapshot(sm)))
+    assert state_of(again) == state_of(sm)
+
+
+def test_the_recalled_window_is_bounded_and_an_old_timer_snapshot_loads():
+    t = TimerIndex.from_json([[3, 10, T, 0], [1, 5, T, 1]])  # a snapshot from before recalls: waiting rows
+    assert sorted(t.entries) == [1, 3] and not t.recalled
+    for i in range(RECALLED_WINDOW + 2):
+        t.add(Waiting(10 + i, 99, T, 0))
+        t.recall(10 + i, f"m{i}")
+    assert len(t.recalled) == RECALLED_WINDOW and next(iter(t.recalled)) == 12  # the oldest went first
+    assert TimerIndex.from_json(t.to_json()).to_json() == t.to_json()
+    assert t.recall(10, "m0") is None  # forgotten and not waiting: nothing to end
+
+
 def test_half_messages_commit_rollback_and_check_limit(tmp_path):
     log = Log()
     log.command(commands.CreateTopic(T, 1))
@@ -115,7 +150,50 @@ def test_half_messages_commit_rollback_and_check_limit(tmp_path):
         log.command(commands.TxCheck(h[2], 2000 + k))
     sm.apply(log.entries[n:])
     assert sm.halves.open == {}
-    assert dict(sm.halves.ended) == {h[0]: COMMIT, h[1]: ROLLBACK, h[2]: ROLLBACK}
+    assert dict(sm.halves.ended) == {"id0": COMMIT, "id1": ROLLBACK, "id2": ROLLBACK}  # by transaction id
+    assert sm.halves.by_id == {}
+
+
+def test_transaction_ids_are_message_ids_and_a_duplicate_ends_newest_first(tmp_path):
+    log = Log()
+    log.command(commands.CreateTopic(T, 1))
+    props = {message.PROPERTY_REAL_TOPIC: T, message.PROPERTY_TRANSACTION_PREPARED: "true"}
+    a = log.message(HALF_TOPIC, 0, {**props, message.PROPERTY_UNIQ_KEY: "A"})
+    b1 = log.message(HALF_TOPIC, 0, {**props, message.PROPERTY_UNIQ_KEY: "B"})
+    b2 = log.message(HALF_TOPIC, 0, {**props, message.PROPERTY_UNIQ_KEY: "B"})  # a retried send stored twice
+    anonymous = log.message(HALF_TOPIC, 0, props)  # no message id: its offset's digits
+    sm = BrokerStateMachine(tmp_path / "cq")
+    sm.apply(log.entries)
+    assert sm.halves.by_id == {"A": [a], "B": [b1, b2], str(anonymous): [anonymous]}
+    assert sm.halves.find("A").offset == a and sm.halves.find("nope") is None
+    assert sm.halves.find("B").offset == b2  # the newer first; the older is checked back like any orphan
+    n = len(log.entries)
+    log.message(T, 0, {message.PROPERTY_ORIGIN: f"half/{b2}"})
+    sm.apply(log.entries[n:])
+    assert sm.halves.find("B").offset == b1 and sm.halves.ended["B"] == COMMIT
+    n = len(log.entries)
+    log.command(commands.Settle("half", b1, "rollback"))
+    log.command(commands.Settle("half", a, "rollback"))
+    sm.apply(log.entries[n:])
+    assert sm.halves.find("B") is None and list(sm.halves.ended.items()) == [("B", ROLLBACK), ("A", ROLLBACK)]
+    # The index is derived: a snapshot holds only the open entries, and restores the same index.
+    again = BrokerStateMachine(tmp_path / "cq2")
+    again.load_snapshot(io.BytesIO(snapshot(sm)))
+    assert again.halves.by_id == sm.halves.by_id == {str(anonymous): [anonymous]}
+    assert again.halves.ended == sm.halves.ended
+
+
+def test_an_old_snapshot_of_half_messages_loads_with_its_index():
+    """Before transaction ids were message ids, ``ended`` was keyed by half offset; such a snapshot loads, its
+    offsets as the digits a producer of that time holds as its transaction id."""
+    old = {
+        "open": [[7, 1000, T, 0, "", "M7", 1, 7000], [3, 900, T, 0, "", "M3", 0, 6900]],
+        "ended": [[1, COMMIT]],
+    }
+    h = HalfMessages.from_json(old)
+    assert h.by_id == {"M3": [3], "M7": [7]} and h.ended == {"1": COMMIT}
+    assert h.find("M7").checks == 1
+    assert HalfMessages.from_json(h.to_json()).to_json() == h.to_json()
 
 
 def test_fifo_group_holds_one_message_per_message_group_and_waits(tmp_path):
@@ -191,12 +269,13 @@ steps = st.lists(
         st.tuples(st.just("send"), st.sampled_from(MGROUPS), st.just(0)),
         st.tuples(st.just("send"), st.sampled_from(MGROUPS), st.just(0)),
         st.tuples(st.just("timer"), st.integers(0, 50), st.just(0)),
-        st.tuples(st.just("half"), st.just(0), st.just(0)),
+        st.tuples(st.just("half"), st.integers(0, 3), st.just(0)),
         st.tuples(st.just("pop"), st.integers(1, 4), st.integers(1, 30)),
         st.tuples(st.just("pop"), st.integers(1, 4), st.just(30)),
         st.tuples(st.just("ack"), st.integers(0, 15), st.integers(0, 40)),
         st.tuples(st.just("nack"), st.integers(0, 15), st.integers(0, 40)),
         st.tuples(st.just("release"), st.integers(0, 10), st.just(0)),
+        st.tuples(st.just("recall"), st.integers(0, 10), st.booleans()),
         st.tuples(st.just("commit"), st.integers(0, 5), st.booleans()),
         st.tuples(st.just("check"), st.integers(0, 5), st.just(0)),
         st.tuples(st.just("dead"), st.integers(0, 15), st.integers(0, 40)),
@@ -229,8 +308,11 @@ def build(seq) -> Log:
                 },
             )
             timers += 1
-        elif op == "half":
-            log.message(HALF_TOPIC, 0, {message.PROPERTY_REAL_TOPIC: T})
+        elif op == "half":  # message ids repeat now and then (a retried send stored twice); some have none
+            props = {message.PROPERTY_REAL_TOPIC: T}
+            if a:
+                props[message.PROPERTY_UNIQ_KEY] = f"m{a}"
+            log.message(HALF_TOPIC, 0, props)
             halves += 1
         elif op == "pop":
             end = log.next.get((T, 0), 0)
@@ -243,6 +325,8 @@ def build(seq) -> Log:
             log.command(commands.ChangeInvisible(G, T, 0, a, b, clock, 3))
         elif op == "release" and timers:
             log.message(T, 0, {message.PROPERTY_ORIGIN: f"timer/{a % timers}"})
+        elif op == "recall" and timers:  # b: a handle naming another message id (the state does not check it)
+            log.command(commands.Recall(a % timers, f"t{a % timers}" if b else "other"))
         elif op == "commit" and halves:
             if b:
                 log.message(T, 0, {message.PROPERTY_ORIGIN: f"half/{a % halves}"})
@@ -296,7 +380,13 @@ def test_replay_in_any_batching_and_from_a_snapshot_gives_the_same_state(tmp_pat
                 )
     for w in whole.timer.entries.values():
         assert w.topic == T
+    assert not set(whole.timer.entries) & set(whole.timer.recalled), "a recalled message still waits"
     assert all(h.checks <= MAX_CHECKS for h in whole.halves.open.values())
+    # the index by transaction id is the open entries', oldest first, whatever the history
+    derived: dict[str, list[int]] = {}
+    for off, h in sorted(whole.halves.open.items()):
+        derived.setdefault(h.transaction_id, []).append(off)
+    assert whole.halves.by_id == derived == restored.halves.by_id
 
 
 names = st.from_regex(r"[a-zA-Z0-9_%-]{1,20}", fullmatch=True)
@@ -321,6 +411,7 @@ delivery_commands = st.one_of(
         commands.Settle, st.sampled_from(commands.SETTLE_KINDS), st.integers(0, 2**40), st.text(max_size=20)
     ),
     st.builds(commands.TxCheck, st.integers(0, 2**40), st.integers(0, 2**45)),
+    st.builds(commands.Recall, st.integers(0, 2**40), st.text(min_size=1, max_size=40)),
 )
 
 
@@ -334,6 +425,8 @@ def test_malformed_delivery_commands_are_refused():
         commands.encode(commands.Settle("other", 1, "x"))
     with pytest.raises(commands.CommandError):
         commands.encode(commands.TxCheck(-1, 0))
+    with pytest.raises(commands.CommandError):
+        commands.encode(commands.Recall(1, ""))
     body = commands.encode(commands.TxCheck(1, 2)).replace(b'"offset"', b'"offzet"')
     with pytest.raises(commands.CommandError):
         commands.decode(body)

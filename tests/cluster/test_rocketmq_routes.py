@@ -5,7 +5,7 @@ from __future__ import annotations
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
 from broker_adapter.nameserver.registry import GroupRoute
-from broker_adapter.rocketmq import cluster_routes
+from broker_adapter.rocketmq import cluster_routes, route
 
 TOPIC = definition_pb2.Resource(name="orders")
 G1 = GroupRoute("g1", "c", "127.0.0.1:2002", ("127.0.0.1:2001", "127.0.0.1:2002", "127.0.0.1:2003"), 2)
@@ -35,6 +35,8 @@ def test_route_tail_merges_into_the_groups_own_answer():
     ]
     assert _addresses(merged.message_queues[1]) == ["127.0.0.1:2002", "127.0.0.1:2001", "127.0.0.1:2003"]
     assert _addresses(merged.message_queues[3]) == ["127.0.0.1:3001"]  # no leader known: the live node
+    # every group is a whole broker: its queues take every type this group's own queues take
+    assert {tuple(mq.accept_message_types) for mq in merged.message_queues[1:]} == {route.ACCEPTED_TYPES}
 
 
 def test_a_client_that_dialled_one_address_gets_one_per_broker():

@@ -1,9 +1,9 @@
 """RocketMQ 5's offset-based calls and the calls we do not support, through the generated stub on a real group.
 
 PullMessage / UpdateOffset / GetOffset / QueryOffset map onto our ConsumeQueues and the replicated committed
-offsets (our own Consumer sees the same offsets); EndTransaction, RecallMessage, ForwardMessageToDeadLetterQueue
-and SyncLiteSubscription answer the protocol's UNSUPPORTED at once with a message saying what is not supported,
-and the node goes on serving.
+offsets (our own Consumer sees the same offsets); SyncLiteSubscription answers the protocol's UNSUPPORTED at once
+with a message saying what is not supported, and the node goes on serving; EndTransaction, RecallMessage and
+ForwardMessageToDeadLetterQueue refuse ids and handles the broker never issued.
 """
 
 from __future__ import annotations
@@ -105,7 +105,6 @@ def test_offset_calls_map_onto_consume_queues_and_replicated_offsets(broker_grou
 
 
 UNSUPPORTED = [
-    ("RecallMessage", service_pb2.RecallMessageRequest(topic=res(TOPIC), recall_handle="h"), "recall"),
     (
         "SyncLiteSubscription",
         service_pb2.SyncLiteSubscriptionRequest(topic=res(TOPIC), group=res("g")),
@@ -129,7 +128,9 @@ DELIVERY_TOPIC = "rmq-delivery-calls"
 BAD_DELIVERY_CALLS = [
     (
         "EndTransaction",
-        service_pb2.EndTransactionRequest(topic=res(DELIVERY_TOPIC), message_id="x", transaction_id="t"),
+        service_pb2.EndTransactionRequest(
+            topic=res(DELIVERY_TOPIC), message_id="x", transaction_id="", resolution=1
+        ),
         Code.INVALID_TRANSACTION_ID,
     ),
     (
@@ -150,11 +151,16 @@ BAD_DELIVERY_CALLS = [
         ),
         Code.INVALID_RECEIPT_HANDLE,
     ),
+    (
+        "RecallMessage",
+        service_pb2.RecallMessageRequest(topic=res(DELIVERY_TOPIC), recall_handle="h"),
+        Code.BAD_REQUEST,
+    ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("method", "request_", "code"), BAD_DELIVERY_CALLS, ids=["tx-id", "tx-unknown", "dlq"]
+    ("method", "request_", "code"), BAD_DELIVERY_CALLS, ids=["tx-id", "tx-unknown", "dlq", "recall"]
 )
 def test_delivery_calls_refuse_what_the_broker_never_issued(broker_group, method, request_, code):
     with BrokerConnection(broker_group.addresses) as c:

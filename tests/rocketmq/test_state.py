@@ -5,18 +5,20 @@ restarted) and that an acknowledged offset is never delivered again."""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import io
-import zlib
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rocketmq.grpc_protocol import Code, MessageType, definition_pb2
+from rocketmq.grpc_protocol import Code, Encoding, MessageType, definition_pb2
 
 from broker_adapter import commands, message
 from broker_adapter.dispatcher import BrokerStateMachine
 from broker_adapter.rocketmq import convert
 from broker_adapter.rocketmq.invisibility import WINDOW, Outcome, PopStates
+from broker_adapter.rocketmq.recall import RecallHandle, RecallHandleError
 from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
 from broker_adapter.rocketmq.status import RocketMQError
 from statemachine.api import CommittedEntry
@@ -154,6 +156,27 @@ def test_receipt_handles_round_trip_and_refuse_tampering():
             ReceiptHandle.decode(bad)
 
 
+@given(
+    st.text(min_size=1, max_size=30),
+    st.text(max_size=30),
+    st.integers(0, 2**62),
+    st.integers(-(2**40), 2**50),
+    st.text(min_size=1, max_size=60),
+)
+def test_recall_handles_round_trip(group, topic, offset, due, msg_id):
+    h = RecallHandle(group, topic, offset, due, msg_id)
+    assert RecallHandle.decode(h.encode()) == h
+
+
+def test_recall_handles_refuse_tampering_and_receipt_handles():
+    text = RecallHandle("dledger", "topic%x", 12, 1_700_000_000_000, "01" + "AB" * 16).encode()
+    receipt = ReceiptHandle("g", "t", 0, 1, 1, 2).encode()
+    flipped = text[:10] + ("A" if text[10] != "A" else "B") + text[11:]
+    for bad in ("", "r2abc", "r1!!!", text[:-3], flipped, receipt, "r1" + receipt[2:]):
+        with pytest.raises(RecallHandleError):
+            RecallHandle.decode(bad)
+
+
 def v2(body=b"b", **sp) -> definition_pb2.Message:
     m = definition_pb2.Message(body=body)
     m.topic.name = T
@@ -167,7 +190,7 @@ def v2(body=b"b", **sp) -> definition_pb2.Message:
 
 
 def test_conversion_keeps_rocketmq_properties_both_ways():
-    src = v2(b"hello", tag="TagA", keys=["k1", "k2"], message_group="orders-1")
+    src = v2(b"hello", tag="TagA", keys=["k1", "k2"], message_group="orders-1", born_host="producer-host")
     src.user_properties["color"] = "red"
     out = convert.outgoing(src, 2, "host@1@0@x", 1000)
     assert (out.queue_id, out.tags, list(out.keys), out.msg_id) == (
@@ -180,7 +203,11 @@ def test_conversion_keeps_rocketmq_properties_both_ways():
         "host@1@0@x",
         42,
     )  # the sequence inside the client's message id
-    assert out.properties == {"color": "red", message.PROPERTY_MESSAGE_GROUP: "orders-1"}
+    assert out.properties == {
+        "color": "red",
+        message.PROPERTY_MESSAGE_GROUP: "orders-1",
+        message.PROPERTY_BORN_HOST: "producer-host",
+    }
     props = dict(out.properties)
     props.update(
         {message.PROPERTY_TAGS: "TagA", message.PROPERTY_KEYS: "k1 k2", message.PROPERTY_UNIQ_KEY: out.msg_id}
@@ -201,8 +228,9 @@ def test_conversion_keeps_rocketmq_properties_both_ways():
         3,
         "v1x",
     )
-    assert dict(back.user_properties) == {"color": "red"}
-    assert sp.body_digest.checksum == format(zlib.crc32(b"hello"), "08X")
+    assert dict(back.user_properties) == {"color": "red", message.PROPERTY_MESSAGE_GROUP: "orders-1"}
+    assert sp.born_host == "producer-host"
+    assert sp.body_digest.checksum == hashlib.md5(b"hello").hexdigest().upper()
 
 
 @pytest.mark.parametrize(
@@ -214,6 +242,25 @@ def test_conversion_keeps_rocketmq_properties_both_ways():
         ({"keys": ["with space"]}, Code.ILLEGAL_MESSAGE_KEY),
         ({"props": {message.PROPERTY_TAGS: "x"}}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
         ({"props": {"k": "bad\x01value"}}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        ({"props": {message.PROPERTY_MESSAGE_GROUP: "g"}}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        (
+            {"props": {"RETRY_TOPIC": "t"}},
+            Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+        ),  # the broker counts retries by it
+        ({"props": {"RECONSUME_TIME": "0"}}, Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        ({"props": {f"k{i}": "v" for i in range(129)}}, Code.MESSAGE_PROPERTIES_TOO_LARGE),
+        ({"props": {"k": "v" * 16384}}, Code.MESSAGE_PROPERTIES_TOO_LARGE),
+        ({"message_group": "g" * 65}, Code.ILLEGAL_MESSAGE_GROUP),
+        (
+            {"body": gzip.compress(b"\0" * 10_000_000), "body_encoding": Encoding.GZIP},
+            Code.MESSAGE_BODY_TOO_LARGE,
+        ),
+        ({"body": gzip.compress(b"hello")[:-6], "body_encoding": Encoding.GZIP}, Code.MESSAGE_CORRUPTED),
+        ({"body": b"not gzip", "body_encoding": Encoding.GZIP}, Code.MESSAGE_CORRUPTED),
+        (
+            {"props": {message.PROPERTY_MESSAGE_GROUP: "g"}, "message_group": "h"},
+            Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+        ),
         ({"message_id": ""}, Code.ILLEGAL_MESSAGE_ID),
     ],
 )
@@ -227,7 +274,34 @@ def test_bad_messages_get_the_protocol_codes(fields, code):
     assert err.value.code == code
 
 
-@pytest.mark.parametrize("fields", [{"message_type": MessageType.LITE}, {"lite_topic": "x"}])
+def test_gzip_bodies_are_stored_inflated_member_after_member():
+    one = convert.outgoing(v2(gzip.compress(b"x" * 1000), body_encoding=Encoding.GZIP), 0, "c", 1000)
+    two = convert.outgoing(
+        v2(gzip.compress(b"ab") + gzip.compress(b"cd"), body_encoding=Encoding.GZIP), 0, "c", 1000
+    )
+    assert (one.body, two.body) == (b"x" * 1000, b"abcd")
+
+
+def test_a_received_fifo_message_sent_on_with_its_properties_is_taken():
+    """A consumer sees its message group as __SHARDINGKEY too; sending that message on keeps the group."""
+    received = convert.incoming(
+        message.Message(topic=T, body=b"b", properties={message.PROPERTY_MESSAGE_GROUP: "g", "k": "v"})
+    )
+    again = v2(message_group=received.system_properties.message_group)
+    again.user_properties.update(received.user_properties)
+    out = convert.outgoing(again, 0, "c", 1000)
+    assert out.properties == {"k": "v", message.PROPERTY_MESSAGE_GROUP: "g"}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"message_type": MessageType.LITE},
+        {"lite_topic": "x"},
+        {"message_type": MessageType.PRIORITY},
+        {"priority": 3},
+    ],
+)
 def test_unsupported_message_types(fields):
     with pytest.raises(RocketMQError) as err:
         convert.check_type(v2(**fields))
