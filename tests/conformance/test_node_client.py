@@ -64,6 +64,7 @@ def test_node_client(plain, secure, tmp_path, js):
     r = run_node_tests(node_env(plain, secure, tmp_path), js)
     out = (r.stdout + "\n" + r.stderr).strip()
     assert r.returncode == 0, f"node --test {js} exited {r.returncode}:\n{out[-12000:]}"
+    print(out)  # node's report of each test (pytest -rA or -s shows it)
     if js == "unsupported.test.js":  # the refused sends stored nothing
         assert (
             {k: stored(plain.group, plain.topics[k]) for k in ("priority", "lite")}
