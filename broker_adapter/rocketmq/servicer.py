@@ -76,6 +76,8 @@ MAX_POLLING_MS: Final = 60_000
 DEFAULT_DEADLINE_S: Final = 10.0
 MAX_CLIENTS: Final = 10_000
 TELEMETRY_OUTBOX: Final = 1024  # commands waiting to go out on one Telemetry stream; more are dropped
+# Lite-topic consumers (docs/rocketmq.md, Not supported): refused at their settings, before any receive.
+_LITE_CLIENTS: Final = frozenset({ClientType.LITE_PUSH_CONSUMER, ClientType.LITE_SIMPLE_CONSUMER})
 
 SERVICE_NAME: Final = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name
 # Calls the leader serves again, on whichever node leads next, when leadership was lost under them (the outcome
@@ -302,6 +304,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                                 status=status(Code.UNRECOGNIZED_CLIENT_TYPE, "settings carry no client type")
                             )
                         )
+                        continue
+                    if s.client_type in _LITE_CLIENTS:
+                        await outbox.put(service_pb2.TelemetryCommand(status=of(unsupported("lite topics"))))
                         continue
                     try:
                         convert.check_subscriptions(s)

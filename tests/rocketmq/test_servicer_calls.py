@@ -17,7 +17,7 @@ import asyncio
 
 from hypothesis import given
 from hypothesis import strategies as st
-from rocketmq.grpc_protocol import Code, service_pb2
+from rocketmq.grpc_protocol import ClientType, Code, service_pb2
 
 from broker_adapter.rocketmq import convert
 from broker_adapter.rocketmq.receipt import ReceiptHandle
@@ -234,4 +234,32 @@ async def test_a_follower_forwards_an_ack_again_when_the_leader_lost_leadership_
         assert calls == ["AckMessage", "AckMessage", "SendMessage"]
     finally:
         node.leader_id = node.id
+        await s.close()
+
+
+@run
+async def test_lite_consumers_are_refused_at_their_settings(made):  # noqa: F811
+    """A LitePushConsumer / LiteSimpleConsumer learns at its settings exchange that lite topics are not
+    supported (docs/rocketmq.md, Not supported); a simple consumer on the same stream is answered."""
+    broker, _ = made
+    await topic(broker, queues=1)
+    s = MessagingServicer(broker)
+
+    def settings(client_type: int) -> service_pb2.TelemetryCommand:
+        cmd = service_pb2.TelemetryCommand()
+        cmd.settings.client_type = client_type
+        cmd.settings.subscription.group.name = "G"
+        cmd.settings.subscription.subscriptions.add().topic.name = "T"
+        return cmd
+
+    async def commands():
+        for t in (ClientType.LITE_PUSH_CONSUMER, ClientType.LITE_SIMPLE_CONSUMER, ClientType.SIMPLE_CONSUMER):
+            yield settings(t)
+
+    try:
+        answers = [a async for a in s.Telemetry(commands(), Context())]
+        assert [a.status.code for a in answers] == [Code.UNSUPPORTED, Code.UNSUPPORTED, Code.OK]
+        assert all("lite topics" in a.status.message for a in answers[:2])
+        assert answers[2].settings.subscription.group.name == "G"
+    finally:
         await s.close()
