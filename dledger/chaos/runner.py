@@ -44,6 +44,7 @@ from dledger.chaos.workload import Workload, load_workload
 from dledger.errors import DLedgerError, UnavailableError
 from storage import powerloss
 
+MIN_ACKED_WAIT_S = 120.0  # RunConfig.min_acked: the longest the workload runs on after the faults
 RAFT = {"election_timeout_min_ms": 300, "election_timeout_max_ms": 600, "heartbeat_interval_ms": 60}
 
 
@@ -68,6 +69,9 @@ class RunConfig:
     proxied: bool = True
     flush: str = "sync"  # the nodes' flush policy; power cuts show what "async" gives up
     flush_interval_ms: int = 0  # async: the nodes' flush interval (0: the node's default, 10 ms)
+    # Keep the workload going after the last heal until this many operations were acknowledged (at most
+    # MIN_ACKED_WAIT_S): how much a run gets done then does not depend on how busy the machine is.
+    min_acked: int = 0
     power_loss_modes: tuple[str, ...] = (
         "drop",
         "torn",
@@ -86,6 +90,7 @@ class RunConfig:
             "audit": self.audit,
             "flush": self.flush,
             "flush_interval_ms": self.flush_interval_ms,
+            "min_acked": self.min_acked,
         }
 
 
@@ -184,6 +189,16 @@ def _wait_for_ack(history: History, after: float, timeout_s: float, progress: tu
     return False
 
 
+def _wait_for_acked(history: History, count: int, timeout_s: float, progress: tuple[str, ...]) -> bool:
+    """Poll until ``count`` ``progress`` operations were acknowledged since the run began."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if sum(1 for e in history.events if e.type == OK and e.f in progress) >= count:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def run(cfg: RunConfig, log=print) -> Summary:
     """Run one chaos run; every process started here is stopped before this returns (or raises)."""
     t_start = time.monotonic()
@@ -263,6 +278,10 @@ def run(cfg: RunConfig, log=print) -> Summary:
         restarted = nemesis.heal_all()
         if restarted:
             notes.append(f"nodes restarted at the end: {restarted}")
+        if cfg.min_acked and not _wait_for_acked(history, cfg.min_acked, MIN_ACKED_WAIT_S, workload.progress):
+            notes.append(
+                f"fewer than {cfg.min_acked} operations acknowledged {MIN_ACKED_WAIT_S:g} s after the faults"
+            )
         t_end = history.now()
         workload.quiesce()
         try:

@@ -26,7 +26,7 @@ KINDS = tuple(k for k in FAULT_KINDS if k not in POWER_LOSS)
 
 
 def test_every_fault_kind_broker_workload(tmp_path):
-    cfg = RunConfig(tmp_path / "g", tmp_path / "out", seed=7, faults=KINDS, hold_s=(0.8, 1.6))
+    cfg = RunConfig(tmp_path / "g", tmp_path / "out", seed=7, faults=KINDS, hold_s=(0.8, 1.6), min_acked=101)
     summary = run(cfg, log=lambda _line: None)
     _assert_ok(summary, cfg)
     assert set(summary.faults) == set(KINDS)
@@ -54,6 +54,7 @@ def test_kv_register_history_is_linearizable(tmp_path):
             "oneway-latency",
         ),
         hold_s=(0.8, 1.6),
+        min_acked=101,  # writes: with the reads, far more than 100 operations to check
     )
     summary = run(cfg, log=lambda _line: None)
     _assert_ok(summary, cfg)
