@@ -28,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench.proc_cpu import cpu_seconds
 from broker_adapter import message, pulled
 from broker_adapter.client import BrokerConnection, Consumer, Producer
 from dledger import group as grp
@@ -151,12 +152,6 @@ def consume_stream(address: str, total_per_queue: list[int]) -> float:
         return rate(got, time.perf_counter() - t0)
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def consume_only(addrs: list[str], leader: grp.NodeStatus, n: int) -> None:
     """Fill the topic with ``n`` messages, then pull them all from the leader: decoded pulls, raw pulls one at a
     time, and ``Consumer.messages`` (pipelined); with the server's (leader process) and this client's CPU per
@@ -170,9 +165,9 @@ def consume_only(addrs: list[str], leader: grp.NodeStatus, n: int) -> None:
     )
     for _ in range(2):
         for name, run in (("pull()", consume), ("raw Pull", consume_raw), ("messages()", consume_stream)):
-            server, client = cpu_s(leader.pid) if leader.pid else 0.0, time.process_time()
+            server, client = cpu_seconds([leader.pid]) if leader.pid else 0.0, time.process_time()
             r = run(leader.address, ends)
-            server = (cpu_s(leader.pid) - server) if leader.pid else float("nan")
+            server = (cpu_seconds([leader.pid]) - server) if leader.pid else float("nan")
             client = time.process_time() - client
             print(
                 f"  {name:<11}{r:>10,.0f} msg/s   server {server / total * 1e6:5.1f} us/msg   "

@@ -55,6 +55,7 @@ from pathlib import Path
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import Code
 
+from bench.proc_cpu import cpu_seconds
 from broker_adapter.client import BrokerConnection, Consumer
 from broker_adapter.client import Producer as OurProducer
 from broker_adapter.rocketmq import ensure_event_loop
@@ -170,7 +171,6 @@ def our_consume(addresses: list[str], topic: str, group: str, n: int) -> float:
         return rate(got, time.perf_counter() - t0)
 
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 PYSPY = Path(sys.executable).with_name("py-spy")
 
 
@@ -232,12 +232,6 @@ def place_leader(g: grp.GroupSpec, where: str) -> None:
             c.transfer_leadership(target)
         time.sleep(0.5)
     raise RuntimeError(f"could not place the leader ({where})")
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, every thread) the process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 class Measured:
@@ -303,11 +297,11 @@ def measure(
                 )
             )
         time.sleep(1.0)  # py-spy attached
-    before = {k: cpu_s(p) for k, p in pids.items()}
+    before = {k: cpu_seconds([p]) for k, p in pids.items()}
     try:
         r, n = fn()
     finally:
-        after = {k: cpu_s(p) for k, p in pids.items()}
+        after = {k: cpu_seconds([p]) for k, p in pids.items()}
         for _, _, spy in spies:
             spy.send_signal(signal.SIGINT)
         for _, _, spy in spies:

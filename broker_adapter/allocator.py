@@ -45,16 +45,13 @@ class QueueOffsetAllocator:
         n = self._next.get((topic, queue_id))
         return n if n is not None else self._sm.next_offset(topic, queue_id)
 
-    def prepare(self, term: int, index: int, pos: int, body: bytes) -> bytes:
-        """The core's ``prepare`` for a broker entry placed at (index, pos) in ``term``: a message gets its
-        QUEUEOFFSET and PHYSICALOFFSET (= pos + 48); a command passes unchanged."""
-        return self.prepare_entry(term, index, pos, body)[0]
-
     def prepare_entry(
         self, term: int, index: int, pos: int, body: bytes, route: message.Route | None = None
     ) -> tuple[bytes, Dispatched | None]:
-        """``prepare`` that also says where a message will be dispatched (None for a command): known as soon as
-        the entry is placed, so a send can be answered at commit. ``route``: the message's ``peek_route``, when
+        """The core's ``prepare`` for a broker entry placed at (index, pos) in ``term``: a message gets its
+        QUEUEOFFSET and PHYSICALOFFSET (= pos + 48), a command passes unchanged; and where a message will be
+        dispatched (None for a command): known as soon as the entry is placed, so a send can be answered at
+        commit. ``route``: the message's ``peek_route``, when
         the caller that encoded it already knows it (the send path), so the bytes need not be parsed again."""
         if index != self._last_index + 1 or term != self._term:
             self.rebuild(term, index - 1)

@@ -41,8 +41,7 @@ from broker_adapter.broker_types import (
 )
 from broker_adapter.commitlog import CommitLog, CommitLogError
 from broker_adapter.dispatcher import BrokerStateMachine
-from broker_adapter.timer import TIMER_TOPIC
-from broker_adapter.transactions import HALF_TOPIC
+from broker_adapter.topics import HALF_TOPIC, TIMER_TOPIC
 from dledger.core.messages import Role
 from dledger.errors import (
     DLedgerError,

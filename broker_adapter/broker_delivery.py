@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
-from broker_adapter import commands, groups, message
+from broker_adapter import commands, message
 from broker_adapter.broker_types import (
     OutgoingMessage,
     SendResult,
@@ -32,8 +31,10 @@ from broker_adapter.broker_types import (
     check_group,
     check_user_topic,
 )
-from broker_adapter.timer import DEFAULT_MAX_DELAY_MS, TIMER_TOPIC, Waiting
-from broker_adapter.transactions import COMMIT, HALF_TOPIC, ROLLBACK, Half
+from broker_adapter.clock import now_ms
+from broker_adapter.timer import DEFAULT_MAX_DELAY_MS, Waiting
+from broker_adapter.topics import HALF_TOPIC, RETRY_PREFIX, TIMER_TOPIC, dlq_topic, retry_topic
+from broker_adapter.transactions import COMMIT, ROLLBACK, Half
 from dledger.core.messages import Role
 from dledger.errors import DLedgerError, InvalidRequestError, NotFoundError
 
@@ -74,10 +75,6 @@ class TransactionError(NotFoundError):
 
 class RecallError(NotFoundError):
     """A recall names a delayed message that no longer waits (delivered at its time, or gone)."""
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def copy_of(
@@ -210,7 +207,7 @@ class Delivery:
         by_topic: dict[str, list[OutgoingMessage]] = {}
         for w in due:
             m = b.read(TIMER_TOPIC, 0, w.offset)
-            n = b.sm.topics.get(w.topic, 1 if w.topic.startswith(groups.RETRY_PREFIX) else 0)
+            n = b.sm.topics.get(w.topic, 1 if w.topic.startswith(RETRY_PREFIX) else 0)
             if m is None or w.queue_id >= n:
                 why = "the log no longer holds it" if m is None else f"{w.topic}/{w.queue_id} does not exist"
                 log.warning("%s: timer message %d is not delivered: %s", b.node.id, w.offset, why)
@@ -374,10 +371,10 @@ class Delivery:
         }
         copy = copy_of(m, 0, "retry", extra)
         if attempt >= settings.max_attempts:
-            dlq = groups.dlq_topic(group)
+            dlq = dlq_topic(group)
             await b.send(dlq, [copy], system=True)
             return True, 0, attempt
-        retry = groups.RETRY_PREFIX + group
+        retry = retry_topic(group)
         due = now_ms() + settings.backoff_ms(attempt)
         props = dict(copy.properties)
         del props[message.PROPERTY_ORIGIN]
@@ -393,7 +390,7 @@ class Delivery:
     ) -> bool:
         """Copy delivery ``epoch`` of a message to the group's dead-letter topic; True when that ended it."""
         b = self._broker
-        dlq = groups.dlq_topic(group)
+        dlq = dlq_topic(group)
         extra = {
             message.PROPERTY_RETRY_TOPIC: topic,
             message.PROPERTY_ORIGIN_MESSAGE_ID: m.msg_id or "",

@@ -15,12 +15,12 @@ wake receives waiting on the queue, since they can make a FIFO message group's n
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from broker_adapter import commands, message
 from broker_adapter.broker_types import check_user_topic
+from broker_adapter.clock import now_ms
 from broker_adapter.rocketmq.invisibility import Outcome, Popped, PopStates
 from broker_adapter.selectors import Select  # does a consumer's filter take this message?
 from dledger.errors import DLedgerError, NotFoundError
@@ -32,11 +32,6 @@ if TYPE_CHECKING:
 BUSY_RECHECK_S: Final = 0.2
 # Offsets deleted by retention that one Pop command passes over (a group far behind skips them in few commands).
 PASS_OVER: Final = 4096
-
-
-def now_ms() -> int:
-    """The leader's clock for invisible time (stamped into commands; nodes never read their own)."""
-    return int(time.time() * 1000)
 
 
 class Pops:

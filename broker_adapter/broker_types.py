@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from broker_adapter import commands, message
+from broker_adapter import commands, message, topics
 from dledger.errors import InvalidRequestError, NotFoundError
 
 
@@ -51,16 +51,13 @@ def check_topic(topic: str) -> str:
         raise InvalidTopicError(str(e)) from None
 
 
-SYSTEM_PREFIX = "%SYS%"  # the timer and half topics: the broker's own, never read or written by clients
-
-
 def check_user_topic(topic: str) -> str:
     """A topic a client may send to or read from (not one of the broker's system topics)."""
     check_topic(topic)
-    if topic.startswith(SYSTEM_PREFIX):
+    if topic.startswith(topics.SYSTEM_PREFIX):
         raise InvalidTopicError(
             f"topic {topic!r} is the broker's own (delayed / transactional messages wait there); "
-            f"clients cannot use topics starting with {SYSTEM_PREFIX!r}"
+            f"clients cannot use topics starting with {topics.SYSTEM_PREFIX!r}"
         )
     return topic
 

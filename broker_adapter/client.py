@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from broker_adapter import topics
 from broker_adapter.broker_types import SendResult
 from broker_adapter.pulled import PulledMessage
 from broker_adapter.pulled import decode as decode_pulled
@@ -333,7 +334,7 @@ class Consumer(BrokerConnection):
     @property
     def retry_topic(self) -> str:
         """Where this group's messages come back after ``later`` (read it like any topic)."""
-        return "%RETRY%" + self.group
+        return topics.retry_topic(self.group)
 
     def commit(self, topic: str, queue_id: int, offset: int) -> None:
         req = broker_pb2.CommitOffsetRequest(group=self.group, topic=topic, queue_id=queue_id, offset=offset)
@@ -571,7 +572,7 @@ class AsyncConsumer(AsyncBrokerConnection):
 
     @property
     def retry_topic(self) -> str:
-        return "%RETRY%" + self.group
+        return topics.retry_topic(self.group)
 
     async def commit(self, topic: str, queue_id: int, offset: int) -> None:
         req = broker_pb2.CommitOffsetRequest(group=self.group, topic=topic, queue_id=queue_id, offset=offset)

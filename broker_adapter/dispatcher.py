@@ -36,8 +36,9 @@ from typing import Any, BinaryIO, Final
 from broker_adapter import commands, groups, message
 from broker_adapter.consumequeue import UNITS_PER_FILE, ConsumeQueue
 from broker_adapter.rocketmq.invisibility import PopStates
-from broker_adapter.timer import TIMER_TOPIC, TimerIndex, Waiting
-from broker_adapter.transactions import COMMIT, DEFAULT_IMMUNITY_MS, HALF_TOPIC, ROLLBACK, Half, HalfMessages
+from broker_adapter.timer import TimerIndex, Waiting
+from broker_adapter.topics import DLQ_PREFIX, HALF_TOPIC, TIMER_TOPIC
+from broker_adapter.transactions import COMMIT, DEFAULT_IMMUNITY_MS, ROLLBACK, Half, HalfMessages
 from statemachine.api import CommittedEntry
 from storage.codec import HEADER_SIZE
 
@@ -297,7 +298,7 @@ class BrokerStateMachine:
                 ended = self.halves.end(int(rest), COMMIT) is not None
             elif kind == "dlq":
                 qid, offset, epoch, src = rest.split("/", 3)
-                group = topic.removeprefix(groups.DLQ_PREFIX)
+                group = topic.removeprefix(DLQ_PREFIX)
                 ended = self.pops.dead(group, src, int(qid), int(offset), int(epoch))
                 self._follow_low((group, src, int(qid)))
             elif kind == "retry":

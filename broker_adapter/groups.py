@@ -42,8 +42,6 @@ LEVELS_MS: Final = (
 FIRST_LEVEL: Final = 2  # the proxy's first retry uses the third level (10 s)
 CUSTOMIZED: Final = "customized"
 EXPONENTIAL: Final = "exponential"
-DLQ_PREFIX: Final = "%DLQ%"
-RETRY_PREFIX: Final = "%RETRY%"
 
 
 class GroupSettingsError(ValueError):
@@ -116,13 +114,3 @@ class GroupSettings:
 
 
 DEFAULT: Final = GroupSettings()
-
-
-def dlq_topic(group: str) -> str:
-    return DLQ_PREFIX + group
-
-
-def is_system_topic(topic: str) -> bool:
-    """Topics the broker writes itself (dead letters and retries are readable; timer and half topics hold
-    messages that are not delivered from there)."""
-    return topic.startswith(("%DLQ%", "%RETRY%", "%SYS%"))

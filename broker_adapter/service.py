@@ -12,8 +12,8 @@ import grpc
 
 from broker_adapter import selectors
 from broker_adapter.broker import Broker
-from broker_adapter.broker_delivery import now_ms
 from broker_adapter.broker_types import DELAY, NORMAL
+from broker_adapter.clock import now_ms
 from broker_adapter.groups import GroupSettings
 from broker_adapter.sqlfilter import FilterSyntaxError
 from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError

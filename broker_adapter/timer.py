@@ -23,7 +23,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Final
 
-TIMER_TOPIC: Final = "%SYS%TIMER"
 DEFAULT_MAX_DELAY_MS: Final = 86_400_000  # RocketMQ's proxy: a delivery time at most 1 day ahead
 RECALLED_WINDOW: Final = 4096
 
@@ -76,12 +75,6 @@ class TimerIndex:
         for item in skipped:
             heapq.heappush(h, item)
         return out
-
-    def next_due(self) -> int | None:
-        h = self._heap
-        while h and (h[0][1] not in self.entries or self.entries[h[0][1]].due_ms != h[0][0]):
-            heapq.heappop(h)
-        return h[0][0] if h else None
 
     def to_json(self) -> dict[str, Any]:
         return {

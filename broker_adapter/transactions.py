@@ -27,7 +27,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-HALF_TOPIC: Final = "%SYS%HALF"
 DEFAULT_IMMUNITY_MS: Final = 6_000  # RocketMQ's transactionTimeOut: no check for a younger half message
 CHECK_INTERVAL_MS: Final = 6_000
 MAX_CHECKS: Final = 15  # RocketMQ's transactionCheckMax

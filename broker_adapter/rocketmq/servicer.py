@@ -54,8 +54,8 @@ from rocketmq.grpc_protocol import (
 
 from broker_adapter import message
 from broker_adapter.broker import Broker
-from broker_adapter.broker_pop import now_ms
 from broker_adapter.broker_types import UnknownTopicError, check_group
+from broker_adapter.clock import now_ms
 from broker_adapter.groups import DEFAULT as DEFAULT_GROUP
 from broker_adapter.rocketmq import cluster_routes, convert, route
 from broker_adapter.rocketmq.forward import Forwarder, client_id, forwarded

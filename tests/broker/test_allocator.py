@@ -38,7 +38,7 @@ class FakeLog:
             index += 1
         out = []
         for b in bodies:
-            b = self.alloc.prepare(term, index, self.pos(index), b)
+            b = self.alloc.prepare_entry(term, index, self.pos(index), b)[0]
             self.entries.append((index, self.pos(index), b))
             out.append(b)
             index += 1
@@ -84,7 +84,7 @@ def test_a_proposal_that_never_reached_the_log_is_forgotten(tmp_path):
     log = FakeLog(sm)
     log.append(1, [commands.encode(commands.CreateTopic("t", 1)), msg("t", 0)], noop_first=True)
     index = len(log.entries)
-    log.alloc.prepare(1, index, log.pos(index), msg("t", 0))  # prepared, then the proposal failed
+    log.alloc.prepare_entry(1, index, log.pos(index), msg("t", 0))  # prepared, then the proposal failed
     out = log.append(1, [msg("t", 0)])  # the same index is prepared again
     assert offsets(out) == [(0, 1)]
 

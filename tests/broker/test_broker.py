@@ -468,7 +468,7 @@ async def test_a_new_leader_waits_for_its_log_to_be_applied(made):
 @run
 async def test_a_delayed_message_waits_in_the_timer_topic_and_its_copy_ends_the_entry(made):
     from broker_adapter import broker_delivery
-    from broker_adapter.timer import TIMER_TOPIC
+    from broker_adapter.topics import TIMER_TOPIC
 
     broker, _ = made
     await topic(broker)
@@ -517,7 +517,7 @@ async def test_a_message_past_its_attempts_goes_to_the_dead_letter_topic_once(ma
 
 
 def broker_delivery_now() -> int:
-    from broker_adapter.broker_delivery import now_ms
+    from broker_adapter.clock import now_ms
 
     return now_ms()
 
@@ -547,7 +547,7 @@ async def test_a_send_refused_for_one_delayed_message_writes_none_of_the_others(
     # (too far ahead), so the caller was told "refused" while the log had grown.
     import grpc
 
-    from broker_adapter.broker_delivery import now_ms
+    from broker_adapter.clock import now_ms
     from broker_adapter.service import BrokerServicer
     from dledger.v1 import broker_pb2
 

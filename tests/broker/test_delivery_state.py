@@ -13,11 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_adapter import commands, groups, message
+from broker_adapter import commands, groups, message, topics
 from broker_adapter.dispatcher import BrokerStateMachine
 from broker_adapter.rocketmq.invisibility import PopStates
-from broker_adapter.timer import RECALLED_WINDOW, TIMER_TOPIC, TimerIndex, Waiting
-from broker_adapter.transactions import COMMIT, HALF_TOPIC, MAX_CHECKS, ROLLBACK, HalfMessages
+from broker_adapter.timer import RECALLED_WINDOW, TimerIndex, Waiting
+from broker_adapter.topics import HALF_TOPIC, TIMER_TOPIC
+from broker_adapter.transactions import COMMIT, MAX_CHECKS, ROLLBACK, HalfMessages
 from statemachine.api import CommittedEntry
 
 T, G = "t", "g"
@@ -234,7 +235,7 @@ def test_dead_letter_copy_moves_the_groups_offset(tmp_path):
     sm.apply(log.entries)
     assert sm.group_settings(G).max_attempts == 1
     n = len(log.entries)
-    log.message(groups.dlq_topic(G), 0, {message.PROPERTY_ORIGIN: f"dlq/0/0/1/{T}"})
+    log.message(topics.dlq_topic(G), 0, {message.PROPERTY_ORIGIN: f"dlq/0/0/1/{T}"})
     sm.apply(log.entries[n:])
     assert sm.committed_offset(G, T, 0) == 1 and sm.repeats == 0
 
@@ -335,7 +336,7 @@ def build(seq) -> Log:
         elif op == "check" and halves:
             log.command(commands.TxCheck(a % halves, clock))
         elif op == "dead":
-            log.message(groups.dlq_topic(G), 0, {message.PROPERTY_ORIGIN: f"dlq/0/{a}/{b}/{T}"})
+            log.message(topics.dlq_topic(G), 0, {message.PROPERTY_ORIGIN: f"dlq/0/{a}/{b}/{T}"})
         elif op == "settings":
             log.command(commands.GroupSettingsCmd(G, groups.GroupSettings(fifo=a, max_attempts=b).to_json()))
     return log

@@ -14,8 +14,8 @@ from rocketmq import FilterExpression, PushConsumer, SimpleConsumer
 from rocketmq.grpc_protocol import Code, service_pb2
 from rocketmq.v5.consumer.push.message_listener import ConsumeResult, MessageListener
 
-from broker_adapter.broker_pop import now_ms
 from broker_adapter.client import Producer as OurProducer
+from broker_adapter.clock import now_ms
 from broker_adapter.rocketmq import renewal
 from broker_adapter.rocketmq.servicer import MessagingServicer
 from tests.broker.test_broker import made, out, run, topic  # noqa: F401  (fixture and helpers)
