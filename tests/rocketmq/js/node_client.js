@@ -42,6 +42,7 @@ async function consume(endpoints, topic, group, expected, seconds, sql) {
         if (!/not ?found|no message/i.test(String(e && e.message))) throw e;
       }
       for (const m of got) {
+        if (m.corrupted) throw new Error(`message ${m.messageId} flagged corrupted: its body digest does not match`);
         received.push({ id: m.messageId, body: m.body.toString(), tag: m.tag || null });
         await consumer.ack(m);
       }
