@@ -20,12 +20,11 @@ them.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import Final
+
+from broker_adapter.rocketmq.sealed import pack_names, seal, unpack_names, unseal
 
 PREFIX: Final = "r1"
 _FIXED: Final = struct.Struct(">qq")
@@ -45,37 +44,20 @@ class RecallHandle:
     msg_id: str
 
     def encode(self) -> str:
-        names = [x.encode() for x in (self.group, self.topic, self.msg_id)]
-        if any(len(n) > 255 for n in names):
-            raise RecallHandleError("group, topic and message id must be at most 255 bytes each")
-        body = _FIXED.pack(self.offset, self.due_ms) + b"".join(bytes([len(n)]) + n for n in names)
-        raw = body + zlib.crc32(body).to_bytes(4, "big")
-        return PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        names = pack_names(
+            (self.group, self.topic, self.msg_id), RecallHandleError, "group, topic and message id"
+        )
+        return seal(PREFIX, _FIXED.pack(self.offset, self.due_ms) + names)
 
     @staticmethod
     def decode(text: str) -> RecallHandle:
-        if not isinstance(text, str) or not text.startswith(PREFIX) or len(text) > MAX_LENGTH:
-            raise RecallHandleError(f"not a recall handle of this broker: {text[:40]!r}")
-        b64 = text[len(PREFIX) :]
-        try:
-            raw = base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4))
-        except (binascii.Error, ValueError) as err:
-            raise RecallHandleError(f"recall handle is not base64url: {err}") from None
-        if len(raw) < _FIXED.size + 3 + 4:
-            raise RecallHandleError(f"recall handle is too short ({len(raw)} bytes)")
-        body, crc = raw[:-4], int.from_bytes(raw[-4:], "big")
-        if zlib.crc32(body) != crc:
-            raise RecallHandleError("recall handle checksum does not match: it was altered or truncated")
+        body = unseal(PREFIX, text, MAX_LENGTH, _FIXED.size + 3, RecallHandleError, "recall handle")
         offset, due = _FIXED.unpack_from(body, 0)
-        at = _FIXED.size
-        names: list[str] = []
+        what = "group, topic and message id"
         try:
-            for _ in range(3):
-                n = body[at]
-                names.append(body[at + 1 : at + 1 + n].decode())
-                at += 1 + n
-        except (IndexError, UnicodeDecodeError) as err:
-            raise RecallHandleError(f"recall handle names no group, topic and message id: {err}") from None
-        if at != len(body) or offset < 0 or not names[2]:
+            group, topic, msg_id = unpack_names(body, _FIXED.size, 3, RecallHandleError, what)
+        except RecallHandleError as e:
+            raise RecallHandleError(f"recall handle {e}") from None
+        if offset < 0 or not msg_id:
             raise RecallHandleError("recall handle fields are out of range")
-        return RecallHandle(names[0], names[1], offset, due, names[2])
+        return RecallHandle(group, topic, offset, due, msg_id)
