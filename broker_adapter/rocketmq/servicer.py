@@ -5,7 +5,8 @@ errors with protocol codes (``status.from_dledger``).
 
 Every call answers with a protocol ``Status`` (never a bare gRPC error, except for bytes that are not the
 request message at all: INVALID_ARGUMENT). Calls that read or change broker state are served by the leader; a
-follower forwards them (``forward``). What each call does:
+follower forwards them (``forward``); those are not written out one by one but made from the tables
+``LEADER_UNARY`` and ``LEADER_STREAMS`` (method -> what serves it on the leader). What each call does:
 
 - QueryRoute / QueryAssignment: the topic's queues on one broker (the group), the client's own access point
   as its endpoints (``route.advertised``); an unknown topic is TOPIC_NOT_FOUND. Every push consumer is assigned every queue.
@@ -38,6 +39,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Final
 
 import grpc
@@ -79,7 +81,8 @@ TELEMETRY_OUTBOX: Final = 1024  # commands waiting to go out on one Telemetry st
 # Lite-topic consumers (docs/rocketmq.md, Not supported): refused at their settings, before any receive.
 _LITE_CLIENTS: Final = frozenset({ClientType.LITE_PUSH_CONSUMER, ClientType.LITE_SIMPLE_CONSUMER})
 
-SERVICE_NAME: Final = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name
+SERVICE: Final = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]
+SERVICE_NAME: Final = SERVICE.full_name
 # Calls the leader serves again, on whichever node leads next, when leadership was lost under them (the outcome
 # unknown): those whose second attempt cannot undo or repeat what a first one did. An ack names a delivery epoch,
 # so acknowledging a delivery twice answers "already acknowledged" (``invisibility``). The official clients never
@@ -353,18 +356,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 return
 
     # -- send ----------------------------------------------------------------------------------------------
-    async def SendMessage(self, request, context, raw=None):
-        return await self._unary(
-            "SendMessage", request, context, self._sends.send, service_pb2.SendMessageResponse, raw
-        )
-
     # -- receive, ack, change invisible duration -----------------------------------------------------------
-    async def ReceiveMessage(self, request, context, raw=None):
-        async for r in self._stream(
-            "ReceiveMessage", request, context, self._receive, service_pb2.ReceiveMessageResponse, raw
-        ):
-            yield r
-
     async def _receive(self, request, context) -> AsyncIterator[service_pb2.ReceiveMessageResponse]:
         group = check_group(request.group.name)
         self.renewals.touch(client_id(context))  # a long-polling client is alive: its messages stay renewed
@@ -416,11 +408,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 out=r.message,
             )
             yield r
-
-    async def AckMessage(self, request, context, raw=None):
-        return await self._unary(
-            "AckMessage", request, context, self._ack, service_pb2.AckMessageResponse, raw
-        )
 
     def _handle(self, text: str, group: str, topic: str) -> ReceiptHandle:
         try:
@@ -478,16 +465,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             resp.entries.add(message_id=e.message_id, receipt_handle=e.receipt_handle, status=st)
         return resp
 
-    async def ChangeInvisibleDuration(self, request, context, raw=None):
-        return await self._unary(
-            "ChangeInvisibleDuration",
-            request,
-            context,
-            self._change,
-            service_pb2.ChangeInvisibleDurationResponse,
-            raw,
-        )
-
     async def _change(self, request, context) -> service_pb2.ChangeInvisibleDurationResponse:
         group = check_group(request.group.name)
         topic = request.topic.name
@@ -509,12 +486,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return service_pb2.ChangeInvisibleDurationResponse(status=st, receipt_handle=new.encode())
 
     # -- offsets -------------------------------------------------------------------------------------------
-    async def PullMessage(self, request, context, raw=None):
-        async for r in self._stream(
-            "PullMessage", request, context, self._pull, service_pb2.PullMessageResponse, raw
-        ):
-            yield r
-
     async def _pull(self, request, context) -> AsyncIterator[service_pb2.PullMessageResponse]:
         check_group(request.group.name)
         topic, qid = self._queue(request.message_queue)
@@ -541,20 +512,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             yield service_pb2.PullMessageResponse(message=convert.incoming(m))
         yield service_pb2.PullMessageResponse(next_offset=next_offset)
 
-    async def UpdateOffset(self, request, context, raw=None):
-        return await self._unary(
-            "UpdateOffset", request, context, self._update_offset, service_pb2.UpdateOffsetResponse, raw
-        )
-
     async def _update_offset(self, request, context) -> service_pb2.UpdateOffsetResponse:
         mq = request.message_queue
         await self._broker.commit_offset(request.group.name, mq.topic.name, mq.id, request.offset)
         return service_pb2.UpdateOffsetResponse(status=status())
-
-    async def GetOffset(self, request, context, raw=None):
-        return await self._unary(
-            "GetOffset", request, context, self._get_offset, service_pb2.GetOffsetResponse, raw
-        )
 
     async def _get_offset(self, request, context) -> service_pb2.GetOffsetResponse:
         group, mq = request.group.name, request.message_queue
@@ -564,11 +525,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 Code.OFFSET_NOT_FOUND, f"group {group!r} has no offset for {mq.topic.name}/{mq.id}"
             )
         return service_pb2.GetOffsetResponse(status=status(), offset=o)
-
-    async def QueryOffset(self, request, context, raw=None):
-        return await self._unary(
-            "QueryOffset", request, context, self._query_offset, service_pb2.QueryOffsetResponse, raw
-        )
 
     async def _query_offset(self, request, context) -> service_pb2.QueryOffsetResponse:
         await self._broker.leader_state()
@@ -587,11 +543,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return service_pb2.QueryOffsetResponse(status=status(), offset=offset)
 
     # -- transactions and dead letters --------------------------------------------------------------------
-    async def EndTransaction(self, request, context, raw=None):
-        return await self._unary(
-            "EndTransaction", request, context, self._end_transaction, service_pb2.EndTransactionResponse, raw
-        )
-
     async def _end_transaction(self, request, context) -> service_pb2.EndTransactionResponse:
         tid = request.transaction_id
         if not tid:
@@ -609,16 +560,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
         return service_pb2.EndTransactionResponse(status=status())
 
-    async def ForwardMessageToDeadLetterQueue(self, request, context, raw=None):
-        return await self._unary(
-            "ForwardMessageToDeadLetterQueue",
-            request,
-            context,
-            self._forward_dead,
-            service_pb2.ForwardMessageToDeadLetterQueueResponse,
-            raw,
-        )
-
     async def _forward_dead(self, request, context) -> service_pb2.ForwardMessageToDeadLetterQueueResponse:
         group = check_group(request.group.name)
         topic = request.topic.name
@@ -631,11 +572,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=st)
 
     # -- recall --------------------------------------------------------------------------------------------
-    async def RecallMessage(self, request, context, raw=None):
-        return await self._unary(
-            "RecallMessage", request, context, self._recall, service_pb2.RecallMessageResponse, raw
-        )
-
     async def _recall(self, request, context) -> service_pb2.RecallMessageResponse:
         topic = request.topic.name
         self._broker.queues(topic)
@@ -659,6 +595,53 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return service_pb2.SyncLiteSubscriptionResponse(
             status=of(unsupported("lite topics (SyncLiteSubscription)"))
         )
+
+
+# The calls served on the leader and forwarded there by a follower (``_unary``, ``_stream``): each method of
+# the MessagingService, with the servicer attribute that serves it on the leader.
+LEADER_UNARY: Final = {
+    "SendMessage": "_sends.send",
+    "AckMessage": "_ack",
+    "ChangeInvisibleDuration": "_change",
+    "UpdateOffset": "_update_offset",
+    "GetOffset": "_get_offset",
+    "QueryOffset": "_query_offset",
+    "EndTransaction": "_end_transaction",
+    "ForwardMessageToDeadLetterQueue": "_forward_dead",
+    "RecallMessage": "_recall",
+}
+LEADER_STREAMS: Final = {"ReceiveMessage": "_receive", "PullMessage": "_pull"}
+
+
+def _response_class(method: str) -> type:
+    return getattr(service_pb2, SERVICE.methods_by_name[method].output_type.name)
+
+
+def _leader_unary(method: str, local: str) -> Callable:
+    response, serve = _response_class(method), attrgetter(local)
+
+    async def call(self: MessagingServicer, request: Any, context: Any, raw: bytes | None = None) -> Any:
+        return await self._unary(method, request, context, serve(self), response, raw)
+
+    call.__name__ = call.__qualname__ = method
+    return call
+
+
+def _leader_stream(method: str, local: str) -> Callable:
+    response, serve = _response_class(method), attrgetter(local)
+
+    async def call(self: MessagingServicer, request: Any, context: Any, raw: bytes | None = None) -> Any:
+        async for r in self._stream(method, request, context, serve(self), response, raw):
+            yield r
+
+    call.__name__ = call.__qualname__ = method
+    return call
+
+
+for _method, _local in LEADER_UNARY.items():
+    setattr(MessagingServicer, _method, _leader_unary(_method, _local))
+for _method, _local in LEADER_STREAMS.items():
+    setattr(MessagingServicer, _method, _leader_stream(_method, _local))
 
 
 def _lost_leadership(response: type) -> Callable[[bytes], bool]:
