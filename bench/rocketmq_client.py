@@ -48,129 +48,27 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
 from functools import partial
 from pathlib import Path
 
-from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
-from rocketmq.grpc_protocol import Code
+from rocketmq import ClientConfiguration, Credentials
 
 from bench.proc_cpu import cpu_seconds
-from broker_adapter.client import BrokerConnection, Consumer
-from broker_adapter.client import Producer as OurProducer
-from broker_adapter.rocketmq import ensure_event_loop
+from bench.rocketmq_workloads import (
+    official_consume,
+    official_consume_window,
+    official_send,
+    official_send_window,
+    our_consume,
+    our_send,
+    our_send_concurrent,
+)
+from broker_adapter.client import BrokerConnection
 from dledger import group as grp
 from dledger.client import DLedgerClient
 from dledger.errors import DLedgerError
 
-BODY = bytes(range(256)) * 4  # 1 KiB
 QUEUES = 4
-
-
-def rate(n: int, seconds: float) -> float:
-    return n / seconds if seconds > 0 else float("inf")
-
-
-def _message(topic: str, i: int) -> Message:
-    m = Message()
-    m.topic = topic
-    m.body = BODY
-    m.tag = "bench"
-    m.keys = f"k{i}"
-    return m
-
-
-def official_send(cfg: ClientConfiguration, topic: str, n: int) -> float:
-    ensure_event_loop()
-    p = Producer(cfg, (topic,))
-    p.startup()
-    try:
-        p.send(_message(topic, -1))  # warm: route and connection
-        t0 = time.perf_counter()
-        for i in range(n):
-            p.send(_message(topic, i))
-        return rate(n, time.perf_counter() - t0)
-    finally:
-        p.shutdown()
-
-
-def official_send_async(cfg: ClientConfiguration, topic: str, n: int, inflight: int) -> float:
-    ensure_event_loop()
-    p = Producer(cfg, (topic,))
-    p.startup()
-    try:
-        p.send(_message(topic, -1))
-        pending: set = set()
-        t0 = time.perf_counter()
-        for i in range(n):
-            if len(pending) >= inflight:
-                done, pending = wait(pending, return_when="FIRST_COMPLETED")
-                for f in done:
-                    f.result()  # a failed send fails the benchmark: nothing is counted that was not acked
-            pending.add(p.send_async(_message(topic, i)))
-        for f in pending:
-            f.result()
-        return rate(n, time.perf_counter() - t0)
-    finally:
-        p.shutdown()
-
-
-def our_send(addresses: list[str], topic: str, n: int) -> float:
-    with OurProducer(addresses) as p:
-        p.send(topic, BODY, tags="bench", keys=["k-1"])
-        t0 = time.perf_counter()
-        for i in range(n):
-            p.send(topic, BODY, tags="bench", keys=[f"k{i}"])
-        return rate(n, time.perf_counter() - t0)
-
-
-def our_send_concurrent(addresses: list[str], topic: str, n: int, inflight: int) -> float:
-    with OurProducer(addresses) as p, ThreadPoolExecutor(inflight) as pool:
-        p.send(topic, BODY)
-        t0 = time.perf_counter()
-        for f in [pool.submit(p.send, topic, BODY, "bench", [f"k{i}"]) for i in range(n)]:
-            f.result()
-        return rate(n, time.perf_counter() - t0)
-
-
-def official_consume(
-    cfg: ClientConfiguration, topic: str, group: str, n: int, concurrent_acks: bool = False
-) -> float:
-    """Receive and ack ``n`` messages (the topic holds exactly the ones this side sent): one ack at a time, or
-    every ack of a received batch in flight at once from a thread pool, then the next receive. (The client's
-    ``ack_async`` returns None in 5.1.2 instead of its future, so nothing could wait for those acks.)"""
-    pool = ThreadPoolExecutor(32) if concurrent_acks else None
-    ensure_event_loop()
-    c = SimpleConsumer(cfg, group, {topic: FilterExpression()}, await_duration=1)
-    c.startup()
-    try:
-        got = 0
-        t0 = time.perf_counter()
-        deadline = time.monotonic() + 120
-        while got < n and time.monotonic() < deadline:
-            batch = c.receive(32, 30)
-            if pool is not None:
-                list(pool.map(c.ack, batch))
-            else:
-                for m in batch:
-                    c.ack(m)
-            got += len(batch)
-        return rate(got, time.perf_counter() - t0)
-    finally:
-        c.shutdown()
-        if pool is not None:
-            pool.shutdown()
-
-
-def our_consume(addresses: list[str], topic: str, group: str, n: int) -> float:
-    with Consumer(addresses, group) as c:
-        got = 0
-        t0 = time.perf_counter()
-        for _ in c.messages(topic, batch=32, idle_s=1.0, limit=n):
-            got += 1
-        return rate(got, time.perf_counter() - t0)
-
-
 PYSPY = Path(sys.executable).with_name("py-spy")
 
 
@@ -352,6 +250,7 @@ ROOTS = (
     "typer/",
     "runpy",
     "bench/rocketmq_client.py",
+    "bench/rocketmq_workloads.py",
     "threading.py",
 )
 
@@ -390,46 +289,6 @@ def top_functions(path: Path, messages: int, limit: int = 12) -> list[str]:
     out += [f"{c * per:7.3f} ms/msg  {name}" for name, c in parts.most_common()]
     out += [f"{c * per:7.3f} ms/msg  leaf {f}" for f, c in leaves.most_common(limit)]
     return out
-
-
-def official_send_window(cfg: ClientConfiguration, topic: str, n: int, inflight: int) -> tuple[float, int]:
-    return official_send_async(cfg, topic, n, inflight), n
-
-
-def _acked(f) -> bool:
-    """Whether the ack was answered OK. One refused (a leader change under load: the client does not retry
-    acks, the message comes back after its invisible time) is not counted and is reported."""
-    st = f.result().status
-    if st.code != Code.OK:
-        print(f"  ack refused: {st.code} {st.message}", file=sys.stderr)
-        return False
-    return True
-
-
-def official_consume_window(
-    cfg: ClientConfiguration, topic: str, group: str, n: int, window: int = 32
-) -> tuple[float, int]:
-    """Receive batches of 32 and acknowledge every message with up to ``window`` acks in flight (the next
-    receive goes out while the last batch's acks are still outstanding). ``n``: what the topic holds."""
-    ensure_event_loop()
-    c = SimpleConsumer(cfg, group, {topic: FilterExpression()}, await_duration=1)
-    c.startup()
-    try:
-        got = acked = 0
-        pending: set = set()
-        t0 = time.perf_counter()
-        deadline = time.monotonic() + 120
-        while got < n and time.monotonic() < deadline:
-            for m in c.receive(32, 30):
-                if len(pending) >= window:
-                    done, pending = wait(pending, return_when="FIRST_COMPLETED")
-                    acked += sum(_acked(f) for f in done)
-                pending.add(c._Consumer__ack(m))  # the future the public ack_async drops (5.1.2)
-                got += 1
-        acked += sum(_acked(f) for f in pending)
-        return rate(acked, time.perf_counter() - t0), acked
-    finally:
-        c.shutdown()
 
 
 def _alternate(round_no: int, a: Callable[[], float], b: Callable[[], float]) -> tuple[float, float]:
