@@ -37,6 +37,10 @@ ROCKETMQ: Final = "apache.rocketmq.v2.MessagingService"
 OPEN_SERVICES: Final = frozenset({"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"})
 UNAUTHORIZED: Final = 40100  # apache.rocketmq.v2.Code
 FORBIDDEN: Final = 40300
+_RMQ_CODE: Final = {
+    grpc.StatusCode.UNAUTHENTICATED: UNAUTHORIZED,
+    grpc.StatusCode.PERMISSION_DENIED: FORBIDDEN,
+}
 
 # A need: ("user",) any authenticated user; ("admin",); ("publish", topic); ("subscribe", topic, group or None
 # for any group). The raw log counts as admin's: it can hold anything, a broker's messages included.
@@ -186,22 +190,30 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             return None
         return f"user {access_key!r} may not call {method}: it needs {', '.join(missing)}"
 
-    async def _forbidden_after_catch_up(self, access_key: str, method: str, needs: list[Need]) -> str | None:
+    async def _refusal_after_catch_up(
+        self, access_key: str, method: str, needs: list[Need]
+    ) -> tuple[grpc.StatusCode, str] | None:
         """A missing permission: catch up with the leader (a grant may be on its way here), then check again
-        with the user as it is now; the refusal (logged) or None."""
+        with the user as it is now; the refusal (logged: UNAUTHENTICATED when the user was removed meanwhile)
+        or None."""
         if self._catch_up is not None:
             await self._catch_up()
-        why = self._forbidden(self._user_of(access_key), method, needs, access_key)
-        if why is not None:
-            log.warning("%s: refused %s", self._id, why)
-        return why
+        user = self._user_of(access_key)
+        if user is None:
+            why = f"unauthenticated: unknown access key {access_key!r}"
+            log.warning("%s: refused %s: %s", self._id, method, why)
+            return grpc.StatusCode.UNAUTHENTICATED, why
+        why = self._forbidden(user, method, needs, access_key)
+        if why is None:
+            return None
+        log.warning("%s: refused %s", self._id, why)
+        return grpc.StatusCode.PERMISSION_DENIED, why
 
     async def _check_streaming(self, handler, method: str, user: User, needs: list[Need]):
-        why = self._forbidden(user, method, needs, user.access_key)
-        if why is not None:
-            why = await self._forbidden_after_catch_up(user.access_key, method, needs)
-        if why is not None:
-            return _refused(handler, method, grpc.StatusCode.PERMISSION_DENIED, why)
+        if self._forbidden(user, method, needs, user.access_key) is not None:
+            refusal = await self._refusal_after_catch_up(user.access_key, method, needs)
+            if refusal is not None:
+                return _refused(handler, method, *refusal)
         if method == "/dledger.v1.DLedger/AppendStream":
             inner = handler.stream_stream
 
@@ -236,7 +248,7 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
 
         def check(request: Any) -> str | list[Need] | None:
             """None: allowed (the normal path, no wait); a refusal; or needs that are missing now (to check
-            again after catching up, ``_forbidden_after_catch_up``)."""
+            again after catching up, ``refusal``)."""
             try:
                 needs = needs_of(request)
             except Exception as e:  # unparsable: the servicer's own parser answers INVALID_ARGUMENT
@@ -246,17 +258,24 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
                 return needs
             return needs if self._forbidden(user, method, needs, user.access_key) is not None else None
 
+        async def refusal(why: str | list[Need]) -> tuple[grpc.StatusCode, str | None]:
+            """(code, the refusal or None once a catch-up allowed the call)."""
+            if isinstance(why, str):
+                return grpc.StatusCode.PERMISSION_DENIED, why
+            r = await self._refusal_after_catch_up(user.access_key, method, why)
+            return r if r is not None else (grpc.StatusCode.OK, None)
+
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
             async def unary(request, context):
                 why = check(request)
-                if isinstance(why, list):
-                    why = await self._forbidden_after_catch_up(user.access_key, method, why)
                 if why is not None:
-                    if rocketmq is not None:
-                        return rocketmq[1](status={"code": FORBIDDEN, "message": why})
-                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                    code, why = await refusal(why)
+                    if why is not None:
+                        if rocketmq is not None:
+                            return rocketmq[1](status={"code": _RMQ_CODE[code], "message": why})
+                        await context.abort(code, why)
                 return await inner(request, context)
 
             return _same_kind(handler, unary)
@@ -264,13 +283,13 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
 
         async def unary_stream(request, context):
             why = check(request)
-            if isinstance(why, list):
-                why = await self._forbidden_after_catch_up(user.access_key, method, why)
             if why is not None:
-                if rocketmq is not None:
-                    yield rocketmq[1](status={"code": FORBIDDEN, "message": why})
-                    return
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                code, why = await refusal(why)
+                if why is not None:
+                    if rocketmq is not None:
+                        yield rocketmq[1](status={"code": _RMQ_CODE[code], "message": why})
+                        return
+                    await context.abort(code, why)
             async for out in inner_stream(request, context):
                 yield out
 
