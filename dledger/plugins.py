@@ -89,6 +89,14 @@ class NodeHandle(Protocol):
         """``append``, then wait until the state machine applied each body: its ``Applied`` result or error."""
         ...
 
+    async def read_index(self, timeout_s: float | None = None) -> int:
+        """Leader only: a linearizable read point (a quorum confirmed the leadership; applied here by return)."""
+        ...
+
+    async def wait_applied(self, index: int) -> None:
+        """Return once this node's state machine has applied ``index`` (bound it with a timeout)."""
+        ...
+
 
 class NodePlugin(Protocol):
     """A plugin may also define ``async aclose()``: the node awaits it when stopping, after its server stopped

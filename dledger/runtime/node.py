@@ -575,6 +575,11 @@ class Node:
         await self.read_index()
         return read(self.state_machine)
 
+    async def wait_applied(self, index: int) -> None:
+        """Return once the state machine has applied ``index`` (the caller bounds the wait): for a plugin that
+        learned a read point from the leader (``dledger.security.catchup``)."""
+        await self._reads.wait_applied(index)
+
     async def take_snapshot(self) -> SnapshotInfo | None:
         """Save the state machine as of its applied index, then compact the log before it (see
         ``Snapshots.take``); None when nothing was applied since the last snapshot."""

@@ -33,6 +33,11 @@ class AuthenticationError(Exception):
     """Missing or bad credentials: the message says which (never the secret)."""
 
 
+class UnknownCredentials(AuthenticationError):
+    """An unknown access key, or a signature that does not match the key's secret: the one refusal a user change
+    not yet applied on this node could turn into an acceptance (``guard`` catches up before answering it)."""
+
+
 def date_time(now: dt.datetime | None = None) -> str:
     return (now or dt.datetime.now(dt.UTC)).strftime(DATE_FORMAT)
 
@@ -94,9 +99,9 @@ def verify(
         )
     secret = secret_of(access_key)
     if secret is None:
-        raise AuthenticationError(f"unknown access key {access_key!r}")
+        raise UnknownCredentials(f"unknown access key {access_key!r}")
     if not hmac.compare_digest(signature(secret, when), signed.lower()):
-        raise AuthenticationError(f"bad signature for access key {access_key!r} (wrong secret key?)")
+        raise UnknownCredentials(f"bad signature for access key {access_key!r} (wrong secret key?)")
     return access_key
 
 

@@ -7,6 +7,11 @@ servicer runs, so a refused call writes nothing (docs/security.md).
 - Everything else: a signed user (``auth.verify``), then the permission the method and request need (``RULES``;
   a method not listed needs ``admin``, so a service added later is closed until someone opens it).
 
+Before refusing what a user change could make acceptable (an unknown access key, a signature that does not
+match, a missing permission), the guard catches up (``catch_up``, ``catchup.CatchUp.refresh``: this node applies
+everything the leader had committed when the call arrived) and checks once more, so a change acknowledged
+before the call holds here too. An accepted call waits for nothing.
+
 Missing or bad credentials: UNAUTHENTICATED; a forbidden action: PERMISSION_DENIED. On RocketMQ 5's face the
 answer is its own: the response's Status carries UNAUTHORIZED (40100) or FORBIDDEN (40300), which the official
 clients turn into their exceptions. Refusals are logged with the access key or node id and the reason, never a
@@ -16,7 +21,7 @@ secret.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 import grpc
@@ -32,6 +37,10 @@ ROCKETMQ: Final = "apache.rocketmq.v2.MessagingService"
 OPEN_SERVICES: Final = frozenset({"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"})
 UNAUTHORIZED: Final = 40100  # apache.rocketmq.v2.Code
 FORBIDDEN: Final = 40300
+_RMQ_CODE: Final = {
+    grpc.StatusCode.UNAUTHENTICATED: UNAUTHORIZED,
+    grpc.StatusCode.PERMISSION_DENIED: FORBIDDEN,
+}
 
 # A need: ("user",) any authenticated user; ("admin",); ("publish", topic); ("subscribe", topic, group or None
 # for any group). The raw log counts as admin's: it can hold anything, a broker's messages included.
@@ -119,11 +128,14 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         user_of: Callable[[str], User | None],
         peers: PeerVerifier,
         skew_s: int = auth.DEFAULT_SKEW_S,
+        *,
+        catch_up: Callable[[], Awaitable[bool]] | None = None,
     ):
         self._id = node_id
         self._user_of = user_of
         self._peers = peers
         self._skew = skew_s
+        self._catch_up = catch_up
 
     def _secret_of(self, access_key: str) -> str | None:
         user = self._user_of(access_key)
@@ -145,28 +157,63 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             return _peer_checked(handler, node, self._id)
         try:
             access_key = auth.verify(md, self._secret_of, skew_s=self._skew)
-        except auth.AuthenticationError as e:
-            log.warning("%s: refused %s: %s", self._id, method, e)
-            return _refused(handler, method, grpc.StatusCode.UNAUTHENTICATED, f"unauthenticated: {e}")
+        except auth.UnknownCredentials as e:
+            access_key = await self._authenticate_after_catch_up(md, e)
+        except auth.AuthenticationError as e:  # missing, malformed or stale: no user change alters that
+            access_key = e
+        if isinstance(access_key, auth.AuthenticationError):
+            log.warning("%s: refused %s: %s", self._id, method, access_key)
+            why = f"unauthenticated: {access_key}"
+            return _refused(handler, method, grpc.StatusCode.UNAUTHENTICATED, why)
         user = self._user_of(access_key)
         rule = RULES.get(method)
         if handler.request_streaming:
             needs = _ADMIN if rule is None else rule(None)
-            return self._check_streaming(handler, method, user, needs)
+            return await self._check_streaming(handler, method, user, needs)
         return self._authorized(handler, method, user, rule or (lambda r: _ADMIN))
 
-    def _forbidden(self, user: User, method: str, needs: list[Need]) -> str | None:
-        missing = [describe(n) for n in needs if not allowed(user, n)]
+    async def _authenticate_after_catch_up(
+        self, md, first: auth.AuthenticationError
+    ) -> str | auth.AuthenticationError:
+        """The access key once this node has caught up with the leader, or why the call is still refused."""
+        if self._catch_up is None:
+            return first
+        await self._catch_up()
+        try:
+            return auth.verify(md, self._secret_of, skew_s=self._skew)
+        except auth.AuthenticationError as e:
+            return e
+
+    def _forbidden(self, user: User | None, method: str, needs: list[Need], access_key: str) -> str | None:
+        missing = [describe(n) for n in needs if user is None or not allowed(user, n)]
         if not missing:
             return None
-        why = f"user {user.access_key!r} may not call {method}: it needs {', '.join(missing)}"
-        log.warning("%s: refused %s", self._id, why)
-        return why
+        return f"user {access_key!r} may not call {method}: it needs {', '.join(missing)}"
 
-    def _check_streaming(self, handler, method: str, user: User, needs: list[Need]):
-        why = self._forbidden(user, method, needs)
-        if why is not None:
-            return _refused(handler, method, grpc.StatusCode.PERMISSION_DENIED, why)
+    async def _refusal_after_catch_up(
+        self, access_key: str, method: str, needs: list[Need]
+    ) -> tuple[grpc.StatusCode, str] | None:
+        """A missing permission: catch up with the leader (a grant may be on its way here), then check again
+        with the user as it is now; the refusal (logged: UNAUTHENTICATED when the user was removed meanwhile)
+        or None."""
+        if self._catch_up is not None:
+            await self._catch_up()
+        user = self._user_of(access_key)
+        if user is None:
+            why = f"unauthenticated: unknown access key {access_key!r}"
+            log.warning("%s: refused %s: %s", self._id, method, why)
+            return grpc.StatusCode.UNAUTHENTICATED, why
+        why = self._forbidden(user, method, needs, access_key)
+        if why is None:
+            return None
+        log.warning("%s: refused %s", self._id, why)
+        return grpc.StatusCode.PERMISSION_DENIED, why
+
+    async def _check_streaming(self, handler, method: str, user: User, needs: list[Need]):
+        if self._forbidden(user, method, needs, user.access_key) is not None:
+            refusal = await self._refusal_after_catch_up(user.access_key, method, needs)
+            if refusal is not None:
+                return _refused(handler, method, *refusal)
         if method == "/dledger.v1.DLedger/AppendStream":
             inner = handler.stream_stream
 
@@ -187,47 +234,62 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         rocketmq = _rocketmq_classes(method) if method.startswith(f"/{ROCKETMQ}/") else None
         raw_append = method == "/dledger.v1.DLedger/Append"
 
-        def check(request: Any) -> str | None:
+        def needs_of(request: Any) -> list[Need] | str:
+            """What the call needs, or a refusal no user change alters (a body shaped like a user command)."""
             if rocketmq is not None and isinstance(request, bytes | bytearray | memoryview):
                 request = rocketmq[0].FromString(bytes(request))
             if raw_append and any(is_user_command(b) for b in request.bodies):
                 return _USER_COMMAND
             try:
-                needs = rule(request)
+                return rule(request)
             except (AttributeError, ValueError) as e:  # a request that is not the method's: let it fail there
                 log.debug("%s: no rule input for %s: %s", self._id, method, e)
-                needs = _ADMIN
-            return self._forbidden(user, method, needs)
+                return _ADMIN
+
+        def check(request: Any) -> str | list[Need] | None:
+            """None: allowed (the normal path, no wait); a refusal; or needs that are missing now (to check
+            again after catching up, ``refusal``)."""
+            try:
+                needs = needs_of(request)
+            except Exception as e:  # unparsable: the servicer's own parser answers INVALID_ARGUMENT
+                log.debug("%s: %s: %s", self._id, method, e)
+                return None
+            if isinstance(needs, str):
+                return needs
+            return needs if self._forbidden(user, method, needs, user.access_key) is not None else None
+
+        async def refusal(why: str | list[Need]) -> tuple[grpc.StatusCode, str | None]:
+            """(code, the refusal or None once a catch-up allowed the call)."""
+            if isinstance(why, str):
+                return grpc.StatusCode.PERMISSION_DENIED, why
+            r = await self._refusal_after_catch_up(user.access_key, method, why)
+            return r if r is not None else (grpc.StatusCode.OK, None)
 
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
             async def unary(request, context):
-                try:
-                    why = check(request)
-                except Exception as e:  # unparsable: the servicer's own parser answers INVALID_ARGUMENT
-                    log.debug("%s: %s: %s", self._id, method, e)
-                    why = None
+                why = check(request)
                 if why is not None:
-                    if rocketmq is not None:
-                        return rocketmq[1](status={"code": FORBIDDEN, "message": why})
-                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                    code, why = await refusal(why)
+                    if why is not None:
+                        if rocketmq is not None:
+                            return rocketmq[1](status={"code": _RMQ_CODE[code], "message": why})
+                        await context.abort(code, why)
                 return await inner(request, context)
 
             return _same_kind(handler, unary)
         inner_stream = handler.unary_stream
 
         async def unary_stream(request, context):
-            try:
-                why = check(request)
-            except Exception as e:
-                log.debug("%s: %s: %s", self._id, method, e)
-                why = None
+            why = check(request)
             if why is not None:
-                if rocketmq is not None:
-                    yield rocketmq[1](status={"code": FORBIDDEN, "message": why})
-                    return
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                code, why = await refusal(why)
+                if why is not None:
+                    if rocketmq is not None:
+                        yield rocketmq[1](status={"code": _RMQ_CODE[code], "message": why})
+                        return
+                    await context.abort(code, why)
             async for out in inner_stream(request, context):
                 yield out
 

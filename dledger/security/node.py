@@ -2,8 +2,10 @@
 
 ``SecuredPlugin`` wraps the node's plugin (or bare state machine): its state machine gains the replicated user
 store (``users.SecuredStateMachine``), its services gain the Security service, and it hands the node the
-server's TLS credentials and the interceptor (``guard``), and the peer channels' credentials (``tls``). A node
-without a state machine has no replicated users: only the bootstrap admin (docs/security.md).
+server's TLS credentials and the interceptor (``guard``), and the peer channels' credentials (``tls``). With
+replicated users, ``catchup`` makes an acknowledged user change hold on every node (the guard catches up before
+a refusal; the service confirms a change on the other members before answering). A node without a state
+machine has no replicated users: only the bootstrap admin (docs/security.md).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import grpc
 
 from dledger.security import guard, service, tls
+from dledger.security.catchup import CatchUp, default_bound_s
 from dledger.security.users import CommandVerifier, SecuredStateMachine, User, UserStore
 
 
@@ -28,6 +31,24 @@ class SecuredPlugin:
         verifier = CommandVerifier(config.group, self._ca)
         self.state_machine = SecuredStateMachine(base, self.users, verifier) if base is not None else None
         self.admin = User(ak, sk, {"admin"})
+        self._catch_up: CatchUp | None = None
+
+    def catch_up(self, node: Any) -> CatchUp | None:
+        """The node's ``CatchUp`` (one per node, made on first use); None without replicated users."""
+        if self.state_machine is None:
+            return None
+        if self._catch_up is None:
+            bound = default_bound_s(self.config.raft.election_timeout_max_ms)
+            ak, sk = self.admin.access_key, self.admin.secret_key
+            self._catch_up = CatchUp(node, self.config.security.ca, ak, sk, bound)
+        return self._catch_up
+
+    async def aclose(self) -> None:
+        if self._catch_up is not None:
+            await self._catch_up.aclose()
+        inner_close = getattr(self.inner, "aclose", None)
+        if inner_close is not None:
+            await inner_close()
 
     def __getattr__(self, attr: str) -> Any:  # the wrapped plugin's own members (e.g. the broker's)
         inner = self.__dict__.get("inner")
@@ -45,7 +66,8 @@ class SecuredPlugin:
         if self.state_machine is None:
             return names
         signer = service.CommandSigner(node.group, self._cert, self._key)
-        return (*names, *service.attach(node, server, self.users, self.admin.access_key, signer))
+        catch_up = self.catch_up(node)
+        return (*names, *service.attach(node, server, self.users, self.admin.access_key, signer, catch_up))
 
     def server_credentials(self) -> grpc.ServerCredentials:
         return tls.server_credentials(self._cert, self._key)
@@ -53,7 +75,14 @@ class SecuredPlugin:
     def interceptor(self, node: Any) -> guard.SecurityInterceptor:
         cfg = self.config
         verifier = tls.PeerVerifier(cfg.group, self._ca, lambda: node.config.peers, cfg.security.skew_s)
-        return guard.SecurityInterceptor(cfg.node_id, self.user_of, verifier, cfg.security.skew_s)
+        catch_up = self.catch_up(node)
+        return guard.SecurityInterceptor(
+            cfg.node_id,
+            self.user_of,
+            verifier,
+            cfg.security.skew_s,
+            catch_up=catch_up.refresh if catch_up is not None else None,
+        )
 
     def peer_credentials(self) -> grpc.ChannelCredentials:
         cfg = self.config

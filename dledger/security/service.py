@@ -2,9 +2,14 @@
 
 A small JSON-over-gRPC service (``dledger.v1.Security``, methods below; request and answer are UTF-8 JSON
 objects) registered as a generic handler: it needs no generated code and every call goes through the same
-interceptor as the rest (``guard``: admin only). Changes are proposed on the leader and answered once applied;
-a follower answers FAILED_PRECONDITION with the leader's address in the trailing metadata, as every other
-service does (docs/runtime.md, "Errors"), and ``SecurityClient`` follows it.
+interceptor as the rest (``guard``: admin only). Changes are proposed on the leader and answered once applied
+there and on every other member that confirms within a bound (``catchup``; the answer's ``unconfirmed`` names
+those that did not); a follower answers FAILED_PRECONDITION with the leader's address in the trailing metadata,
+as every other service does (docs/runtime.md, "Errors"), and ``SecurityClient`` follows it.
+
+Two methods are for the nodes themselves (``catchup``, signed as the bootstrap admin): ``ReadIndex`` (the
+leader's linearizable read point, which a follower waits for before refusing a user) and ``WaitApplied``
+(``{"index": i}``: answers once this node has applied ``i``, or ``{"applied": false}`` after the bound).
 """
 
 from __future__ import annotations
@@ -48,11 +53,14 @@ class CommandSigner:
 
 
 class SecurityServicer:
-    def __init__(self, node: Any, store: u.UserStore, bootstrap_admin: str, signer: CommandSigner):
+    def __init__(
+        self, node: Any, store: u.UserStore, bootstrap_admin: str, signer: CommandSigner, catch_up: Any
+    ):
         self._node = node
         self._store = store
         self._admin = bootstrap_admin
         self._signer = signer
+        self._catch_up = catch_up
 
     async def _propose(self, op: int, payload: dict[str, Any]) -> Any:
         if not self._node.is_leader():
@@ -63,7 +71,9 @@ class SecurityServicer:
             raise outcome
         if isinstance(outcome.result, u.UserError):
             raise InvalidRequestError(str(outcome.result))
-        return outcome.result
+        # Read-your-writes on every node: answer once the other members applied it too (or the bound passed).
+        unconfirmed = await self._catch_up.confirm(outcome.index)
+        return {**outcome.result, "unconfirmed": unconfirmed}
 
     async def add(self, req: dict[str, Any]) -> Any:
         sk = req.get("secret_key")
@@ -87,6 +97,15 @@ class SecurityServicer:
         perm = u.parse_permission(str(req.get("permission", "")))
         return await self._propose(u.OP_REVOKE, {"access_key": req.get("access_key", ""), "permission": perm})
 
+    async def read_index(self, req: dict[str, Any]) -> Any:
+        return {"index": await self._node.read_index()}  # NotLeaderError on a follower: the caller retries
+
+    async def wait_applied(self, req: dict[str, Any]) -> Any:
+        index = req.get("index")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise InvalidRequestError(f"index must be a non-negative integer, got {index!r}")
+        return {"applied": await self._catch_up.wait_applied(index)}
+
     async def list(self, req: dict[str, Any]) -> Any:
         if not self._node.is_leader():  # the leader's view includes every acknowledged change
             raise NotLeaderError(self._node.leader_id)
@@ -109,15 +128,22 @@ def _method(node: Any, fn: Callable) -> Callable:
 
 
 def attach(
-    node: Any, server: grpc.aio.Server, store: u.UserStore, bootstrap_admin: str, signer: CommandSigner
+    node: Any,
+    server: grpc.aio.Server,
+    store: u.UserStore,
+    bootstrap_admin: str,
+    signer: CommandSigner,
+    catch_up: Any,
 ) -> tuple[str, ...]:
-    s = SecurityServicer(node, store, bootstrap_admin, signer)
+    s = SecurityServicer(node, store, bootstrap_admin, signer, catch_up)
     table = {
         "AddUser": s.add,
         "RemoveUser": s.remove,
         "Grant": s.grant,
         "Revoke": s.revoke,
         "ListUsers": s.list,
+        "ReadIndex": s.read_index,
+        "WaitApplied": s.wait_applied,
     }
     handlers = {name: grpc.unary_unary_rpc_method_handler(_method(node, fn)) for name, fn in table.items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
