@@ -10,7 +10,6 @@ import typer
 
 from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, console, fail
 from dledger.errors import DLedgerError
-from dledger.transport.grpc import run_sync
 
 user_app = typer.Typer(no_args_is_help=True, help="Users and permissions of a secure group (replicated).")
 
@@ -48,17 +47,10 @@ def certs(
 
 
 def _call(dir, addresses, method: str, request: dict) -> object:
-    from dledger.security.client import SecurityClient
-
-    async def run() -> object:
-        client = SecurityClient(addresses_of(dir, addresses))
-        try:
-            return await client.call(method, request)
-        finally:
-            await client.close()
+    from dledger.security.client import call_once
 
     try:
-        return run_sync(run())
+        return call_once(addresses_of(dir, addresses), method, request)
     except DLedgerError as e:
         fail(str(e))
 

@@ -18,7 +18,7 @@ from dledger.security.config import ClientSecurity
 from dledger.security.service import SERVICE_NAME
 from dledger.security.tls import client_credentials
 from dledger.transport import convert
-from dledger.transport.grpc import open_channel
+from dledger.transport.grpc import open_channel, run_sync
 
 
 class SecurityClient:
@@ -67,3 +67,18 @@ class SecurityClient:
         for ch in self._channels.values():
             await ch.close()
         self._channels.clear()
+
+
+def call_once(
+    addresses: Sequence[str], method: str, request: dict[str, Any], security: ClientSecurity | None = None
+) -> Any:
+    """One Security call from blocking code (the CLI, scripts, tests): a client opened and closed for it."""
+
+    async def run() -> Any:
+        client = SecurityClient(addresses, security)
+        try:
+            return await client.call(method, request)
+        finally:
+            await client.close()
+
+    return run_sync(run())

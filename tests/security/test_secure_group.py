@@ -23,7 +23,7 @@ from broker_adapter.client import Consumer as OurConsumer
 from broker_adapter.client import Producer as OurProducer
 from dledger import group as grp
 from dledger.security import auth, certs, tls
-from dledger.security.client import SecurityClient
+from dledger.security.client import call_once
 from dledger.security.config import ClientSecurity
 from dledger.v1 import raft_pb2, raft_pb2_grpc
 from tests.rocketmq.conftest import new_message, running
@@ -35,14 +35,7 @@ BOB, BOB_SK = "bob", "bob-secret-22"
 
 
 def _security_call(g: grp.GroupSpec, method: str, request: dict) -> object:
-    async def run():
-        c = SecurityClient(g.addresses, ClientSecurity.from_file(Path(g.security)))
-        try:
-            return await c.call(method, request)
-        finally:
-            await c.close()
-
-    return asyncio.run(run())
+    return call_once(g.addresses, method, request, ClientSecurity.from_file(Path(g.security)))
 
 
 @pytest.fixture(scope="module")
