@@ -9,9 +9,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 from pathlib import Path
 
+from dledger.transport.base import PeerTransport
+from dledger.transport.grpc import GrpcPeerTransport
 from statemachine.api import CommittedEntry, StateMachine
 from statemachine.counter import Counter, encode_add
 from statemachine.kv import KVStore, encode_put
@@ -113,3 +116,18 @@ def test_state_machines(tmp_path: Path) -> None:
     broker_copy.load_snapshot(io.BytesIO(saved.getvalue()))
     broker.close()
     broker_copy.close()
+
+
+# -- transport ---------------------------------------------------------------------------------------------------
+
+
+def test_peer_transport() -> None:
+    """``GrpcPeerTransport`` is the one ``PeerTransport`` (the simulator, tests/sim, steps cores directly)."""
+
+    async def run() -> None:
+        transport: PeerTransport = GrpcPeerTransport("g", {"b": "127.0.0.1:1"})
+        assert isinstance(transport, PeerTransport)
+        transport.set_reply_handler(lambda messages: None)
+        await transport.close()
+
+    asyncio.run(run())
