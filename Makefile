@@ -53,6 +53,7 @@ proto: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy  # --strict on the files [tool.mypy] in pyproject.toml lists (tests/test_types.py runs it in make test)
 
 format: $(STAMP)
 	$(BIN)/ruff format .

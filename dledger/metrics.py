@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -52,10 +53,10 @@ class _NodeCollector(Collector):
     def __init__(self, snapshot: Callable[[], tuple[NodeInfo, dict[str, int]]]):
         self._snapshot = snapshot
 
-    def describe(self) -> Iterable:
+    def describe(self) -> Iterable[Metric]:
         return ()  # registering must not scrape: the node's loop is the one registering
 
-    def collect(self) -> Iterable:
+    def collect(self) -> Iterable[Metric]:
         info, stats = self._snapshot()
         labels = {"group": info.group, "node": info.node_id}
         names, values = list(labels), list(labels.values())
@@ -134,11 +135,13 @@ class NodeMetrics:
         self._server: WSGIServer | None = None
         self.port = 0
 
-    def watch(self, loop: asyncio.AbstractEventLoop, snapshot: Callable[[], tuple[NodeInfo, dict[str, int]]]):
+    def watch(
+        self, loop: asyncio.AbstractEventLoop, snapshot: Callable[[], tuple[NodeInfo, dict[str, int]]]
+    ) -> None:
         """Register the gauges; ``snapshot`` runs on ``loop`` (the node's) at each scrape."""
 
         def on_loop() -> tuple[NodeInfo, dict[str, int]]:
-            fut: concurrent.futures.Future = concurrent.futures.Future()
+            fut: concurrent.futures.Future[tuple[NodeInfo, dict[str, int]]] = concurrent.futures.Future()
 
             def take() -> None:
                 try:

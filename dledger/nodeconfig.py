@@ -382,5 +382,6 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
     if overrides.get("security") is not None:
         kwargs["security"] = overrides["security"]
     elif raw.get("security"):
+        assert path is not None  # raw is the file's
         kwargs["security"] = SecurityConfig.from_table(raw["security"], Path(path).resolve().parent)
     return NodeConfig(**kwargs)

@@ -122,7 +122,7 @@ def resolve(spec: str) -> Callable[[NodeConfig], NodePlugin]:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ConfigError(f"state_machine {spec!r}: cannot import {module_name}: {e}") from None
-    factory = getattr(module, attr, None)
+    factory: Callable[[NodeConfig], NodePlugin] | None = getattr(module, attr, None)  # trusted to be one
     if not callable(factory):
         raise ConfigError(f"state_machine {spec!r}: {module_name} has no callable {attr!r}")
     return factory

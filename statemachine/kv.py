@@ -17,7 +17,7 @@ that index) and then reads the local map. ``get`` here is the local read; the no
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import ItemsView, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -134,7 +134,7 @@ class KVStore:
     def __len__(self) -> int:
         return len(self._data)
 
-    def items(self):
+    def items(self) -> ItemsView[bytes, bytes]:
         return self._data.items()
 
     def save_snapshot(self, writer: BinaryIO) -> None:

@@ -23,9 +23,12 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from storage import fileio
+
+if TYPE_CHECKING:
+    from storage.codec import Buf
 
 DATA = "data"
 META = "meta.json"
@@ -96,7 +99,7 @@ class _FileWriter:
     def closed(self) -> bool:
         return self.fd is None
 
-    def write(self, b) -> int:
+    def write(self, b: Buf) -> int:
         self.buf += b
         if len(self.buf) >= self._CHUNK:
             self._drain()
@@ -104,6 +107,7 @@ class _FileWriter:
 
     def _drain(self) -> None:
         if self.buf:
+            assert self.fd is not None, "written after close"
             self.io.pwrite(self.fd, bytes(self.buf), self.pos)
             self.pos += len(self.buf)
             self.buf.clear()
@@ -112,6 +116,7 @@ class _FileWriter:
         """Everything written, fsynced, closed."""
         try:
             self._drain()
+            assert self.fd is not None, "synced after close"
             self.io.fsync(self.fd)
         finally:
             self.close()
@@ -130,14 +135,14 @@ class _HashingWriter:
         self.sha = hashlib.sha256()
         self.size = 0
 
-    def write(self, b) -> int:
+    def write(self, b: Buf) -> int:
         self.sha.update(b)
         self.size += len(b)
         return self._f.write(b)
 
 
 class SnapshotStore:
-    def __init__(self, root: str | os.PathLike, keep: int = 2, io: fileio.FileIO | None = None):
+    def __init__(self, root: str | os.PathLike[str], keep: int = 2, io: fileio.FileIO | None = None):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.io = io or fileio.FileIO()  # looked up now: the chaos launcher may have swapped the class

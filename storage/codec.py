@@ -22,15 +22,21 @@ Decoding works on any buffer (bytes, bytearray, memoryview, mmap) without copyin
 
 from __future__ import annotations
 
+import mmap
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeAlias
 
 try:  # zlib-ng computes the same CRC-32 (zlib's polynomial) about 3x faster on 1 KiB bodies
-    from zlib_ng.zlib_ng import crc32 as _crc32
+    from zlib_ng.zlib_ng import crc32 as _zng_crc32
 except ImportError:  # pragma: no cover - the pinned dependency is normally there
-    _crc32 = zlib.crc32
+    _zng_crc32 = zlib.crc32
+_crc32: Final = _zng_crc32  # storage.bodies and storage.filestore use it too
+
+# What the decoders read: any contiguous byte buffer, without copying (an mmap'd data file, a gRPC payload).
+Buf: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 
 HEADER: Final = struct.Struct(">iiqqqiIIi")
 HEADER_SIZE: Final = HEADER.size  # 48
@@ -132,7 +138,7 @@ _new = object.__new__
 _set_header, _set_body = Entry.__dict__["header"].__set__, Entry.__dict__["body"].__set__
 
 
-def decoded_entry(fields: tuple, body: memoryview) -> Entry:
+def decoded_entry(fields: tuple[int, int, int, int, int, int, int, int, int], body: memoryview) -> Entry:
     """``Entry(Header(*fields), body)`` for a header tuple from ``HEADER.unpack_from``, built about twice as fast.
 
     Bulk readers decode hundreds of thousands of entries per second, and a frozen dataclass's generated
@@ -198,14 +204,14 @@ def encode_into(
     return chain
 
 
-def decode_header(buf, offset: int = 0) -> Header:
+def decode_header(buf: Buf, offset: int = 0) -> Header:
     """Decode the header at ``offset``; checks only that 48 bytes are there."""
     if len(buf) - offset < HEADER_SIZE:
         raise FrameError(f"truncated header: {len(buf) - offset} of {HEADER_SIZE} bytes", offset)
     return Header(*HEADER.unpack_from(buf, offset))
 
 
-def decode(buf, offset: int = 0) -> Entry:
+def decode(buf: Buf, offset: int = 0) -> Entry:
     """Decode the entry at ``offset`` (structure checked, CRCs not: see ``validate``)."""
     h = decode_header(buf, offset)
     _check_structure(h, len(buf) - offset, offset)
@@ -228,7 +234,7 @@ def _check_structure(h: Header, available: int, offset: int) -> None:
         )
 
 
-def validate(buf, offset: int = 0, prev_chain_crc: int | None = None) -> Header:
+def validate(buf: Buf, offset: int = 0, prev_chain_crc: int | None = None) -> Header:
     """Decode the entry at ``offset`` and check magic, size, body_crc and (when given) chain_crc."""
     h = decode_header(buf, offset)
     _check_structure(h, len(buf) - offset, offset)
@@ -253,7 +259,7 @@ def validate(buf, offset: int = 0, prev_chain_crc: int | None = None) -> Header:
     return h
 
 
-def iter_headers(buf, offset: int = 0, end: int | None = None):
+def iter_headers(buf: Buf, offset: int = 0, end: int | None = None) -> Iterator[tuple[int, Header]]:
     """Yield (offset, Header) for consecutive entries in ``buf[offset:end]``; structure checked, CRCs not."""
     end = len(buf) if end is None else end
     unpack = HEADER.unpack_from
@@ -286,7 +292,7 @@ class FrameRun:
 
 
 def scan_frames(
-    buf,
+    buf: Buf,
     first_index: int,
     first_pos: int | None,
     prev_chain_crc: int | None,
@@ -307,7 +313,7 @@ def scan_frames(
 
 
 def scan_prefix(
-    buf,
+    buf: Buf,
     first_index: int,
     first_pos: int | None,
     prev_chain_crc: int | None,
@@ -320,7 +326,7 @@ def scan_prefix(
 
 
 def _scan(
-    buf,
+    buf: Buf,
     first_index: int,
     first_pos: int | None,
     prev_chain_crc: int | None,
@@ -392,7 +398,7 @@ def _scan(
 
 
 def _diagnose(
-    mv, off: int, index: int, last_term: int, want_pos: int | None, chain: int | None, seg: int
+    mv: memoryview, off: int, index: int, last_term: int, want_pos: int | None, chain: int | None, seg: int
 ) -> FrameError:
     """Return the precise ``FrameError`` for the frame at ``off`` that failed ``scan_frames``' combined check."""
     end = len(mv)
@@ -434,7 +440,11 @@ def _diagnose(
 
 
 def validate_frames(
-    buf, first_index: int, first_pos: int | None, prev_chain_crc: int | None, segment_size: int | None = None
+    buf: Buf,
+    first_index: int,
+    first_pos: int | None,
+    prev_chain_crc: int | None,
+    segment_size: int | None = None,
 ) -> list[Header]:
     """Validate a run of consecutive encoded entries (a replication payload) before anything is written.
 

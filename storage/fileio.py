@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from storage.codec import Buf
 
 
 class FileIO:
@@ -22,7 +26,7 @@ class FileIO:
     def close(self, fd: int) -> None:
         os.close(fd)
 
-    def pwrite(self, fd: int, data, offset: int) -> None:
+    def pwrite(self, fd: int, data: Buf, offset: int) -> None:
         """Write all of ``data`` at ``offset``; a short write is retried for the rest, an error propagates."""
         done = os.pwrite(fd, data, offset)
         total = len(data)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 from storage import bodies, codec
 from storage.api import LogPosition
@@ -550,7 +551,7 @@ class FileLogStore:
                 f"range {lo}..{hi} runs past the end of the log (last index {self._tail.last_index})"
             )
 
-    def _raise_range(self, index: int):
+    def _raise_range(self, index: int) -> NoReturn:
         if 0 <= index < self._start.first_index:
             raise Compacted(f"index {index} is compacted (first index is {self._start.first_index})")
         raise IndexOutOfRange(

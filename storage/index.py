@@ -28,11 +28,14 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from storage.errors import StorageError
 from storage.fileio import FileIO
 from storage.segments import list_segments, segment_name
+
+if TYPE_CHECKING:
+    from storage.codec import Buf
 
 UNIT: Final = struct.Struct(">iqiqq")
 UNIT_SIZE: Final = UNIT.size  # 32
@@ -149,7 +152,7 @@ class IndexFiles:
 
     # -- units ---------------------------------------------------------------------------------------------------
 
-    def write(self, first: int, packed) -> None:
+    def write(self, first: int, packed: Buf) -> None:
         """Store consecutive packed units starting at index ``first`` (files must exist: see ``ensure``)."""
         f = self._files[first // self.units]
         off = (first - f.first) * UNIT_SIZE
@@ -204,7 +207,8 @@ class IndexFiles:
 
     def term(self, index: int) -> int:
         f = self._files[index // self.units]
-        return _TERM.unpack_from(f.mm, (index - f.first) * UNIT_SIZE + 24)[0]
+        term: int = _TERM.unpack_from(f.mm, (index - f.first) * UNIT_SIZE + 24)[0]
+        return term
 
     def pos_size(self, index: int) -> tuple[int, int]:
         f = self._files[index // self.units]
@@ -212,7 +216,8 @@ class IndexFiles:
 
     def pos(self, index: int) -> int:
         f = self._files[index // self.units]
-        return _TERM.unpack_from(f.mm, (index - f.first) * UNIT_SIZE + 4)[0]
+        pos: int = _TERM.unpack_from(f.mm, (index - f.first) * UNIT_SIZE + 4)[0]
+        return pos
 
     def last_written(self, floor: int) -> int:
         """The highest index >= ``floor`` with a non-zero unit, assuming units are zero after the tail; floor - 1
@@ -225,7 +230,7 @@ class IndexFiles:
                 continue
             mm = f.mm
 
-            def nonzero(i: int, mm=mm, first=f.first) -> bool:
+            def nonzero(i: int, mm: mmap.mmap = mm, first: int = f.first) -> bool:
                 off = (i - first) * UNIT_SIZE
                 return mm[off : off + UNIT_SIZE] != _ZERO_UNIT
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import NoReturn
 
 from storage import codec
 from storage.api import HardState, LogPosition
@@ -209,7 +210,7 @@ class MemoryLogStore:
         if self._closed:
             raise StoreClosedError("the log store is closed")
 
-    def _raise_range(self, index: int):
+    def _raise_range(self, index: int) -> NoReturn:
         if 0 <= index < self._first:
             raise Compacted(f"index {index} is compacted (first index is {self._first})")
         raise IndexOutOfRange(f"index {index} is past the end of the log (last index {self.last_index})")

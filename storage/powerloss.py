@@ -33,25 +33,31 @@ import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from storage.fileio import FileIO
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from storage.codec import Buf
+    from storage.meta_lmdb import LmdbMetaStore
 
 STATE_DIR = "chaos-powerloss"
 JOURNAL = "journal.jsonl"
 GRAVE = "grave"
 
 
-def state_dir(node_dir: str | os.PathLike) -> Path:
+def state_dir(node_dir: str | os.PathLike[str]) -> Path:
     return Path(node_dir) / STATE_DIR
 
 
-def enable(node_dir: str | os.PathLike) -> None:
+def enable(node_dir: str | os.PathLike[str]) -> None:
     """Turn the mode on for the next process that runs in ``node_dir`` (see ``enabled``)."""
     (state_dir(node_dir) / GRAVE).mkdir(parents=True, exist_ok=True)
 
 
-def enabled(node_dir: str | os.PathLike) -> bool:
+def enabled(node_dir: str | os.PathLike[str]) -> bool:
     return state_dir(node_dir).is_dir()
 
 
@@ -62,7 +68,7 @@ class Journal:
     and the operations they describe (``seq``), so a sync record covers exactly the records written before the
     sync began."""
 
-    def __init__(self, node_dir: str | os.PathLike):
+    def __init__(self, node_dir: str | os.PathLike[str]):
         self.node_dir = os.path.abspath(node_dir)
         self.dir = state_dir(node_dir)
         (self.dir / GRAVE).mkdir(parents=True, exist_ok=True)
@@ -128,7 +134,7 @@ class PowerLossFileIO(FileIO):
     def close(self, fd: int) -> None:
         self.inner.close(fd)
 
-    def pwrite(self, fd: int, data, offset: int) -> None:
+    def pwrite(self, fd: int, data: Buf, offset: int) -> None:
         j = self.journal
         with j.lock:
             size = os.fstat(fd).st_size
@@ -140,7 +146,7 @@ class PowerLossFileIO(FileIO):
     def pread(self, fd: int, n: int, offset: int) -> bytes:
         return self.inner.pread(fd, n, offset)
 
-    def _synced(self, fd: int, how) -> None:
+    def _synced(self, fd: int, how: Callable[[int], None]) -> None:
         j = self.journal
         with j.lock:
             upto = j.seq
@@ -202,7 +208,7 @@ def _read_all(path: str) -> bytes:
         return f.read()
 
 
-def power_loss_meta_store(journal: Journal):
+def power_loss_meta_store(journal: Journal) -> type[LmdbMetaStore]:
     """The ``LmdbMetaStore`` class for a power-loss process: a subclass that journals every transaction."""
     from storage.meta_lmdb import LmdbMetaStore
 
@@ -277,7 +283,7 @@ class PowerLossReport:
         }
 
 
-def read_journal(node_dir: str | os.PathLike) -> list[dict[str, Any]]:
+def read_journal(node_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = state_dir(node_dir) / JOURNAL
     out = []
     try:
@@ -305,7 +311,7 @@ def _inode_paths(root: Path) -> dict[int, str]:
     return out
 
 
-def power_loss(node_dir: str | os.PathLike, rng: random.Random, mode: str = "drop") -> PowerLossReport:
+def power_loss(node_dir: str | os.PathLike[str], rng: random.Random, mode: str = "drop") -> PowerLossReport:
     """Rewrite a stopped node's directory as a disk would hold it after a power cut, and reset the journal.
 
     ``mode="drop"``: everything not synced is lost. ``mode="torn"``: per file, the unsynced operations are kept
@@ -326,9 +332,9 @@ def power_loss(node_dir: str | os.PathLike, rng: random.Random, mode: str = "dro
 
 
 def _undo_data(
-    root: Path, records: list[dict], rng: random.Random, mode: str, report: PowerLossReport
+    root: Path, records: list[dict[str, Any]], rng: random.Random, mode: str, report: PowerLossReport
 ) -> None:
-    ops: dict[int, list[dict]] = {}
+    ops: dict[int, list[dict[str, Any]]] = {}
     for r in records:
         o = r["o"]
         if o == "c":
@@ -363,12 +369,14 @@ def _undo_data(
         report.files[path] = lost
 
 
-def _undo_op(f, op: dict, keep_bytes: int | None) -> int:
+def _undo_op(f: BinaryIO, op: dict[str, Any], keep_bytes: int | None) -> int:
     """Undo one data operation on open file ``f`` (all of it, or all but its first ``keep_bytes``);
     returns the bytes of it that are lost."""
     kind, size_before = op["o"], op["sz"]
     if kind == "w":
-        off, n, old = op["off"], op["n"], bytes.fromhex(op["old"])
+        off: int = op["off"]
+        n: int = op["n"]
+        old = bytes.fromhex(op["old"])
         k = keep_bytes or 0
         # bytes [off + k, off + n) revert: old content inside the old size, nothing beyond it
         if k < len(old):
@@ -391,7 +399,7 @@ def _undo_op(f, op: dict, keep_bytes: int | None) -> int:
     raise ValueError(f"not a data operation: {op}")
 
 
-def _undo_namespace(records: list[dict], report: PowerLossReport) -> None:
+def _undo_namespace(records: list[dict[str, Any]], report: PowerLossReport) -> None:
     synced: dict[str, int] = {}  # directory -> the last sequence number its fsync covered
     for r in records:
         if r["o"] == "d":
@@ -421,11 +429,11 @@ def _is(path: str, ino: int) -> bool:
     return os.path.lexists(path) and os.lstat(path).st_ino == ino
 
 
-def _undo_meta(records: list[dict], rng: random.Random, mode: str, report: PowerLossReport) -> None:
+def _undo_meta(records: list[dict[str, Any]], rng: random.Random, mode: str, report: PowerLossReport) -> None:
     """LMDB after a power cut: transactions after the last forced sync are undone when the environment commits
     without syncing; when every commit syncs its data (``durable``) only the last one may be undone (LMDB's
     documented promise without metasync)."""
-    by_env: dict[str, list[dict]] = {}
+    by_env: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         if r["o"] == "m":
             by_env.setdefault(r["p"], []).append(r)

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from storage.errors import StorageCorruptError
 from storage.fileio import FileIO
+
+if TYPE_CHECKING:
+    from storage.codec import Buf
 
 NAME_DIGITS = 20
 
@@ -126,7 +130,7 @@ class DataSegments:
         self._order.sort()
         return seg
 
-    def write(self, pos: int, data) -> Segment:
+    def write(self, pos: int, data: Buf) -> Segment:
         """Write ``data`` at absolute ``pos`` (all inside one file, created if needed) in one call."""
         seg = self._segs.get(self.base_of(pos)) or self.create(self.base_of(pos))
         off = pos - seg.base

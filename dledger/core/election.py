@@ -14,6 +14,8 @@ from dledger.core.quorum import VoteResult, vote_result
 
 if TYPE_CHECKING:
     from dledger.core.config import RaftConfig
+    from dledger.core.messages import Message
+    from dledger.core.progress import Progress
     from dledger.core.raft_log import RaftLog
 
 __all__ = ["Election"]
@@ -34,6 +36,17 @@ class Election:
     _leader: str | None
     _votes: dict[str, bool]
     _election_elapsed: int
+    _prs: dict[str, Progress]
+
+    if TYPE_CHECKING:  # defined by RaftCore (raft.py) and Replication (replication.py)
+
+        def _send(self, m: Message) -> None: ...
+        def _event(self, line: str) -> None: ...
+        def _become_follower(self, term: int, leader: str | None) -> None: ...
+        def _become_pre_candidate(self) -> None: ...
+        def _become_candidate(self) -> None: ...
+        def _become_leader(self) -> None: ...
+        def _send_append(self, to: str, send_if_empty: bool) -> bool: ...
 
     def _campaign(self, transfer: bool) -> None:
         """Start a pre-vote round (the default), or a real election when pre-vote is off or on TimeoutNow."""

@@ -156,7 +156,11 @@ class Configuration:
 
     def encode(self) -> bytes:
         """The body of the config entry that carries this configuration (JSON: small, readable in a dump)."""
-        doc: dict = {"format": _FORMAT, "voters": list(self.voters), "learners": list(self.learners)}
+        doc: dict[str, object] = {
+            "format": _FORMAT,
+            "voters": list(self.voters),
+            "learners": list(self.learners),
+        }
         if self.addresses:
             doc["addresses"] = dict(self.addresses)
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()

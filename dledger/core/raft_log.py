@@ -215,7 +215,10 @@ class RaftLog:
         if k >= 0:
             if index > self._last_index:
                 return None
-            return _CHAIN_CRC.unpack_from(self._buf, self._offs[k] - self._base + codec.CHAIN_CRC_OFFSET)[0]
+            chain: int = _CHAIN_CRC.unpack_from(
+                self._buf, self._offs[k] - self._base + codec.CHAIN_CRC_OFFSET
+            )[0]
+            return chain
         snap = self._snapshot
         if snap is not None:
             return snap.chain_crc if index == snap.index else None
@@ -594,7 +597,7 @@ class RaftLog:
         return len(self._offs)
 
 
-def _decode_conf(data, off: int, size: int, index: int) -> Configuration:
+def _decode_conf(data: codec.Buf, off: int, size: int, index: int) -> Configuration:
     try:
         return Configuration.decode(memoryview(data)[off + _HEADER_SIZE : off + size])
     except ConfigurationError as e:

@@ -43,6 +43,10 @@ class ReadIndex:
     _read_requests: list[ReadRequest]
     _read_states: list[tuple[int, int]]
 
+    if TYPE_CHECKING:  # defined by Replication (replication.py)
+
+        def _bcast_heartbeat(self, context: int) -> None: ...
+
     def _committed_in_term(self) -> bool:
         log = self._raft_log
         return log.committed >= 0 and log.match_term(log.committed, self._term)

@@ -34,6 +34,7 @@ from storage import codec
 from storage.errors import IndexOutOfRange
 
 if TYPE_CHECKING:
+    from dledger.core.config import RaftConfig
     from dledger.core.messages import Message
     from dledger.core.raft_log import RaftLog
     from dledger.core.read_index import ReadRequest
@@ -57,6 +58,16 @@ class Replication:
     _msgs: list[Message]
     _pending_reads: list[int]
     _read_requests: list[ReadRequest]
+    _config: RaftConfig
+    _commit_at_last_tick: int
+
+    if TYPE_CHECKING:  # defined by RaftCore (raft.py) and ReadIndex (read_index.py)
+
+        def _send(self, m: Message) -> None: ...
+        def _event(self, line: str) -> None: ...
+        def _committed_in_term(self) -> bool: ...
+        def _start_read(self, context: int) -> None: ...
+        def _ack_read(self, peer: str, seq: int) -> None: ...
 
     # -- follower handlers ------------------------------------------------------------------------------------------
 

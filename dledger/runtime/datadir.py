@@ -89,10 +89,12 @@ class DataDir:
     def checkpoint_commit(self, commit_index: int) -> None:
         """Record the commit index in the MetaStore (unsynced) for readers such as the audit."""
         if commit_index > self.checkpointed_commit:
+            assert self.meta is not None, "checkpointed only while open"
             self.meta.put(COMMIT_INDEX_KEY, str(commit_index).encode())
             self.checkpointed_commit = commit_index
 
     def sync_and_checkpoint(self, commit_index: int) -> None:
+        assert self.log is not None, "synced only while open"
         self.log.sync()
         self.checkpoint_commit(commit_index)
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Callable
+from typing import TypeVar, TypeVarTuple
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class IoThread:
@@ -17,7 +21,7 @@ class IoThread:
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-io")
         self.pending = 0  # jobs submitted and not finished
 
-    async def run(self, fn: Callable, *args: object) -> object:
+    async def run(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
         """Run ``fn(*args)`` on the thread and wait for it."""
         loop = asyncio.get_running_loop()
         job = self.executor.submit(fn, *args)

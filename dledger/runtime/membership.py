@@ -60,9 +60,11 @@ class Membership:
         self._transfer = transfer
         self._start_sender = start_sender
         self._seen_conf: Configuration | None = None
-        self._waiters: list[tuple[int, int, asyncio.Future]] = []  # (index, term, future) of changes
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # (index, term, future) of changes
 
-    async def change(self, kind: str, node_id: str, address: str) -> tuple[int, int, tuple, tuple]:
+    async def change(
+        self, kind: str, node_id: str, address: str
+    ) -> tuple[int, int, tuple[str, ...], tuple[str, ...]]:
         """One membership change (docs/membership.md), on the leader; returns (index, term, voters, learners)
         once its config entry committed. Removing this leader transfers leadership first (to the most caught-up
         voter), so clients see a transfer rather than an election; the change is then proposed on the new
@@ -99,7 +101,7 @@ class Membership:
         p = core.propose_conf_change(ConfChange(change_kind, node_id, address))
         log.info("%s: proposed %s %s at index %d", self.id, kind, node_id, p.first_index)
         self._wake.set()
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((p.first_index, p.term, fut))
         self.committed(self._commit_index())
         timeout = 10 * self.config.raft.election_timeout_max_ms / 1000
@@ -110,7 +112,9 @@ class Membership:
                 f"the change {kind} {node_id} (index {p.first_index}) did not commit within {timeout:.1f} s; "
                 "check 'dledger member list'"
             ) from None
-        conf = self._core().configuration_at(p.first_index)
+        core = self._core()
+        assert core is not None, "a started node's core"
+        conf = core.configuration_at(p.first_index)
         return p.first_index, p.term, conf.voters, conf.learners
 
     def committed(self, commit_index: int) -> None:
@@ -133,12 +137,16 @@ class Membership:
 
     def watch_conf_changed(self) -> None:
         """After each Ready: dial the members of a new configuration."""
-        if self._core().configuration is not self._seen_conf:
+        core = self._core()
+        assert core is not None, "watched once started"
+        if core.configuration is not self._seen_conf:
             self.watch_conf()
 
     def watch_conf(self) -> None:
         """The configuration changed (a config entry appended, truncated or installed): dial new members."""
-        conf = self._core().configuration
+        core = self._core()
+        assert core is not None, "watched once started"
+        conf = core.configuration
         self._seen_conf = conf
         for member in conf.members:
             if self._peers.learn(member, conf.address(member) or self.config.peers.get(member)):

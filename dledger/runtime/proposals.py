@@ -38,13 +38,13 @@ class PendingAppend:
     """Client bodies waiting to be proposed (queued) or committed (proposed: index range known)."""
 
     bodies: list[bytes]
-    future: asyncio.Future
+    future: asyncio.Future[AppendedRun]
     prepare: Prepare | None = None
     want_results: bool = False  # register with the apply waiters at proposal (``Node.submit``)
     first_index: int = -1
     term: int = -1
     positions: tuple[int, ...] = ()
-    applied: list[asyncio.Future] = field(default_factory=list)
+    applied: list[asyncio.Future[Applied]] = field(default_factory=list)
     queued_at: float = field(default_factory=time.perf_counter)
 
     @property
@@ -61,11 +61,11 @@ class ApplyWaiters:
 
     def __init__(self, apply: ApplyLoop):
         self._apply = apply
-        self._waiters: dict[int, tuple[int, asyncio.Future]] = {}
+        self._waiters: dict[int, tuple[int, asyncio.Future[Applied]]] = {}
 
-    def register(self, index: int, term: int) -> asyncio.Future:
+    def register(self, index: int, term: int) -> asyncio.Future[Applied]:
         """A future that resolves with the state machine's result once (index, term) is applied."""
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
         if index <= self._apply.applied_index:
             fut.set_exception(OutcomeUnknownError(f"entry {index} was applied before its waiter registered"))
             return fut
@@ -127,7 +127,7 @@ class Proposals:
         wake: asyncio.Event,
         not_leader: Callable[[], DLedgerError],
         refusal: Callable[[], DLedgerError | None],
-        stats: collections.Counter,
+        stats: collections.Counter[str],
         metrics: NodeMetrics,
     ):
         self.id = node_id
@@ -204,7 +204,9 @@ class Proposals:
             p.term = proposed.term
             p.positions = proposed.positions[i : i + n]
             if p.want_results:
-                p.applied = [self.waiters.register(p.first_index + k, p.term) for k in range(n)]
+                waiters = self.waiters
+                assert waiters is not None, "results are wanted only from a node that hosts a state machine"
+                p.applied = [waiters.register(p.first_index + k, p.term) for k in range(n)]
             i += n
             self._proposed.append(p)
         self._proposed_entries += len(bodies)
@@ -226,7 +228,9 @@ class Proposals:
             if p.future.done():
                 continue
             # Log matching: if the entry at last_index still has our term, the whole batch is ours.
-            if self.log.term(p.last_index) != p.term:
+            log = self.log
+            assert log is not None, "committed only once storage is open"
+            if log.term(p.last_index) != p.term:
                 fail(p.future, OutcomeUnknownError("the entries were overwritten by a newer leader"))
                 continue
             p.future.set_result(AppendedRun(p.first_index, p.term, p.positions))

@@ -27,7 +27,7 @@ class Reads:
         self,
         node_id: str,
         *,
-        core: Callable[[], RaftCore],
+        core: Callable[[], RaftCore | None],
         wake: asyncio.Event,
         not_leader: Callable[[], DLedgerError],
         applied: Callable[[], int],
@@ -40,8 +40,10 @@ class Reads:
         self._applied = applied
         self._has_state_machine = has_state_machine
         self._seq = 0
-        self._read_waiters: dict[int, asyncio.Future] = {}  # read-index context -> future of the read index
-        self._applied_waiters: list[tuple[int, int, asyncio.Future]] = []  # heap of (index, seq, future)
+        self._read_waiters: dict[
+            int, asyncio.Future[int]
+        ] = {}  # read-index context -> future of the read index
+        self._applied_waiters: list[tuple[int, int, asyncio.Future[int]]] = []  # heap of (index, seq, future)
 
     async def read_index(self, timeout_s: float) -> int:
         """Confirm leadership with a quorum, then wait until the state machine has applied the commit index
@@ -52,7 +54,7 @@ class Reads:
         loop = asyncio.get_running_loop()
         self._seq += 1
         context = self._seq
-        fut = loop.create_future()
+        fut: asyncio.Future[int] = loop.create_future()
         self._read_waiters[context] = fut
         try:
             core.read_index(context)
@@ -90,7 +92,7 @@ class Reads:
             return
         if not self._has_state_machine():
             raise InvalidRequestError(f"node {self.id} runs no state machine to wait for")
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._seq += 1
         heapq.heappush(self._applied_waiters, (index, self._seq, fut))
         await fut

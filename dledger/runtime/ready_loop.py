@@ -33,6 +33,7 @@ from dledger.runtime.datadir import SNAPSHOT_CONF_KEY, DataDir
 from dledger.runtime.iothread import IoThread
 from dledger.runtime.peers import Peers, ReplyWaiter
 from dledger.runtime.proposals import Proposals
+from storage.api import LogStore, MetaStore
 from storage.errors import DiskFullError
 
 # Appends up to this size are written on the event loop while writes take less than this on average.
@@ -71,14 +72,18 @@ class ReadyLoop:
         read_states: Callable[[tuple[tuple[int, int], ...]], None],
         watch_role: Callable[[], None],
         rebuild_core: Callable[[int], RaftCore],
-        stats: collections.Counter,
+        stats: collections.Counter[str],
         metrics: NodeMetrics,
     ):
         self.id = node_id
         self.config = config
         self._data = data
-        self._log = data.log
-        self._meta = data.meta
+        log_store, meta_store = data.log, data.meta
+        assert log_store is not None and meta_store is not None, (
+            "the ready loop starts once the stores are open"
+        )
+        self._log: LogStore = log_store
+        self._meta: MetaStore = meta_store
         self._io = io_thread
         self.core = core
         self._wake = wake
@@ -91,7 +96,7 @@ class ReadyLoop:
         self.stats = stats
         self.metrics = metrics
         self.commit_index = -1
-        self.persisted_index = data.log.last_index  # what storage held at start is persisted
+        self.persisted_index = log_store.last_index  # what storage held at start is persisted
         self._dirty_since_sync = False
         self._persist_ewma_s = 0.0  # recent time per persist (decides inline writes on followers)
         self.disk_full: str | None = None  # why writes are refused (a full disk), until a write succeeds

@@ -112,7 +112,7 @@ class SignaturePlugin(grpc.AuthMetadataPlugin):
         self._ak = access_key
         self._sk = secret_key
 
-    def __call__(self, context, callback) -> None:
+    def __call__(self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback) -> None:
         callback(headers(self._ak, self._sk), None)
 
     def __repr__(self) -> str:  # never the secret

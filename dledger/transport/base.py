@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from dledger.core.messages import InstallSnapshot, Message
 from storage.codec import Entry
+
+if TYPE_CHECKING:
+    from statemachine.snapshot import SnapshotInfo
 
 
 class PeerUnreachableError(Exception):
@@ -92,6 +95,7 @@ class NodeInfo:
     conf_index: int = -1
 
 
+@runtime_checkable
 class PeerTransport(Protocol):
     """Outbound Raft traffic of one node."""
 
@@ -119,6 +123,7 @@ class PeerTransport(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
 class PeerHandler(Protocol):
     """The node as the peer server sees it."""
 
@@ -141,6 +146,7 @@ class PeerHandler(Protocol):
         ...
 
 
+@runtime_checkable
 class ClientHandler(Protocol):
     """The node as the client service sees it. Methods raise ``dledger.errors.DLedgerError`` subclasses."""
 
@@ -154,8 +160,14 @@ class ClientHandler(Protocol):
 
     async def transfer_leadership(self, target: str) -> str: ...
 
-    async def change_membership(self, kind: str, node_id: str, address: str) -> tuple[int, int, tuple, tuple]:
+    async def change_membership(
+        self, kind: str, node_id: str, address: str
+    ) -> tuple[int, int, tuple[str, ...], tuple[str, ...]]:
         """(index, term, voters, learners) once the config entry committed."""
+        ...
+
+    async def snapshot_now(self) -> tuple[bool, SnapshotInfo | None, int]:
+        """Take a snapshot now: (taken, the newest snapshot, the first log index afterwards)."""
         ...
 
     def address_of(self, node_id: str) -> str | None:

@@ -8,7 +8,8 @@ name, and back to the same class.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
@@ -38,6 +39,9 @@ from dledger.errors import (
     UnavailableError,
 )
 from dledger.v1 import client_pb2, raft_pb2
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message as ProtoMessage
 
 # -- Raft peer messages ------------------------------------------------------------------------------------
 
@@ -193,18 +197,19 @@ def install_snapshot_from_pb(p: raft_pb2.InstallSnapshotChunk) -> InstallSnapsho
 
 
 # The envelope: (core type) -> (oneof field, to_pb); (oneof field) -> from_pb. Requests carry the group.
-_REQUESTS = {
+# Each converter takes the message type its key names (hence Any for the argument).
+_REQUESTS: dict[type[Message], tuple[str, Callable[[Any, str], ProtoMessage]]] = {
     RequestVote: ("vote", vote_to_pb),
     AppendEntries: ("append_entries", append_entries_to_pb),
     Heartbeat: ("heartbeat", heartbeat_to_pb),
     TimeoutNow: ("timeout_now", timeout_now_to_pb),
 }
-_RESPONSES = {
+_RESPONSES: dict[type[Message], tuple[str, Callable[[Any], ProtoMessage]]] = {
     RequestVoteResponse: ("vote_response", vote_response_to_pb),
     AppendEntriesResponse: ("append_entries_response", append_response_to_pb),
     HeartbeatResponse: ("heartbeat_response", heartbeat_response_to_pb),
 }
-_FROM_PB = {
+_FROM_PB: dict[str, Callable[[Any], Message]] = {
     "vote": vote_from_pb,
     "vote_response": vote_response_from_pb,
     "append_entries": append_entries_from_pb,
@@ -218,12 +223,15 @@ _FROM_PB = {
 def message_to_pb(m: Message, group: str) -> raft_pb2.RaftMessage:
     """Wrap any wire message in the ``RaftMessage`` envelope (InstallSnapshot travels on its own stream)."""
     t = type(m)
+    # (the oneof field is chosen at run time: the stubs cannot tie it to its message type, hence dict[str, Any])
     if t in _REQUESTS:
-        field, fn = _REQUESTS[t]
-        return raft_pb2.RaftMessage(**{field: fn(m, group)})
+        field, to_pb = _REQUESTS[t]
+        request: dict[str, Any] = {field: to_pb(m, group)}
+        return raft_pb2.RaftMessage(**request)
     if t in _RESPONSES:
-        field, fn = _RESPONSES[t]
-        return raft_pb2.RaftMessage(**{field: fn(m)})
+        field, response_to_pb = _RESPONSES[t]
+        response: dict[str, Any] = {field: response_to_pb(m)}
+        return raft_pb2.RaftMessage(**response)
     raise TypeError(f"{t.__name__} does not travel in a RaftMessage envelope")
 
 
@@ -311,7 +319,8 @@ _BY_CODE: dict[str, type[DLedgerError]] = {
 
 
 def status_code(err: DLedgerError) -> grpc.StatusCode:
-    return getattr(grpc.StatusCode, err.grpc_status)
+    code: grpc.StatusCode = getattr(grpc.StatusCode, err.grpc_status)
+    return code
 
 
 def error_metadata(err: DLedgerError, leader_address: str | None = None) -> tuple[tuple[str, str], ...]:
@@ -371,7 +380,9 @@ def error_from_rpc(e: grpc.RpcError, address: str = "", *, write: bool = False) 
     """The error a failed call (blocking or asyncio) stands for. A ``write`` whose call broke after the request
     may have reached the node (the connection dropped, the deadline passed) is ``OutcomeUnknownError``: it
     may have been applied. A refused connection, or an error the node itself raised, says what it says."""
-    md = {k: v for k, v in (e.trailing_metadata() or ()) if isinstance(v, str)}
+    # (key, value) pairs, as every gRPC call gives them; types-grpcio types RpcError's as objects (_Metadatum)
+    trailing = cast("tuple[tuple[str, str | bytes], ...]", e.trailing_metadata() or ())
+    md = {k: v for k, v in trailing if isinstance(v, str)}
     code, details = e.code(), e.details() or ""
     from_node = ERROR_CLASS_KEY in md or REFUSED_KEY in md or OUTCOME_UNKNOWN_KEY in md
     if write and not from_node:

@@ -18,7 +18,7 @@ import functools
 import gc
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -111,7 +111,7 @@ class _Pipe:
         self._group = group
         self._on_replies = on_replies
         # Requests go out as bytes from ``convert.encode_deliver`` (no serializer); answers parse as usual.
-        self.call = peer.data.stream_stream(
+        self.call: grpc.aio.StreamStreamCall[bytes, raft_pb2.PeerReply] = peer.data.stream_stream(
             PIPE_METHOD, request_serializer=None, response_deserializer=raft_pb2.PeerReply.FromString
         )()
         self.broken: str | None = None
@@ -234,7 +234,7 @@ class GrpcPeerTransport:
             raise PeerUnreachableError(msg.dst, "?", "not a member of this group")
         header = convert.install_snapshot_to_pb(msg, self.group)
 
-        async def stream():
+        async def stream() -> AsyncIterator[raft_pb2.InstallSnapshotChunk]:
             if chunks is None:
                 yield header
                 return
@@ -260,21 +260,38 @@ class GrpcPeerTransport:
             await p.control.close()
 
 
-async def _abort(context: grpc.aio.ServicerContext, err: DLedgerError, leader_address: str | None = None):
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+_Context = grpc.aio.ServicerContext  # of any call: ServicerContext[its request, its response]
+
+
+class _GroupRequest(Protocol):
+    """Every request of the RaftPeer and DLedger services names its group."""
+
+    @property
+    def group(self) -> str: ...
+
+
+_GroupRequestT = TypeVar("_GroupRequestT", bound=_GroupRequest)
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext[_Req, _Resp], err: DLedgerError, leader_address: str | None = None
+) -> NoReturn:
     context.set_trailing_metadata(convert.error_metadata(err, leader_address))
     await context.abort(convert.status_code(err), str(err))
 
 
 async def abort_rpc(
-    context: grpc.aio.ServicerContext, err: DLedgerError, address_of: Callable[[str], str | None]
-) -> None:
+    context: grpc.aio.ServicerContext[_Req, _Resp], err: DLedgerError, address_of: Callable[[str], str | None]
+) -> NoReturn:
     """End a call of a service stacked on a node (a plugin's) with ``err``'s status, and for a not-leader
     error the leader's address in the trailing metadata, exactly as the client service does."""
     hint = address_of(err.leader_hint) if isinstance(err, NotLeaderError) and err.leader_hint else None
     await _abort(context, err, hint)
 
 
-async def check_group(context: grpc.aio.ServicerContext, got: str, mine: str) -> None:
+async def check_group(context: grpc.aio.ServicerContext[_Req, _Resp], got: str, mine: str) -> None:
     """An empty group means "whatever this node serves"; another group is INVALID_ARGUMENT."""
     if got and got != mine:
         await _abort(context, _unknown_group(got, mine))
@@ -287,7 +304,12 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
         self._handler = handler
         self._group = handler.group
 
-    async def _one(self, request, from_pb, context) -> raft_pb2.PeerReply:
+    async def _one(
+        self,
+        request: _GroupRequestT,
+        from_pb: Callable[[_GroupRequestT], Message],
+        context: grpc.aio.ServicerContext[_GroupRequestT, raft_pb2.PeerReply],
+    ) -> raft_pb2.PeerReply:
         if request.group != self._group:
             await _abort(context, _unknown_group(request.group, self._group))
         try:
@@ -296,29 +318,47 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
             await _abort(context, e)
         return convert.reply_to_pb(replies, self._group)
 
-    async def Vote(self, request, context):
+    async def Vote(
+        self, request: raft_pb2.VoteRequest, context: _Context[raft_pb2.VoteRequest, raft_pb2.PeerReply]
+    ) -> raft_pb2.PeerReply:
         return await self._one(request, convert.vote_from_pb, context)
 
-    async def AppendEntries(self, request, context):
+    async def AppendEntries(
+        self,
+        request: raft_pb2.AppendEntriesRequest,
+        context: _Context[raft_pb2.AppendEntriesRequest, raft_pb2.PeerReply],
+    ) -> raft_pb2.PeerReply:
         return await self._one(request, convert.append_entries_from_pb, context)
 
-    async def Heartbeat(self, request, context):
+    async def Heartbeat(
+        self,
+        request: raft_pb2.HeartbeatRequest,
+        context: _Context[raft_pb2.HeartbeatRequest, raft_pb2.PeerReply],
+    ) -> raft_pb2.PeerReply:
         return await self._one(request, convert.heartbeat_from_pb, context)
 
-    async def TimeoutNow(self, request, context):
+    async def TimeoutNow(
+        self,
+        request: raft_pb2.TimeoutNowRequest,
+        context: _Context[raft_pb2.TimeoutNowRequest, raft_pb2.PeerReply],
+    ) -> raft_pb2.PeerReply:
         return await self._one(request, convert.timeout_now_from_pb, context)
 
-    async def Pipe(self, request_iterator, context):
+    async def Pipe(
+        self,
+        request_iterator: AsyncIterator[raft_pb2.DeliverRequest],
+        context: _Context[raft_pb2.DeliverRequest, raft_pb2.PeerReply],
+    ) -> AsyncIterator[raft_pb2.PeerReply]:
         """Step each batch as it arrives; answer each batch once its answers are persisted (batches are
         stepped in arrival order, answers may overtake each other). The reader steps a batch itself and the
         answer goes out from its future's done callback: no task per batch on the replication round trip."""
         out: asyncio.Queue[raft_pb2.PeerReply | None] = asyncio.Queue()
-        pending: set[asyncio.Future] = set()
+        pending: set[asyncio.Future[list[Message]]] = set()
         drained = asyncio.Event()
         group = self._group
         refused: list[InvalidRequestError] = []
 
-        def answered(fut: asyncio.Future, *, n: int) -> None:
+        def answered(fut: asyncio.Future[list[Message]], *, n: int) -> None:
             pending.discard(fut)
             if not pending:
                 drained.set()
@@ -380,7 +420,9 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
             for f in list(pending):
                 f.cancel()
 
-    async def Deliver(self, request, context):
+    async def Deliver(
+        self, request: raft_pb2.DeliverRequest, context: _Context[raft_pb2.DeliverRequest, raft_pb2.PeerReply]
+    ) -> raft_pb2.PeerReply:
         if request.group != self._group:
             await _abort(context, _unknown_group(request.group, self._group))
         out: list[Message] = []
@@ -391,7 +433,11 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
             await _abort(context, e)
         return convert.reply_to_pb(out, self._group)
 
-    async def InstallSnapshot(self, request_iterator, context):
+    async def InstallSnapshot(
+        self,
+        request_iterator: AsyncIterator[raft_pb2.InstallSnapshotChunk],
+        context: _Context[raft_pb2.InstallSnapshotChunk, raft_pb2.PeerReply],
+    ) -> raft_pb2.PeerReply:
         it = request_iterator.__aiter__()
         try:
             first = await it.__anext__()
@@ -469,12 +515,16 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
             return self._handler.address_of(err.leader_hint)
         return None
 
-    async def _check_group(self, group: str, context) -> None:
+    async def _check_group(self, group: str, context: grpc.aio.ServicerContext[_Req, _Resp]) -> None:
         # An empty group means "whatever this node serves" so that ad-hoc tools need not know it.
         if group and group != self._group:
             await _abort(context, _unknown_group(group, self._group))
 
-    async def Append(self, request, context):
+    async def Append(
+        self,
+        request: client_pb2.AppendRequest,
+        context: _Context[client_pb2.AppendRequest, client_pb2.AppendResponse],
+    ) -> client_pb2.AppendResponse:
         await self._check_group(request.group, context)
         try:
             results = await self._handler.append(list(request.bodies))
@@ -482,10 +532,14 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
             await _abort(context, e, self._hint_address(e))
         return _appended(results, request.request_id)
 
-    async def AppendStream(self, request_iterator, context):
+    async def AppendStream(
+        self,
+        request_iterator: AsyncIterator[client_pb2.AppendRequest],
+        context: _Context[client_pb2.AppendRequest, client_pb2.AppendResponse],
+    ) -> AsyncIterator[client_pb2.AppendResponse]:
         """Many appends over one stream: each request is handled as it arrives, answered as it commits."""
         out: asyncio.Queue[client_pb2.AppendResponse | None] = asyncio.Queue()
-        pending: set[asyncio.Task] = set()
+        pending: set[asyncio.Task[None]] = set()
 
         async def one(req: client_pb2.AppendRequest) -> None:
             try:
@@ -525,7 +579,9 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
             for t in list(pending):
                 t.cancel()
 
-    async def Get(self, request, context):
+    async def Get(
+        self, request: client_pb2.GetRequest, context: _Context[client_pb2.GetRequest, client_pb2.GetResponse]
+    ) -> client_pb2.GetResponse:
         await self._check_group(request.group, context)
         try:
             e = self._handler.get(request.index)
@@ -535,11 +591,19 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
             index=e.index, term=e.term, pos=e.pos, magic=e.magic, body=bytes(e.body)
         )
 
-    async def Metadata(self, request, context):
+    async def Metadata(
+        self,
+        request: client_pb2.MetadataRequest,
+        context: _Context[client_pb2.MetadataRequest, client_pb2.MetadataResponse],
+    ) -> client_pb2.MetadataResponse:
         await self._check_group(request.group, context)
         return node_info_to_pb(self._handler.metadata())
 
-    async def TransferLeadership(self, request, context):
+    async def TransferLeadership(
+        self,
+        request: client_pb2.TransferLeadershipRequest,
+        context: _Context[client_pb2.TransferLeadershipRequest, client_pb2.TransferLeadershipResponse],
+    ) -> client_pb2.TransferLeadershipResponse:
         await self._check_group(request.group, context)
         try:
             leader = await self._handler.transfer_leadership(request.target)
@@ -547,7 +611,11 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
             await _abort(context, e, self._hint_address(e))
         return client_pb2.TransferLeadershipResponse(leader_id=leader)
 
-    async def ChangeMembership(self, request, context):
+    async def ChangeMembership(
+        self,
+        request: client_pb2.ChangeMembershipRequest,
+        context: _Context[client_pb2.ChangeMembershipRequest, client_pb2.ChangeMembershipResponse],
+    ) -> client_pb2.ChangeMembershipResponse:
         await self._check_group(request.group, context)
         try:
             index, term, voters, learners = await self._handler.change_membership(
@@ -557,7 +625,11 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
             await _abort(context, e, self._hint_address(e))
         return client_pb2.ChangeMembershipResponse(index=index, term=term, voters=voters, learners=learners)
 
-    async def TakeSnapshot(self, request, context):
+    async def TakeSnapshot(
+        self,
+        request: client_pb2.TakeSnapshotRequest,
+        context: _Context[client_pb2.TakeSnapshotRequest, client_pb2.TakeSnapshotResponse],
+    ) -> client_pb2.TakeSnapshotResponse:
         await self._check_group(request.group, context)
         try:
             taken, info, first_index = await self._handler.snapshot_now()
