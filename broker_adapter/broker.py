@@ -41,6 +41,7 @@ from broker_adapter.broker_types import (
 )
 from broker_adapter.commitlog import CommitLog, CommitLogError
 from broker_adapter.dispatcher import BrokerStateMachine
+from broker_adapter.settings import BrokerSettings
 from broker_adapter.topics import HALF_TOPIC, TIMER_TOPIC
 from dledger.core.messages import Role
 from dledger.errors import (
@@ -57,8 +58,15 @@ MAX_WAIT_MS: Final = 30_000
 
 
 class Broker:
-    def __init__(self, node: NodeHandle, state_machine: BrokerStateMachine, allocator: QueueOffsetAllocator):
+    def __init__(
+        self,
+        node: NodeHandle,
+        state_machine: BrokerStateMachine,
+        allocator: QueueOffsetAllocator,
+        settings: BrokerSettings | None = None,
+    ):
         self.node = node
+        self.settings = settings or BrokerSettings()  # the node config's [broker] table
         self.sm = state_machine
         self._alloc = allocator
         self.commitlog = CommitLog(node.log_store, state_machine)
@@ -151,7 +159,7 @@ class Broker:
 
     @property
     def auto_create_topic_queues(self) -> int:
-        return self.node.config.auto_create_topic_queues
+        return self.settings.auto_create_topic_queues
 
     async def ensure_topic(self, topic: str) -> int:
         """The topic's queue count. With ``auto_create_topic_queues`` on, the leader first creates an unknown

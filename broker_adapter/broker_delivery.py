@@ -32,7 +32,7 @@ from broker_adapter.broker_types import (
     check_user_topic,
 )
 from broker_adapter.clock import now_ms
-from broker_adapter.timer import DEFAULT_MAX_DELAY_MS, Waiting
+from broker_adapter.timer import Waiting
 from broker_adapter.topics import HALF_TOPIC, RETRY_PREFIX, TIMER_TOPIC, dlq_topic, retry_topic
 from broker_adapter.transactions import COMMIT, ROLLBACK, Half
 from dledger.core.messages import Role
@@ -104,7 +104,7 @@ class Delivery:
         self._tick_lock = asyncio.Lock()
         self._tx_locks: dict[str, asyncio.Lock] = {}  # per transaction id: a retried end waits for the first
         self.on_tx_check: Callable[[Half, message.Message], None] | None = None
-        self.max_delay_ms = int(getattr(broker.node.config, "max_delay_ms", DEFAULT_MAX_DELAY_MS))
+        self.max_delay_ms = broker.settings.max_delay_ms
 
     # -- leadership ----------------------------------------------------------------------------------------
     def role_changed(self, role: Role, term: int) -> None:

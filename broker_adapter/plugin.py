@@ -20,6 +20,7 @@ from broker_adapter.broker import Broker
 from broker_adapter.dispatcher import BrokerStateMachine
 from broker_adapter.nameserver.registrar import Registrar, node_credentials
 from broker_adapter.retention import Retention, RetentionPolicy
+from broker_adapter.settings import SECTION, BrokerSettings
 from dledger.plugins import NodeHandle
 from dledger.v1 import broker_pb2_grpc, nameserver_pb2
 from storage.codec import MAGIC_NORMAL
@@ -30,8 +31,11 @@ _SCAN_BYTES = 4 << 20
 
 
 class BrokerPlugin:
+    config_sections = (SECTION,)  # [broker]: broker_adapter/settings.py
+
     def __init__(self, config: Any):
         self.config = config
+        self.settings = BrokerSettings.of(config)  # a bad [broker] value stops the node here, named
         self.broker: Broker | None = None
         self.rocketmq: Any = None  # broker_adapter.rocketmq.servicer.MessagingServicer once attached
         self.allocator: QueueOffsetAllocator | None = None
@@ -60,7 +64,7 @@ class BrokerPlugin:
             self.state_machine.repair(
                 (e.index, e.pos, e.body) for e in _scan(store, store.first_index, store.last_index)
             )
-        policy = RetentionPolicy.of(node.config)
+        policy = RetentionPolicy.of(self.settings)
         if policy.active:
             sm = self.state_machine
             sm.retention = Retention(
@@ -69,13 +73,14 @@ class BrokerPlugin:
         self.allocator = QueueOffsetAllocator(
             self.state_machine, read_entries, lambda: self.state_machine.applied_index
         )
-        self.broker = Broker(node, self.state_machine, self.allocator)
+        self.broker = Broker(node, self.state_machine, self.allocator, self.settings)
         node.add_role_listener(self.broker.role_changed)
-        if node.config.nameservers:
+        settings = self.settings
+        if settings.nameservers:
             self.registrar = Registrar(
-                node.config.nameservers,
-                lambda: registration(node, self.state_machine),
-                node.config.nameserver_heartbeat_ms / 1000,
+                settings.nameservers,
+                lambda: registration(node, self.state_machine, settings.cluster),
+                settings.nameserver_heartbeat_ms / 1000,
                 node_credentials(node.group, node.id, node.config.security),
             )
             node.add_role_listener(self.registrar.changed)
@@ -100,10 +105,10 @@ class BrokerPlugin:
             await self.registrar.aclose()
 
 
-def registration(node: NodeHandle, sm: BrokerStateMachine) -> nameserver_pb2.BrokerRegistration:
+def registration(node: NodeHandle, sm: BrokerStateMachine, cluster: str) -> nameserver_pb2.BrokerRegistration:
     """What this node tells the name servers: who it is, whether it leads, and the topics it has applied."""
     return nameserver_pb2.BrokerRegistration(
-        cluster=node.config.cluster,
+        cluster=cluster,
         group=node.group,
         node_id=node.id,
         address=node.address_of(node.id) or node.config.address,

@@ -62,7 +62,7 @@ from dledger.security.config import SecurityConfig
 from storage.index import DEFAULT_UNITS_PER_FILE
 
 FLUSH_POLICIES = ("sync", "async")
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # node, group and cluster names
 _TOP_KEYS = {
     "id",
     "group",
@@ -76,20 +76,9 @@ _TOP_KEYS = {
     "state_machine",
     "snapshot",
     "metrics_listen",
-    "broker",
     "security",
     "join",
     "storage",
-}
-_BROKER_KEYS = {
-    "auto_create_topic_queues",
-    "nameservers",
-    "cluster",
-    "nameserver_heartbeat_ms",
-    "retention_hours",
-    "retention_bytes",
-    "disk_max_used_percent",
-    "max_delay_ms",
 }
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
 _SNAPSHOT_KEYS = {"entries": "snapshot_entries", "bytes": "snapshot_bytes", "keep": "snapshot_keep"}
@@ -134,41 +123,30 @@ class NodeConfig:
     metrics_listen: str = (
         ""  # host:port of the Prometheus /metrics endpoint (port 0: any free one); off if ""
     )
-    # [broker] a send to (or a RocketMQ route query for) an unknown topic creates it with this many queues,
-    # through the log; 0 (the default) refuses it with NOT_FOUND instead.
-    auto_create_topic_queues: int = 0
-    # [broker] name servers this node registers with (docs/cluster.md): host:port each; none: standalone group
-    nameservers: tuple[str, ...] = ()
-    cluster: str = "DefaultCluster"  # the cluster name it registers under (RocketMQ's brokerClusterName)
-    nameserver_heartbeat_ms: int = 2_000  # re-registration period; the name server expires a node after 120 s
     # [security] TLS on the port, peer identity, users and permissions; None (no table): off (docs/security.md)
     security: SecurityConfig | None = None
-    # [broker] retention (broker_adapter/retention.py, docs/broker.md "Retention"); 0 turns each off, and with all
-    # off the snapshot policy alone compacts the log. RocketMQ's fileReservedTime and diskMaxUsedSpaceRatio.
-    retention_hours: float = 0.0
-    retention_bytes: int = 0
-    disk_max_used_percent: float = 0.0
     # A node started to join a running group (``dledger group replace-node``, ``member add``): with an empty log
     # it knows no configuration and never campaigns until the leader's log or snapshot tells it its membership
     # (docs/membership.md). [peers] then lists the members it may hear from, itself included.
     join: bool = False
-    # [broker] how far ahead a delayed message's delivery time may be (RocketMQ's proxy default: 1 day); a later
-    # one is refused (RocketMQ 5: ILLEGAL_DELIVERY_TIME).
-    max_delay_ms: int = 86_400_000
+    # The tables of the file this config does not know itself, by name: they belong to the node's plugin, which
+    # reads and checks its own (the broker's [broker]: broker_adapter/settings.py); one that no part of the node
+    # reads stops it at start (``Node``). Compared, not hashed.
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     # [storage] index units (32 bytes each) per index file; the files are preallocated whole (storage/index.py)
     index_units_per_file: int = field(default_factory=default_index_units)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.node_id, str) or not _ID_RE.match(self.node_id):
+        if not isinstance(self.node_id, str) or not ID_RE.match(self.node_id):
             raise ConfigError(
                 f"node id {self.node_id!r} is invalid: use 1-64 letters, digits, '_', '.', '-' (e.g. n0)"
             )
-        if not isinstance(self.group, str) or not _ID_RE.match(self.group):
+        if not isinstance(self.group, str) or not ID_RE.match(self.group):
             raise ConfigError(f"group {self.group!r} is invalid: use 1-64 letters, digits, '_', '.', '-'")
         if not self.peers:
             raise ConfigError("peers is empty: list every voter as id=host:port, this node included")
         for pid, addr in self.peers.items():
-            if not _ID_RE.match(pid):
+            if not ID_RE.match(pid):
                 raise ConfigError(f"peer id {pid!r} is invalid: use letters, digits, '_', '.', '-'")
             parse_address(addr, f"peer {pid}")
         if len(set(self.peers.values())) != len(self.peers):
@@ -201,38 +179,6 @@ class NodeConfig:
                 raise ConfigError(
                     f"[snapshot] {name.removeprefix('snapshot_')} must be an integer >= {lo}, got {v!r}"
                 )
-        n = self.auto_create_topic_queues
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1024:
-            raise ConfigError(
-                f"[broker] auto_create_topic_queues must be an integer in 0..1024 (0: off), got {n!r}"
-            )
-        ns = self.nameservers
-        ns = tuple(a.strip() for a in ns.split(",") if a.strip()) if isinstance(ns, str) else tuple(ns)
-        object.__setattr__(self, "nameservers", ns)
-        for addr in self.nameservers:
-            parse_address(addr, "[broker] nameservers")
-        hb = self.nameserver_heartbeat_ms
-        if isinstance(hb, bool) or not isinstance(hb, int) or not 100 <= hb <= 60_000:
-            raise ConfigError(
-                f"[broker] nameserver_heartbeat_ms must be an integer in 100..60000, got {hb!r}"
-            )
-        if not _ID_RE.match(str(self.cluster)):
-            raise ConfigError(
-                f"[broker] cluster {self.cluster!r} is invalid: use 1-64 letters, digits, '_', '.', '-'"
-            )
-        for name, hi in (
-            ("retention_hours", 1e6),
-            ("retention_bytes", 1 << 62),
-            ("disk_max_used_percent", 100),
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= hi:
-                raise ConfigError(f"[broker] {name} must be a number in 0..{hi:g} (0: off), got {v!r}")
-        d = self.max_delay_ms
-        if isinstance(d, bool) or not isinstance(d, int) or not 1_000 <= d <= 400 * 86_400_000:
-            raise ConfigError(
-                f"[broker] max_delay_ms must be an integer in 1000..{400 * 86_400_000}, got {d!r}"
-            )
         u, (lo, hi) = self.index_units_per_file, INDEX_UNITS_RANGE
         if isinstance(u, bool) or not isinstance(u, int) or not lo <= u <= hi:
             raise ConfigError(f"[storage] index_units_per_file must be an integer in {lo}..{hi}, got {u!r}")
@@ -263,7 +209,7 @@ def parse_address(addr: str, what: str, allow_any_port: bool = False) -> tuple[s
 
 def valid_id(text: str) -> bool:
     """A node or group id: 1-64 letters, digits, '_', '.', '-' (what node.toml accepts)."""
-    return isinstance(text, str) and _ID_RE.match(text) is not None
+    return isinstance(text, str) and ID_RE.match(text) is not None
 
 
 def parse_peers(text: str) -> dict[str, str]:
@@ -289,7 +235,7 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-        unknown = set(raw) - _TOP_KEYS
+        unknown = {k for k in set(raw) - _TOP_KEYS if not isinstance(raw[k], dict)}
         if unknown:
             raise ConfigError(
                 f"config file {path}: unknown keys {sorted(unknown)}; known: {sorted(_TOP_KEYS)}"
@@ -299,10 +245,6 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
     bad_snapshot = set(snapshot) - set(_SNAPSHOT_KEYS)
     if bad_snapshot:
         raise ConfigError(f"[snapshot]: unknown keys {sorted(bad_snapshot)}; known: {sorted(_SNAPSHOT_KEYS)}")
-    broker = dict(raw.get("broker", {}))
-    bad_broker = set(broker) - _BROKER_KEYS
-    if bad_broker:
-        raise ConfigError(f"[broker]: unknown keys {sorted(bad_broker)}; known: {sorted(_BROKER_KEYS)}")
     storage = dict(raw.get("storage", {}))
     bad_storage = set(storage) - _STORAGE_KEYS
     if bad_storage:
@@ -362,10 +304,9 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
         v = pick(name)
         if v is not None:
             kwargs[name] = v
-    for name in _BROKER_KEYS:
-        v = overrides.get(name, broker.get(name))
-        if v is not None:
-            kwargs[name] = v
+    sections = {k: dict(v) for k, v in raw.items() if k not in _TOP_KEYS and isinstance(v, dict)}
+    if sections:
+        kwargs["sections"] = sections
     for name in _STORAGE_KEYS:
         v = overrides.get(name, storage.get(name))
         if v is not None:

@@ -100,7 +100,9 @@ class NodeHandle(Protocol):
 
 class NodePlugin(Protocol):
     """A plugin may also define ``async aclose()``: the node awaits it when stopping, after its server stopped
-    (the broker's name-server registration ends there)."""
+    (the broker's name-server registration ends there), and ``config_sections``: the names of the node config's
+    tables it reads (``NodeConfig.sections``; its factory checks them), so that a table nobody reads is refused
+    at start instead of ignored."""
 
     state_machine: StateMachine
 

@@ -23,6 +23,7 @@ from dledger.core.membership import Configuration
 from dledger.core.messages import InstallSnapshot, Message, Prepare, Role
 from dledger.core.raft import RaftCore
 from dledger.errors import (
+    ConfigError,
     InvalidRequestError,
     NotFoundError,
     NotLeaderError,
@@ -98,6 +99,12 @@ class Node:
 
             plugin = SecuredPlugin(config, plugin, state_machine)
         self.plugin = plugin
+        unread = sorted(set(config.sections) - set(getattr(plugin, "config_sections", ())))
+        if unread:
+            raise ConfigError(
+                f"node {config.node_id}: no part of it reads the table(s) {', '.join(f'[{t}]' for t in unread)} "
+                f"of its config (state_machine = {config.state_machine!r}); remove them or fix their names"
+            )
         self.state_machine = plugin.state_machine if plugin is not None else state_machine
         self._apply: ApplyLoop | None = None
         self.port = 0

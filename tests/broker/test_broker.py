@@ -25,6 +25,7 @@ from broker_adapter.broker_types import (
 )
 from broker_adapter.dispatcher import BrokerStateMachine
 from broker_adapter.rocketmq.invisibility import Outcome
+from broker_adapter.settings import BrokerSettings
 from dledger.core.messages import Role
 from dledger.errors import InvalidRequestError, NotLeaderError, UnavailableError
 from dledger.plugins import NodeHandle
@@ -41,9 +42,9 @@ class FakeNode:
 
     def __init__(self, sm: BrokerStateMachine, auto_create: int = 0, max_body: int = 1 << 20):
         self.id, self.group = "n0", "g"
+        self.auto_create = auto_create
         self.config = SimpleNamespace(
             max_body_bytes=max_body,
-            auto_create_topic_queues=auto_create,
             peers={"n0": "127.0.0.1:1", "n1": "127.0.0.1:2"},
         )
         self.log_store = MemoryLogStore()
@@ -146,7 +147,7 @@ def made(tmp_path):
     node = FakeNode(sm)
     handle: NodeHandle = node  # the double satisfies the Protocol plugins are typed with
     alloc = QueueOffsetAllocator(sm, _entries(node.log_store), lambda: sm.applied_index)
-    broker = Broker(handle, sm, alloc)
+    broker = Broker(handle, sm, alloc, BrokerSettings(auto_create_topic_queues=node.auto_create))
     holder.append(broker)
     broker.role_changed(Role.LEADER, node.term)
     yield broker, node
@@ -227,8 +228,8 @@ async def test_send_refuses_bad_input_before_writing(made, topic_name, msgs, err
 
 @run
 async def test_send_auto_creates_an_unknown_topic(made):
-    broker, node = made
-    node.config.auto_create_topic_queues = 3
+    broker, _ = made
+    broker.settings = BrokerSettings(auto_create_topic_queues=3)
     (r,) = await broker.send("Auto", [out(2)])
     assert broker.sm.topics["Auto"] == 3 and (r.queue_id, r.queue_offset) == (2, 0)
 

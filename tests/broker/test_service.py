@@ -327,7 +327,10 @@ def test_topic_auto_create_is_off_by_default_and_goes_through_the_log_when_on(tm
 
     async def main():
         async with LocalGroup(
-            tmp_path / "on", 3, state_machine_plugin="broker", auto_create_topic_queues=3
+            tmp_path / "on",
+            3,
+            state_machine_plugin="broker",
+            sections={"broker": {"auto_create_topic_queues": 3}},
         ) as g:
             leader = await g.leader()
             async with grpc.aio.insecure_channel(leader.config.address) as ch:
