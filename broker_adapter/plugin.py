@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from broker_adapter import service
+from broker_adapter import security_rules, service
 from broker_adapter.allocator import QueueOffsetAllocator
 from broker_adapter.broker import Broker
 from broker_adapter.dispatcher import BrokerStateMachine
@@ -24,6 +24,9 @@ from broker_adapter.settings import SECTION, BrokerSettings
 from dledger.plugins import NodeHandle
 from dledger.v1 import broker_pb2_grpc, nameserver_pb2
 from storage.codec import MAGIC_NORMAL
+
+if TYPE_CHECKING:
+    from dledger.security.guard import ServiceRules
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,12 @@ class BrokerPlugin:
         self.rocketmq = MessagingServicer(self.broker, cluster=self.registrar)
         handlers.add_to_server(self.rocketmq, server)
         return (*service.service_names(), handlers.SERVICE_NAME)
+
+    def security_rules(self) -> Sequence[ServiceRules]:
+        """Who may call the broker's services on a secure group (the node's guard asks; only a secure node
+        imports the security modules)."""
+
+        return security_rules.rules()
 
     async def aclose(self) -> None:
         if self.registrar is not None:

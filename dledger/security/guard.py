@@ -4,24 +4,26 @@ servicer runs, so a refused call writes nothing (docs/security.md).
 - ``dledger.v1.RaftPeer``: only a member proving its node id (``tls.PeerVerifier``); every Raft message in the
   call must come from that node (``src``), so a member cannot speak for another.
 - Health checking and reflection: open (they reveal no data).
-- Everything else: a signed user (``auth.verify``), then the permission the method and request need (``RULES``;
-  a method not listed needs ``admin``, so a service added later is closed until someone opens it).
+- Everything else: a signed user (``auth.verify``), then the permission the method and request need: ``RULES``
+  for the log's own services, and the ``ServiceRules`` a node's plugin brings for its services
+  (``NodePlugin.security_rules``: the broker's are in broker_adapter/security_rules.py). A method nobody lists
+  needs ``admin``, so a service added later is closed until someone opens it.
 
 Before refusing what a user change could make acceptable (an unknown access key, a signature that does not
 match, a missing permission), the guard catches up (``catch_up``, ``catchup.CatchUp.refresh``: this node applies
 everything the leader had committed when the call arrived) and checks once more, so a change acknowledged
 before the call holds here too. An accepted call waits for nothing.
 
-Missing or bad credentials: UNAUTHENTICATED; a forbidden action: PERMISSION_DENIED. On RocketMQ 5's face the
-answer is its own: the response's Status carries UNAUTHORIZED (40100) or FORBIDDEN (40300), which the official
-clients turn into their exceptions. Refusals are logged with the access key or node id and the reason, never a
-secret.
+Missing or bad credentials: UNAUTHENTICATED; a forbidden action: PERMISSION_DENIED, unless the service's rules
+answer refusals themselves (``ServiceRules.refusal``: a protocol whose answers carry their own status). Refusals
+are logged with the access key or node id and the reason, never a secret.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import grpc
@@ -33,62 +35,35 @@ from dledger.security.users import User, is_user_command
 log = logging.getLogger("dledger.security")
 
 RAFT: Final = "dledger.v1.RaftPeer"
-ROCKETMQ: Final = "apache.rocketmq.v2.MessagingService"
 OPEN_SERVICES: Final = frozenset({"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"})
-UNAUTHORIZED: Final = 40100  # apache.rocketmq.v2.Code
-FORBIDDEN: Final = 40300
-_RMQ_CODE: Final = {
-    grpc.StatusCode.UNAUTHENTICATED: UNAUTHORIZED,
-    grpc.StatusCode.PERMISSION_DENIED: FORBIDDEN,
-}
 
 # A need: ("user",) any authenticated user; ("admin",); ("publish", topic); ("subscribe", topic, group or None
 # for any group). The raw log counts as admin's: it can hold anything, a broker's messages included.
 Need = tuple[str, ...]
+Rule = Callable[[Any], list[Need]]  # a request (None for a client stream) -> what the call needs
 KV_TOPIC: Final = "%KV"
 
 
-def _name(msg: Any, *path: str) -> str:
-    for p in path:
-        msg = getattr(msg, p)
-    return str(msg)
+@dataclass(frozen=True, slots=True)
+class ServiceRules:
+    """Who may call a plugin's service: brought by the plugin that serves it (``NodePlugin.security_rules``)."""
+
+    service: str  # the full service name, e.g. "pkg.v1.Service"
+    methods: Mapping[str, Rule]  # method name -> what a call needs; a method not here needs admin
+    # For a service whose handlers take the request's bytes: method name -> the request class to read them with.
+    request_class: Callable[[str], type | None] | None = None
+    # For a protocol whose answers carry their own status: (method name, code, why) -> the answer to send instead
+    # of a gRPC error (UNAUTHENTICATED or PERMISSION_DENIED).
+    refusal: Callable[[str, grpc.StatusCode, str], Any] | None = None
 
 
-def _rmq_topic(r: Any) -> str:
-    return r.message_queue.topic.name if r.HasField("message_queue") else r.topic.name
-
-
-RULES: Final[dict[str, Callable[[Any], list[Need]]]] = {
+RULES: Final[dict[str, Rule]] = {
     "/dledger.v1.DLedger/Metadata": lambda r: [("user",)],
     "/dledger.v1.KV/Put": lambda r: [("publish", KV_TOPIC)],
     "/dledger.v1.KV/Delete": lambda r: [("publish", KV_TOPIC)],
     "/dledger.v1.KV/CompareAndSwap": lambda r: [("publish", KV_TOPIC)],
     "/dledger.v1.KV/Get": lambda r: [("subscribe", KV_TOPIC, None)],
-    "/dledger.v1.Broker/Send": lambda r: [("publish", r.topic)],
-    "/dledger.v1.Broker/Pull": lambda r: [("subscribe", r.topic, None)],
-    "/dledger.v1.Broker/ListTopics": lambda r: [("user",)],
-    "/dledger.v1.Broker/Route": lambda r: [("user",)],
-    "/dledger.v1.Broker/CommitOffset": lambda r: [("subscribe", r.topic, r.group)],
-    "/dledger.v1.Broker/QueryOffset": lambda r: [("subscribe", r.topic, r.group)],
-    "/dledger.v1.Broker/Later": lambda r: [("subscribe", r.topic, r.group)],
     "/dledger.v1.Security/ListUsers": lambda r: [("admin",)],
-    f"/{ROCKETMQ}/QueryRoute": lambda r: [("user",)],
-    f"/{ROCKETMQ}/Heartbeat": lambda r: [("user",)],
-    f"/{ROCKETMQ}/QueryAssignment": lambda r: [("user",)],
-    f"/{ROCKETMQ}/Telemetry": lambda r: [("user",)],
-    f"/{ROCKETMQ}/NotifyClientTermination": lambda r: [("user",)],
-    f"/{ROCKETMQ}/SendMessage": lambda r: [("publish", m.topic.name) for m in r.messages] or [("user",)],
-    f"/{ROCKETMQ}/EndTransaction": lambda r: [("publish", r.topic.name)],
-    f"/{ROCKETMQ}/RecallMessage": lambda r: [("publish", r.topic.name)],
-    f"/{ROCKETMQ}/ReceiveMessage": lambda r: [("subscribe", _rmq_topic(r), r.group.name)],
-    f"/{ROCKETMQ}/AckMessage": lambda r: [("subscribe", r.topic.name, r.group.name)],
-    f"/{ROCKETMQ}/ChangeInvisibleDuration": lambda r: [("subscribe", r.topic.name, r.group.name)],
-    f"/{ROCKETMQ}/ForwardMessageToDeadLetterQueue": lambda r: [("subscribe", r.topic.name, r.group.name)],
-    f"/{ROCKETMQ}/PullMessage": lambda r: [("subscribe", _rmq_topic(r), r.group.name)],
-    f"/{ROCKETMQ}/UpdateOffset": lambda r: [("subscribe", _rmq_topic(r), r.group.name)],
-    f"/{ROCKETMQ}/GetOffset": lambda r: [("subscribe", _rmq_topic(r), r.group.name)],
-    f"/{ROCKETMQ}/QueryOffset": lambda r: [("subscribe", _rmq_topic(r), None)],
-    f"/{ROCKETMQ}/SyncLiteSubscription": lambda r: [("subscribe", r.topic.name, r.group.name)],
 }
 _ADMIN: Final[list[Need]] = [("admin",)]
 
@@ -107,20 +82,6 @@ def describe(need: Need) -> str:
     return ":".join(x if x is not None else "*" for x in need)
 
 
-def _rocketmq_classes(method: str) -> tuple[Any, Any] | None:
-    """(request class, response class) of a RocketMQ 5 method, or None when the package is not installed."""
-    try:
-        from rocketmq.grpc_protocol import service_pb2
-    except ImportError:
-        return None
-    m = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods_by_name.get(
-        method.rsplit("/", 1)[1]
-    )
-    if m is None:
-        return None
-    return getattr(service_pb2, m.input_type.name), getattr(service_pb2, m.output_type.name)
-
-
 class SecurityInterceptor(grpc.aio.ServerInterceptor):
     def __init__(
         self,
@@ -130,12 +91,28 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         skew_s: int = auth.DEFAULT_SKEW_S,
         *,
         catch_up: Callable[[], Awaitable[bool]] | None = None,
+        services: Sequence[ServiceRules] = (),
     ):
         self._id = node_id
         self._user_of = user_of
         self._peers = peers
         self._skew = skew_s
         self._catch_up = catch_up
+        self._services = {s.service: s for s in services}
+        self._rules: dict[str, Rule] = dict(RULES)
+        for s in services:
+            self._rules.update({f"/{s.service}/{m}": rule for m, rule in s.methods.items()})
+
+    def _own_answers(self, method: str) -> tuple[type | None, Callable[[grpc.StatusCode, str], Any] | None]:
+        """(the request class when the handler takes bytes, the refusal answer when the protocol has its own)."""
+        service, _, name = method[1:].partition("/")
+        rules = self._services.get(service)
+        if rules is None:
+            return None, None
+        request = rules.request_class(name) if rules.request_class is not None else None
+        refusal = rules.refusal
+        answer = (lambda code, why: refusal(name, code, why)) if refusal is not None else None
+        return request, answer
 
     def _secret_of(self, access_key: str) -> str | None:
         user = self._user_of(access_key)
@@ -153,7 +130,7 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
                 node = self._peers.verify(md)
             except PeerIdentityError as e:
                 log.warning("%s: refused %s: %s", self._id, method, e)
-                return _refused(handler, method, grpc.StatusCode.UNAUTHENTICATED, str(e))
+                return _refused(handler, grpc.StatusCode.UNAUTHENTICATED, str(e), None)
             return _peer_checked(handler, node, self._id)
         try:
             access_key = auth.verify(md, self._secret_of, skew_s=self._skew)
@@ -164,9 +141,9 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         if isinstance(access_key, auth.AuthenticationError):
             log.warning("%s: refused %s: %s", self._id, method, access_key)
             why = f"unauthenticated: {access_key}"
-            return _refused(handler, method, grpc.StatusCode.UNAUTHENTICATED, why)
+            return _refused(handler, grpc.StatusCode.UNAUTHENTICATED, why, self._own_answers(method)[1])
         user = self._user_of(access_key)
-        rule = RULES.get(method)
+        rule = self._rules.get(method)
         if handler.request_streaming:
             needs = _ADMIN if rule is None else rule(None)
             return await self._check_streaming(handler, method, user, needs)
@@ -213,7 +190,7 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         if self._forbidden(user, method, needs, user.access_key) is not None:
             refusal = await self._refusal_after_catch_up(user.access_key, method, needs)
             if refusal is not None:
-                return _refused(handler, method, *refusal)
+                return _refused(handler, *refusal, self._own_answers(method)[1])
         if method == "/dledger.v1.DLedger/AppendStream":
             inner = handler.stream_stream
 
@@ -231,13 +208,13 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
     def _authorized(self, handler, method: str, user: User, rule: Callable[[Any], list[Need]]):
-        rocketmq = _rocketmq_classes(method) if method.startswith(f"/{ROCKETMQ}/") else None
+        request_class, answer = self._own_answers(method)
         raw_append = method == "/dledger.v1.DLedger/Append"
 
         def needs_of(request: Any) -> list[Need] | str:
             """What the call needs, or a refusal no user change alters (a body shaped like a user command)."""
-            if rocketmq is not None and isinstance(request, bytes | bytearray | memoryview):
-                request = rocketmq[0].FromString(bytes(request))
+            if request_class is not None and isinstance(request, bytes | bytearray | memoryview):
+                request = request_class.FromString(bytes(request))  # type: ignore[attr-defined]
             if raw_append and any(is_user_command(b) for b in request.bodies):
                 return _USER_COMMAND
             try:
@@ -273,8 +250,8 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
                 if why is not None:
                     code, why = await refusal(why)
                     if why is not None:
-                        if rocketmq is not None:
-                            return rocketmq[1](status={"code": _RMQ_CODE[code], "message": why})
+                        if answer is not None:
+                            return answer(code, why)
                         await context.abort(code, why)
                 return await inner(request, context)
 
@@ -286,8 +263,8 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             if why is not None:
                 code, why = await refusal(why)
                 if why is not None:
-                    if rocketmq is not None:
-                        yield rocketmq[1](status={"code": _RMQ_CODE[code], "message": why})
+                    if answer is not None:
+                        yield answer(code, why)
                         return
                     await context.abort(code, why)
             async for out in inner_stream(request, context):
@@ -316,11 +293,10 @@ def _same_kind(handler, behavior):
     return grpc.unary_unary_rpc_method_handler(behavior, **kw)
 
 
-def _refused(handler, method: str, code: grpc.StatusCode, why: str):
-    """A handler that answers the refusal without running the servicer (RocketMQ: a Status in the response)."""
-    rocketmq = _rocketmq_classes(method) if method.startswith(f"/{ROCKETMQ}/") else None
-    rmq_code = UNAUTHORIZED if code == grpc.StatusCode.UNAUTHENTICATED else FORBIDDEN
-    if handler.request_streaming or rocketmq is None:
+def _refused(handler, code: grpc.StatusCode, why: str, answer: Callable[[grpc.StatusCode, str], Any] | None):
+    """A handler that answers the refusal without running the servicer: a gRPC error, or the service's own
+    answer (``ServiceRules.refusal``) for a call that does not stream requests."""
+    if handler.request_streaming or answer is None:
         if handler.response_streaming:
 
             async def refuse_stream(request, context):
@@ -336,12 +312,12 @@ def _refused(handler, method: str, code: grpc.StatusCode, why: str):
     if handler.response_streaming:
 
         async def status_stream(request, context):
-            yield rocketmq[1](status={"code": rmq_code, "message": why})
+            yield answer(code, why)
 
         return _same_kind(handler, status_stream)
 
     async def status_unary(request, context):
-        return rocketmq[1](status={"code": rmq_code, "message": why})
+        return answer(code, why)
 
     return _same_kind(handler, status_unary)
 

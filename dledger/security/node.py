@@ -82,7 +82,14 @@ class SecuredPlugin:
             verifier,
             cfg.security.skew_s,
             catch_up=catch_up.refresh if catch_up is not None else None,
+            services=self._service_rules(),
         )
+
+    def _service_rules(self) -> Sequence[guard.ServiceRules]:
+        """The permission rules of the wrapped plugin's own services (``NodePlugin.security_rules``)."""
+        inner = self.__dict__.get("inner")
+        rules = getattr(inner, "security_rules", None) if inner is not None else None
+        return tuple(rules()) if rules is not None else ()
 
     def peer_credentials(self) -> grpc.ChannelCredentials:
         cfg = self.config

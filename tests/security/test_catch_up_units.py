@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
+from broker_adapter import security_rules
 from dledger.security import auth, certs, guard
 from dledger.security.catchup import CatchUp
 from dledger.security.users import User
@@ -41,7 +42,9 @@ class World:
         return True
 
     def interceptor(self) -> guard.SecurityInterceptor:
-        return guard.SecurityInterceptor("n1", self.users.get, None, catch_up=self.catch_up)
+        return guard.SecurityInterceptor(
+            "n1", self.users.get, None, catch_up=self.catch_up, services=security_rules.rules()
+        )
 
 
 async def _call(world: World, method: str, request, headers) -> object:
