@@ -189,3 +189,70 @@ def test_relative_imports_and_the_most_specific_rule() -> None:
     assert [v.imported for v in violations("storage.x", "import statemachine.api\n", "storage/x.py")] == [
         "statemachine.api"
     ]
+
+
+# -- the plugin seam: what the log layer knows of its tenants (issue 26) --------------------------------------
+# Modules under dledger/ whose code (names and string constants: comments and docstrings are prose) names no
+# broker, RocketMQ or name-server key, method or message: the broker brings those itself (its [broker] table,
+# broker_adapter/settings.py; its permission rules, broker_adapter/security_rules.py). The rest of dledger/ still
+# knows its tenant in places (the generated broker and name-server protos in dledger/v1, the name servers'
+# certificates in dledger/security); a module joins this list once it is clean, and stays clean.
+TENANT_FREE: tuple[str, ...] = (
+    "dledger/nodeconfig.py",
+    "dledger/plugins.py",
+    "dledger/security/guard.py",
+    "dledger/security/auth.py",
+    "dledger/security/users.py",
+    "dledger/security/service.py",
+    "dledger/security/catchup.py",
+    "dledger/security/node.py",
+    "dledger/core",
+    "dledger/runtime",
+    "dledger/transport",
+)
+_TENANT = re.compile(r"broker|rocketmq|nameserver|name_server|MessagingService|SHARDINGKEY", re.IGNORECASE)
+
+
+def tenant_knowledge(source: str, path: str) -> list[tuple[int, str]]:
+    """(line, text) of every name or string constant in the code that names a tenant (docstrings excluded)."""
+    tree = ast.parse(source, path)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        text = None
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            text = node.value
+        elif isinstance(node, ast.Name):
+            text = node.id
+        elif isinstance(node, ast.Attribute):
+            text = node.attr
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.arg):
+            text = node.name if not isinstance(node, ast.arg) else node.arg
+        if text is not None and _TENANT.search(text):
+            found.append((getattr(node, "lineno", 0), text))
+    return found
+
+
+def test_the_log_layer_names_no_tenant_where_it_is_clean() -> None:
+    bad = []
+    for entry in TENANT_FREE:
+        target = ROOT / entry
+        files = sorted(target.rglob("*.py")) if target.is_dir() else [target]
+        for f in files:
+            rel = str(f.relative_to(ROOT))
+            bad += [f"{rel}:{line}: {text!r}" for line, text in tenant_knowledge(f.read_text(), rel)]
+    assert not bad, "tenant knowledge under dledger/ (it belongs to the plugin):\n" + "\n".join(bad)
+
+
+def test_the_tenant_check_sees_code_not_prose() -> None:
+    source = (
+        '"""A module about the broker."""\nRULES = {"/dledger.v1.Broker/Send": 1}\ndef f(nameservers): pass\n'
+    )
+    assert [t for _, t in tenant_knowledge(source, "x.py")] == ["/dledger.v1.Broker/Send", "nameservers"]
