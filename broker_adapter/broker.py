@@ -477,6 +477,8 @@ class Broker:
 
     def read(self, topic: str, queue_id: int, offset: int) -> message.Message | None:
         """The committed message at a queue offset, or None when this node's log no longer holds it."""
+        if offset < 0:
+            raise OffsetRangeError(f"{topic}/{queue_id}: queue offset {offset} is negative")
         units = self.sm.queue(topic, queue_id).read(offset, 1)
         if not units or units[0].size == 0:
             return None

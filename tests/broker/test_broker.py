@@ -590,3 +590,15 @@ async def test_a_send_refused_for_one_delayed_message_writes_none_of_the_others(
         _Context(),
     )
     assert len(ok.results) == 2 and node.log_store.last_index == before + 2
+
+
+@run
+async def test_a_negative_queue_offset_is_refused_as_out_of_range(made):
+    """The fuzzer's find: Later with queue_offset -1 answered UNKNOWN (an IndexError from the ConsumeQueue)."""
+    broker, _ = made
+    await topic(broker)
+    await broker.send("T", [out(0)])
+    with pytest.raises(OffsetRangeError, match="negative"):
+        broker.read("T", 0, -1)
+    with pytest.raises(OffsetRangeError, match="negative"):
+        await broker.delivery.later("g", "T", 0, -1)
