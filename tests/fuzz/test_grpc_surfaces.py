@@ -13,7 +13,7 @@ oversized bytes, random raw frames). After every call:
   calls it judged and skipped, prints both, and fails if most refused calls went unjudged);
 - peer-service calls from a node id that is not a member are refused with INVALID_ARGUMENT.
 
-Every test runs twice: on plain groups, and on secure ones (``group up --secure``, docs/security.md) where the
+Every test runs twice: on plain groups here, and on secure ones (``test_grpc_surfaces_secure.py``) (``group up --secure``, docs/security.md) where the
 fuzzed calls are signed by the admin, peer calls carry a member's proof, and each call is sent again without a
 signature (refused: UNAUTHENTICATED, or RocketMQ's UNAUTHORIZED) and by a user without permissions (never a
 write), neither of which may write anything.
@@ -222,7 +222,9 @@ def _start(tmp: pytest.TempPathFactory, name: str, state_machine: str, mode: str
         grp.stop_group(g)
 
 
-MODES = ["plain", "secure"]
+# This module fuzzes plain groups; test_grpc_surfaces_secure.py runs the same tests on secure ones, a module of
+# its own so that pytest-xdist (--dist loadfile) gives the two halves to two workers.
+MODES = ["plain"]
 
 
 @pytest.fixture(scope="module", params=MODES)
