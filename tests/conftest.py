@@ -18,24 +18,57 @@ from dledger.nodeconfig import INDEX_UNITS_ENV
 TEST_INDEX_UNITS = 65_536  # 2 MiB index files
 os.environ.setdefault(INDEX_UNITS_ENV, str(TEST_INDEX_UNITS))
 
-# The modules that take longest, started first. pytest-xdist's ``--dist loadfile`` (make test) hands whole files
-# to the two workers in collection order, so a long file collected late runs on its own at the end and sets the
-# wall time; started first, the short files fill in around them. Figures: docs/benchmarks.md, Test suite time.
-HEAVY_FIRST = (
-    "tests/fuzz/test_grpc_surfaces_secure.py",
-    "tests/fuzz/test_grpc_surfaces.py",
-    "tests/chaos/test_runs.py",
-    "tests/spark/test_standalone.py",
-    "tests/property/test_raft_safety.py",
-    "tests/spark/test_audit.py",
-    "tests/broker/test_tour.py",
-    "tests/cluster/test_cluster.py",
-    "tests/broker/test_e2e.py",
-)
+
+# -- pytest-xdist: the longest files first ------------------------------------------------------------------------
+# ``make test`` runs ``--dist loadfile``: a whole file on one worker. xdist hands out files by number of tests,
+# most first, so the few files with one or two very long tests (a Spark audit, a chaos run) came last and one
+# worker ran them alone while the other had finished. These files go first, longest first (seconds a run took
+# on this 2-core machine under load, from ``--durations``/junit; rough is enough: only the order matters), the
+# rest after them in xdist's own order; and a worker gets its next file only when it is about to start the
+# last test of its current one, so a file is not held back behind another worker's long test.
+LONG_FILES = {
+    "tests/spark/test_audit.py": 185,
+    "tests/cluster/test_cluster.py": 125,
+    "tests/spark/test_standalone.py": 98,
+    "tests/chaos/test_runs.py": 63,
+    "tests/rocketmq/test_delivery.py": 56,
+    "tests/property/test_raft_safety.py": 53,
+    "tests/broker/test_tour.py": 49,
+    "tests/integration/test_membership.py": 34,
+    "tests/integration/test_group.py": 33,
+    "tests/chaos/test_powerloss.py": 29,
+    "tests/broker/test_e2e.py": 26,
+    "tests/rocketmq/test_transactions_recall.py": 22,
+    "tests/bench/test_compare_smoke.py": 21,
+    "tests/cluster/test_secure_cluster.py": 20,
+    "tests/fuzz/test_grpc_surfaces_secure.py": 20,
+    "tests/rocketmq/test_failover.py": 20,
+    "tests/bench/test_jetstream_smoke.py": 15,
+    "tests/broker/test_retention_group.py": 14,
+    "tests/integration/test_snapshots.py": 13,
+    "tests/fuzz/test_grpc_surfaces.py": 11,
+    "tests/rocketmq/test_clients.py": 11,
+    "tests/bench/test_security_bench.py": 11,
+    "tests/integration/test_repair.py": 10,
+}
 
 
-def pytest_collection_modifyitems(config, items) -> None:
-    rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
-    items.sort(
-        key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank))
-    )  # stable: in-file order kept
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFilesFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node) -> None:
+            longest = max(self.workqueue, key=lambda scope: LONG_FILES.get(scope, 0))
+            self.workqueue.move_to_end(longest, last=False)  # max() keeps xdist's order among the rest
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node) -> None:
+            # xdist tops a worker up at two pending tests; a worker runs a test once it knows the next one, so
+            # one pending test is the last moment that does not leave it waiting.
+            if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+                return
+            super()._reschedule(node)
+
+    return LongestFilesFirst(config, log)
