@@ -111,10 +111,14 @@ def test_policy_snapshot_compacts_and_restart_loads_snapshot_plus_suffix(tmp_pat
             await g.start()
             leader = await g.leader()
             want = await _put(leader, 0, 150)
-            # Compaction follows each snapshot on the node's I/O thread: wait for both.
+            # Compaction follows each snapshot on the node's I/O thread: wait for both, and for no snapshot to be in
+            # progress (one being published holds keep + 1 snapshots on disk until it prunes the oldest).
             await g.until(
                 lambda: all(
-                    n.stats["snapshots_taken"] >= 2 and n.log_store.first_index > 0 for n in g.nodes.values()
+                    n.stats["snapshots_taken"] >= 2
+                    and n.log_store.first_index > 0
+                    and not n.snapshot_in_progress
+                    for n in g.nodes.values()
                 ),
                 what="snapshots and compaction",
             )
