@@ -162,6 +162,7 @@ class Snapshots:
         return None if f is None else f()
 
     async def _retention_compaction(self, floor: int) -> None:
+        ok = False
         try:
             async with self._lock:
                 cut = min(floor, self._last_index + 1)  # a snapshot covers every entry before the cut
@@ -169,6 +170,7 @@ class Snapshots:
                     await self._io.run(self._log.compact_prefix, cut)
                     self.stats["retention_compactions"] += 1
                     log.info("%s: retention: the log now starts at %d", self.id, self._log.first_index)
+            ok = True
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -176,6 +178,10 @@ class Snapshots:
             log.error("%s: compacting the log for retention failed: %r", self.id, e, exc_info=e)
         finally:
             self.task = None
+        if ok:
+            # Entries applied while this ran may have moved the floor on; with no more to come (an idle group)
+            # nothing else would look again, and the log would stay past the policy until the next write.
+            self.maybe_snapshot()
 
     async def _policy_snapshot(self) -> None:
         ok = False
