@@ -43,7 +43,8 @@ from dledger.runtime.reads import Reads
 from dledger.runtime.ready_loop import ReadyLoop
 from dledger.runtime.snapshots import Snapshots
 from dledger.transport.base import AppendedRun, NodeInfo, PeerInfo, PeerTransport, SnapshotChunk
-from dledger.transport.grpc import GrpcPeerTransport, NodeServer
+from dledger.transport.grpc import GrpcPeerTransport
+from dledger.transport.server import NodeServer
 from statemachine.api import StateMachine
 from statemachine.apply_loop import Applied, ApplyLoop
 from statemachine.snapshot import SnapshotInfo, SnapshotStore

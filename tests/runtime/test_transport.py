@@ -21,7 +21,8 @@ from dledger.core.messages import (
 from dledger.errors import UnavailableError
 from dledger.group import free_ports
 from dledger.transport.base import PeerUnreachableError
-from dledger.transport.grpc import GrpcPeerTransport, NodeServer
+from dledger.transport.grpc import GrpcPeerTransport
+from dledger.transport.server import NodeServer
 
 pytestmark = pytest.mark.timeout(30)
 
