@@ -228,7 +228,7 @@ def demo(
         if rc == 0:
             rc = run(dir / "broker", console)
         if rc == 0:  # the same story's security, briefly (docs/security.md)
-            from dledger.security.demo import run as run_secure
+            from broker_adapter.security_demo import run as run_secure
 
             rc = run_secure(dir / "secure", console)
         if rc == 0:

@@ -3,7 +3,7 @@
 Starts a three-node broker group with ``--secure`` in ``group_dir``, adds a user allowed to publish to one topic,
 and shows: its signed send acknowledged; the same user on another topic, a wrong secret and a plaintext client
 refused; a node's certificate presented under another node id refused, with the node's log line. Always stops
-the group. Speaks to the broker through its generated stubs only (this layer does not import the broker).
+the group. It speaks to the broker through its generated stubs only; it lives with the broker, whose demo it ends.
 """
 
 from __future__ import annotations

@@ -206,6 +206,7 @@ TENANT_FREE: tuple[str, ...] = (
     "dledger/security/service.py",
     "dledger/security/catchup.py",
     "dledger/security/node.py",
+    "dledger/security/client.py",
     "dledger/core",
     "dledger/runtime",
     "dledger/transport",

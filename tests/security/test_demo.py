@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from dledger.security import demo
+from broker_adapter import security_demo as demo
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
