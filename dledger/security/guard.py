@@ -99,19 +99,25 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         self._skew = skew_s
         self._catch_up = catch_up
         self._services = {s.service: s for s in services}
+        self._answers: dict[str, tuple[type | None, Callable[[grpc.StatusCode, str], Any] | None]] = {}
         self._rules: dict[str, Rule] = dict(RULES)
         for s in services:
             self._rules.update({f"/{s.service}/{m}": rule for m, rule in s.methods.items()})
 
     def _own_answers(self, method: str) -> tuple[type | None, Callable[[grpc.StatusCode, str], Any] | None]:
-        """(the request class when the handler takes bytes, the refusal answer when the protocol has its own)."""
+        """(the request class when the handler takes bytes, the refusal answer when the protocol has its own):
+        worked out once per method, not at every call."""
+        known = self._answers.get(method)
+        if known is not None:
+            return known
         service, _, name = method[1:].partition("/")
         rules = self._services.get(service)
-        if rules is None:
-            return None, None
-        request = rules.request_class(name) if rules.request_class is not None else None
-        refusal = rules.refusal
-        answer = (lambda code, why: refusal(name, code, why)) if refusal is not None else None
+        request, answer = None, None
+        if rules is not None:
+            request = rules.request_class(name) if rules.request_class is not None else None
+            refusal = rules.refusal
+            answer = (lambda code, why: refusal(name, code, why)) if refusal is not None else None
+        self._answers[method] = (request, answer)
         return request, answer
 
     def _secret_of(self, access_key: str) -> str | None:
