@@ -98,6 +98,70 @@ PROPERTY_BORN_HOST: Final = (
     "__BORNHOST"  # the producer's own name for its host (a RocketMQ 5 client's born_host)
 )
 KEY_SEPARATOR: Final = " "
+# The property names RocketMQ keeps for itself (its MessageConst.STRING_HASH_SET): a RocketMQ 5 client may not
+# send them as user properties (broker_adapter/rocketmq/convert.py), as RocketMQ's proxy refuses them; the broker
+# reads several of them (RETRY_TOPIC, RECONSUME_TIME, PGROUP...) to count retries and route copies.
+ROCKETMQ_RESERVED_PROPERTIES: Final = frozenset(
+    {
+        PROPERTY_TAGS,
+        PROPERTY_KEYS,
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QUEUE_ID,
+        PROPERTY_TRANSACTION_PREPARED,
+        PROPERTY_PRODUCER_GROUP,
+        PROPERTY_RETRY_TOPIC,
+        PROPERTY_ORIGIN_MESSAGE_ID,
+        PROPERTY_RECONSUME_TIME,
+        PROPERTY_TIMER_DELIVER_MS,
+        PROPERTY_BORN_HOST,
+        *[
+            "WAIT",
+            "DELAY",
+            "MIN_OFFSET",
+            "MAX_OFFSET",
+            "BUYER_ID",
+            "TRANSFER_FLAG",
+            "CORRECTION_FLAG",
+            "MQ2_FLAG",
+            "MSG_REGION",
+            "TRACE_ON",
+        ],
+        *[
+            "UNIQ_KEY",
+            "MAX_RECONSUME_TIMES",
+            "CONSUME_START_TIME",
+            "POP_CK",
+            "POP_CK_OFFSET",
+            "1ST_POP_TIME",
+            "DUP_INFO",
+        ],
+        *[
+            "TRAN_PREPARED_QUEUE_OFFSET",
+            "EXTEND_UNIQ_INFO",
+            "INSTANCE_ID",
+            "CORRELATION_ID",
+            "REPLY_TO_CLIENT",
+            "TTL",
+        ],
+        *[
+            "ARRIVE_TIME",
+            "PUSH_REPLY_TIME",
+            "CLUSTER",
+            "MSG_TYPE",
+            "INNER_MULTI_QUEUE_OFFSET",
+            "TIMER_DELAY_MS",
+        ],
+        *["TIMER_DELAY_SEC", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES", "TIMER_OUT_MS"],
+        *[
+            "TIMER_DEL_UNIQKEY",
+            "TIMER_DELAY_LEVEL",
+            "BORN_TIMESTAMP",
+            "DLQ_ORIGIN_TOPIC",
+            "DLQ_ORIGIN_MESSAGE_ID",
+            "__CRC32#",
+        ],
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import re
 import zlib
-from collections.abc import Mapping
 from typing import Final
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -53,65 +52,8 @@ SYSTEM_PROPERTIES: Final = frozenset(
         message.PROPERTY_BORN_HOST,
     }
 )
-# Names RocketMQ keeps for itself (its MessageConst.STRING_HASH_SET), refused as user properties as its proxy
-# refuses them: the broker reads some of them (RETRY_TOPIC, RECONSUME_TIME, PGROUP...) to count retries and
-# route copies, so a user's value there would skew them.
-_ROCKETMQ_RESERVED: Final = frozenset(
-    [
-        "KEYS",
-        "TAGS",
-        "WAIT",
-        "DELAY",
-        "RETRY_TOPIC",
-        "REAL_TOPIC",
-        "REAL_QID",
-        "TRAN_MSG",
-        "PGROUP",
-        "MIN_OFFSET",
-        "MAX_OFFSET",
-        "BUYER_ID",
-        "ORIGIN_MESSAGE_ID",
-        "TRANSFER_FLAG",
-        "CORRECTION_FLAG",
-        "MQ2_FLAG",
-        "RECONSUME_TIME",
-        "MSG_REGION",
-        "TRACE_ON",
-        "UNIQ_KEY",
-        "MAX_RECONSUME_TIMES",
-        "CONSUME_START_TIME",
-        "POP_CK",
-        "POP_CK_OFFSET",
-        "1ST_POP_TIME",
-        "TRAN_PREPARED_QUEUE_OFFSET",
-        "DUP_INFO",
-        "EXTEND_UNIQ_INFO",
-        "INSTANCE_ID",
-        "CORRELATION_ID",
-        "REPLY_TO_CLIENT",
-        "TTL",
-        "ARRIVE_TIME",
-        "PUSH_REPLY_TIME",
-        "CLUSTER",
-        "MSG_TYPE",
-        "INNER_MULTI_QUEUE_OFFSET",
-        "TIMER_DELAY_MS",
-        "TIMER_DELAY_SEC",
-        "TIMER_DELIVER_MS",
-        "TIMER_ENQUEUE_MS",
-        "TIMER_DEQUEUE_MS",
-        "TIMER_ROLL_TIMES",
-        "TIMER_OUT_MS",
-        "TIMER_DEL_UNIQKEY",
-        "TIMER_DELAY_LEVEL",
-        "__BORNHOST",
-        "BORN_TIMESTAMP",
-        "DLQ_ORIGIN_TOPIC",
-        "DLQ_ORIGIN_MESSAGE_ID",
-        "__CRC32#",
-    ]
-)
-_RESERVED_FOR_SENDS: Final = SYSTEM_PROPERTIES | _ROCKETMQ_RESERVED
+# refused as user properties: the broker's own and RocketMQ's (message.ROCKETMQ_RESERVED_PROPERTIES)
+_RESERVED_FOR_SENDS: Final = SYSTEM_PROPERTIES | message.ROCKETMQ_RESERVED_PROPERTIES
 # RocketMQ's proxy limits (ProxyConfig userPropertyMaxNum, maxUserPropertySize, maxMessageGroupSize).
 MAX_USER_PROPERTIES: Final = 128
 MAX_USER_PROPERTY_BYTES: Final = 16 * 1024
@@ -212,9 +154,15 @@ def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body:
     if _reserved(msg_id):
         raise bad_request("message_id contains a reserved character", Code.ILLEGAL_MESSAGE_ID)
     props: dict[str, str] = {}
-    if m.user_properties:
-        _check_user_properties(m.user_properties)
-    for k, v in m.user_properties.items() if m.user_properties else ():
+    user = m.user_properties
+    if len(user) > MAX_USER_PROPERTIES:
+        raise bad_request(
+            f"message has {len(user)} user properties; at most {MAX_USER_PROPERTIES}",
+            Code.MESSAGE_PROPERTIES_TOO_LARGE,
+        )
+    size = 0
+    for k, v in user.items() if user else ():
+        size += len(k.encode()) + len(v.encode())
         if k == message.PROPERTY_MESSAGE_GROUP and sp.HasField("message_group") and v == sp.message_group:
             continue  # what a consumer received, sent on with its properties: the group says it already
         if not k or k in _RESERVED_FOR_SENDS or _reserved(k) or _reserved(v):
@@ -223,6 +171,11 @@ def outgoing(m: definition_pb2.Message, queue_id: int, client_id: str, max_body:
                 Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
             )
         props[k] = v
+    if size > MAX_USER_PROPERTY_BYTES:
+        raise bad_request(
+            f"message user properties are {size} bytes; at most {MAX_USER_PROPERTY_BYTES}",
+            Code.MESSAGE_PROPERTIES_TOO_LARGE,
+        )
     tags = ""
     if sp.HasField("tag"):
         tags = sp.tag
@@ -285,20 +238,6 @@ def _gunzip(body: bytes, limit: int) -> bytes:
     except zlib.error as err:
         raise bad_request(f"message body is not valid gzip: {err}", Code.MESSAGE_CORRUPTED) from None
     return b"".join(out)
-
-
-def _check_user_properties(props: Mapping[str, str]) -> None:
-    if len(props) > MAX_USER_PROPERTIES:
-        raise bad_request(
-            f"message has {len(props)} user properties; at most {MAX_USER_PROPERTIES}",
-            Code.MESSAGE_PROPERTIES_TOO_LARGE,
-        )
-    size = sum(len(k.encode()) + len(v.encode()) for k, v in props.items())
-    if size > MAX_USER_PROPERTY_BYTES:
-        raise bad_request(
-            f"message user properties are {size} bytes; at most {MAX_USER_PROPERTY_BYTES}",
-            Code.MESSAGE_PROPERTIES_TOO_LARGE,
-        )
 
 
 def body_digest(body: bytes) -> str:
