@@ -55,9 +55,8 @@ class Half:
 class HalfMessages:
     def __init__(self) -> None:
         self.open: dict[int, Half] = {}
-        self.by_id: dict[
-            str, list[int]
-        ] = {}  # transaction id -> its open offsets, oldest first (from ``open``)
+        # transaction id -> its open offsets, oldest first (derived from ``open``)
+        self.by_id: dict[str, list[int]] = {}
         self.ended: OrderedDict[str, str] = OrderedDict()  # transaction id -> COMMIT / ROLLBACK
 
     def __len__(self) -> int:

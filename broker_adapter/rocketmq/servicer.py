@@ -355,7 +355,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     outbox.put_nowait(cmd)
                 return
 
-    # -- send ----------------------------------------------------------------------------------------------
     # -- receive, ack, change invisible duration -----------------------------------------------------------
     async def _receive(self, request, context) -> AsyncIterator[service_pb2.ReceiveMessageResponse]:
         group = check_group(request.group.name)
