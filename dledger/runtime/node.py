@@ -255,6 +255,7 @@ class Node:
         self._tasks.append(asyncio.create_task(self._ready.flusher(), name=f"{self.id}-flusher"))
         if self._apply is not None:
             self._tasks.append(asyncio.create_task(self._apply.run(), name=f"{self.id}-apply"))
+            self._tasks.append(asyncio.create_task(self._snapshots.recheck(), name=f"{self.id}-policy"))
         for t in self._tasks:
             t.add_done_callback(self._task_done)
         self._members.watch_conf()

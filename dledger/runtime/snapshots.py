@@ -31,6 +31,8 @@ from storage.errors import IndexOutOfRange
 
 log = logging.getLogger("dledger.runtime")
 
+POLICY_RECHECK_S = 1.0  # how often an idle node looks at the snapshot and retention policy again
+
 
 class Snapshots:
     """The snapshots of one node's state machine.
@@ -154,6 +156,14 @@ class Snapshots:
             self.task = asyncio.get_running_loop().create_task(
                 self._policy_snapshot(), name=f"{self.id}-snapshot"
             )
+
+    async def recheck(self, interval_s: float = POLICY_RECHECK_S) -> None:
+        """Look at the policy again every ``interval_s`` whether or not entries come: only applied chunks ask
+        otherwise, and a retention floor evaluated before a group's last writes (``retain_from`` limits its own
+        rate) would keep the log past the policy for as long as the group stays idle."""
+        while not self._closing():
+            await asyncio.sleep(interval_s)
+            self.maybe_snapshot()
 
     def retain_from(self) -> int | None:
         """The state machine's retention floor: the first log index it wants kept (None: no policy, and a

@@ -97,7 +97,7 @@ def test_retention_by_bytes_bounds_every_node_and_deletes_no_more(tmp_path, grou
         for _ in range(60):  # about 2.2 MB: eight times the policy
             p.send_batch("ret", [body] * 50)
     ends = poll(lambda: log_end(g), 30, "every node applied the whole log")
-    for n in g.nodes:  # the last compaction (after a snapshot of the node's own) may still be under way
+    for n in g.nodes:  # the policy is looked at again within a second of the last write (Snapshots.recheck)
         poll(
             lambda n=n: disk_bytes(Path(n.data_dir) / "data") <= keep + 3 * SEGMENT,
             30,

@@ -121,3 +121,29 @@ def test_a_broken_or_stale_transfer_leaves_the_receiver_as_it_was(tmp_path):
             dst.close()
 
     asyncio.run(run())
+
+
+def test_an_idle_node_still_compacts_to_a_retention_floor_that_moved(tmp_path):
+    """A retention floor may move with no entry applied (``retain_from`` limits its own rate, so the newest one
+    can come after the group's last write): ``recheck`` asks again, so the log still reaches the policy."""
+
+    async def run():
+        src = _source(tmp_path)
+        floor = [None]
+        src.sm.retain_from = lambda: floor[0]  # the state machine's policy, as the broker's would answer
+        try:
+            src.snapshots.maybe_snapshot()
+            assert src.snapshots.task is None and src.log.first_index == 0, "no policy: nothing to do"
+            floor[0] = 12  # decided after the last apply chunk: nothing applied will ask again
+            checking = asyncio.create_task(src.snapshots.recheck(interval_s=0.01))
+            for _ in range(500):
+                if src.log.first_index == 12:
+                    break
+                await asyncio.sleep(0.01)
+            assert src.log.first_index == 12, "the log was compacted up to the floor, and no further"
+            assert src.stats["snapshots_taken"] == 1, "a snapshot covers what the floor dropped"
+            checking.cancel()
+        finally:
+            src.close()
+
+    asyncio.run(run())
