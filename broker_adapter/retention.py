@@ -151,10 +151,10 @@ def first_held(cq: ConsumeQueue, end: int, first_pos: int) -> int:
 
 
 class Retention:
-    """One node's retention: ``retain_from()`` (asked by the runtime after every applied chunk and, when idle, every second) evaluates the
-    policy every ``CHECK_INTERVAL_S`` or every eighth of ``max_bytes`` of new log, whichever comes first, and,
-    when the log's start moved since, deletes the ConsumeQueue files wholly below each queue's first held
-    offset. Runs on the node's event loop, like the dispatcher."""
+    """One node's retention: ``retain_from()`` (asked by the runtime after every applied chunk, and every second
+    when idle) evaluates the policy every ``CHECK_INTERVAL_S`` or every eighth of ``max_bytes`` of new log,
+    whichever comes first, and, when the log's start moved since, deletes the ConsumeQueue files wholly below
+    each queue's first held offset. Runs on the node's event loop, like the dispatcher."""
 
     def __init__(
         self,
