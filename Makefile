@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PROTO_SRC := $(wildcard proto/dledger/v1/*.proto)
+PROTO_SRC := $(wildcard proto/*/v1/*.proto)
 
 .PHONY: install test conformance soak chaos demo bench bench-storage bench-core proto lint format clean check-java
 

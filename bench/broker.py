@@ -29,11 +29,12 @@ import time
 from pathlib import Path
 
 from bench.proc_cpu import cpu_seconds
-from broker_adapter import message, pulled
+from broker_adapter import pulled
 from broker_adapter.client import BrokerConnection, Consumer, Producer
+from broker_adapter.core import message
+from broker_adapter.v1 import broker_pb2
 from dledger import group as grp
 from dledger.client import DLedgerClient
-from dledger.v1 import broker_pb2
 
 BODY = bytes(range(256)) * 4  # 1 KiB
 TOPIC = "bench"

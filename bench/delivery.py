@@ -25,8 +25,8 @@ from pathlib import Path
 
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
 
-from broker_adapter import message
 from broker_adapter.client import BrokerConnection, Consumer, Producer
+from broker_adapter.core import message
 from broker_adapter.rocketmq import ensure_event_loop
 from dledger import group as grp
 

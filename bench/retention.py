@@ -1,4 +1,4 @@
-"""Benchmark: what retention (``broker_adapter.retention``) costs a producer.
+"""Benchmark: what retention (``broker_adapter.core.retention``) costs a producer.
 
 Two real three-node broker groups on 127.0.0.1 (flush "sync", 1 MiB segments, the default snapshot policy), the
 same but for ``[broker] retention_bytes``: one keeps 8 MiB of log (so every round deletes: the policy is evaluated,

@@ -52,8 +52,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.compare.profile import raw_stacks
 from bench.proc_cpu import cpu_seconds
+from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger import group as grp
-from dledger.v1 import broker_pb2, broker_pb2_grpc, client_pb2, client_pb2_grpc
+from dledger.v1 import client_pb2, client_pb2_grpc
 
 BODY = bytes(range(256)) * 4  # 1 KiB, as bench.broker and bench.jetstream send
 TOPIC = "bench"
@@ -322,11 +323,11 @@ CATEGORIES = (
     ("wait: blocking gRPC call in flight (client)", ("_UnaryUnaryMultiCallable._blocking",)),
     ("fdatasync / file writes", ("posix.fdatasync", "os.fdatasync", "fdatasync (", "write (storage/")),
     ("storage (log append, index)", ("storage/",)),
-    ("broker: message.encode/decode", ("broker_adapter/message.py",)),
-    ("broker: allocator prepare", ("broker_adapter/allocator.py",)),
+    ("broker: message.encode/decode", ("broker_adapter/core/message.py",)),
+    ("broker: allocator prepare", ("broker_adapter/core/allocator.py",)),
     (
         "broker: apply (dispatcher, consume queues)",
-        ("broker_adapter/dispatcher.py", "broker_adapter/consumequeue"),
+        ("broker_adapter/core/statemachine.py", "broker_adapter/consumequeue"),
     ),
     ("broker: servicer (validation, topic, barrier)", ("broker_adapter/service.py", "broker_adapter/broker")),
     ("state machine apply loop", ("statemachine/",)),

@@ -19,7 +19,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from broker_adapter.client import BrokerConnection, Consumer, Producer, SendResult
-from broker_adapter.sqlfilter import FilterSyntaxError
+from broker_adapter.core.sqlfilter import FilterSyntaxError
 from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, console, fail
 from dledger.errors import DLedgerError
 
@@ -231,7 +231,7 @@ def _produce_cluster(
 ) -> None:
     """``produce --nameservers``: one message per call through ``ClusterProducer``, spread over the groups; the
     ack log records each message's group (the cluster audit splits it by group)."""
-    from broker_adapter.cluster_client import ClusterProducer
+    from broker_adapter.cluster.client import ClusterProducer
 
     total = 1 if body is not None else count
     ack = open(ack_log, "a") if ack_log else None  # noqa: SIM115 - closed in finally
@@ -329,7 +329,7 @@ def consume(
 def _consume_cluster(
     nameservers: str, topic: str, group: str, count: int, idle_s: float, out: Path | None, quiet: bool
 ) -> None:
-    from broker_adapter.cluster_client import ClusterConsumer
+    from broker_adapter.cluster.client import ClusterConsumer
 
     sink = open(out, "a") if out else None  # noqa: SIM115 - closed in finally
     n = 0

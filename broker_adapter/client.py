@@ -29,11 +29,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from broker_adapter import topics
-from broker_adapter.broker_types import SendResult
+from broker_adapter.core import topics
+from broker_adapter.core.model import SendResult
+from broker_adapter.core.sqlfilter import compile_filter
 from broker_adapter.pulled import PulledMessage
 from broker_adapter.pulled import decode as decode_pulled
-from broker_adapter.sqlfilter import compile_filter
+from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger.combiner import AsyncCombiner, Combiner
 from dledger.errors import DLedgerError
 from dledger.routing import Router
@@ -41,7 +42,6 @@ from dledger.security.config import ClientSecurity
 from dledger.security.tls import client_credentials, sync_channel
 from dledger.transport import convert
 from dledger.transport.grpc import CHANNEL_OPTIONS, open_channel
-from dledger.v1 import broker_pb2, broker_pb2_grpc
 
 MAX_PACK = 1024  # messages in one Send: the broker's MAX_SEND_BATCH
 # Calls that change the broker's state; the others are reads, which never have an "unknown outcome".
@@ -222,7 +222,7 @@ class BrokerConnection:
         return self.call("Route", broker_pb2.RouteRequest(), retry_unknown=True)
 
     def set_group_settings(self, group: str, **settings) -> dict:
-        """Replace a consumer group's delivery settings (``broker_adapter.groups.GroupSettings`` fields: fifo,
+        """Replace a consumer group's delivery settings (``broker_adapter.core.groups.GroupSettings`` fields: fifo,
         max_attempts, backoff, levels_ms, initial_ms, max_ms, multiplier); returns those now in force."""
         r = self.call(
             "SetGroupSettings", broker_pb2.GroupSettingsRequest(group=group, **settings), retry_unknown=True

@@ -15,14 +15,14 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from broker_adapter import security_rules, service
-from broker_adapter.allocator import QueueOffsetAllocator
-from broker_adapter.broker import Broker
-from broker_adapter.dispatcher import BrokerStateMachine
+from broker_adapter.core.allocator import QueueOffsetAllocator
+from broker_adapter.core.broker import Broker
+from broker_adapter.core.retention import Retention, RetentionPolicy
+from broker_adapter.core.statemachine import BrokerStateMachine
 from broker_adapter.nameserver.registrar import Registrar, node_credentials
-from broker_adapter.retention import Retention, RetentionPolicy
 from broker_adapter.settings import SECTION, BrokerSettings
+from broker_adapter.v1 import broker_pb2_grpc, nameserver_pb2
 from dledger.plugins import NodeHandle
-from dledger.v1 import broker_pb2_grpc, nameserver_pb2
 from storage.codec import MAGIC_NORMAL
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 A ``Pull`` that asks for ``raw`` is answered with the messages as the CommitLog stores them, concatenated
 (``PullResponse.raw``, ``raw_count`` of them): the server converts nothing, and the consumer turns the bytes
-into ``PulledMessage`` objects here (the message layout is ``broker_adapter.message``'s; each message starts with
+into ``PulledMessage`` objects here (the message layout is ``broker_adapter.core.message``'s; each message starts with
 its TOTALSIZE). Decoding is the consumer's per-message cost, so it does the least it can: one header unpack, the
 body, the topic, and a tuple per message; the properties stay bytes until a consumer asks for tags, keys, msg_id
 or properties (and are parsed again at each such ask: consumers read them once, if at all).
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Final
 
-from broker_adapter import message
+from broker_adapter.core import message
 from dledger.errors import DLedgerError
 
 # TOTALSIZE, MAGICCODE, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, BORNTIMESTAMP, STORETIMESTAMP, then BODYLEN at 84

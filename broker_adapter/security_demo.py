@@ -13,13 +13,14 @@ from pathlib import Path
 import grpc
 from rich.console import Console
 
+from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger import group as grp
 from dledger.errors import DLedgerError
 from dledger.security import tls
 from dledger.security.client import SecurityClient
 from dledger.security.config import ClientSecurity
 from dledger.transport.grpc import run_sync
-from dledger.v1 import broker_pb2, broker_pb2_grpc, raft_pb2, raft_pb2_grpc
+from dledger.v1 import raft_pb2, raft_pb2_grpc
 
 USER = ("alice", "alice-demo-secret")
 

@@ -1,4 +1,4 @@
-"""The Broker gRPC service (proto/dledger/v1/broker.proto): requests in, ``broker_adapter.broker`` call, responses
+"""The Broker gRPC service (proto/broker_adapter/v1/broker.proto): requests in, ``broker_adapter.core.broker`` call, responses
 out; an error the broker raises becomes the gRPC status of its class (a follower's ``NotLeaderError`` is
 FAILED_PRECONDITION with the leader's id and address in the trailing metadata).
 """
@@ -10,15 +10,15 @@ from collections.abc import Sequence
 
 import grpc
 
-from broker_adapter import selectors
-from broker_adapter.broker import Broker
-from broker_adapter.broker_types import DELAY, NORMAL
-from broker_adapter.clock import now_ms
-from broker_adapter.groups import GroupSettings
-from broker_adapter.sqlfilter import FilterSyntaxError
+from broker_adapter.core import selectors
+from broker_adapter.core.broker import Broker
+from broker_adapter.core.clock import now_ms
+from broker_adapter.core.groups import GroupSettings
+from broker_adapter.core.model import DELAY, NORMAL
+from broker_adapter.core.sqlfilter import FilterSyntaxError
+from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError
 from dledger.transport import convert
-from dledger.v1 import broker_pb2, broker_pb2_grpc
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from broker_adapter.timer import DEFAULT_MAX_DELAY_MS
+from broker_adapter.core.timer import DEFAULT_MAX_DELAY_MS
 from dledger.errors import ConfigError
 from dledger.nodeconfig import ID_RE, parse_address
 
@@ -38,7 +38,7 @@ class BrokerSettings:
     nameservers: tuple[str, ...] = ()
     cluster: str = "DefaultCluster"  # the cluster name it registers under (RocketMQ's brokerClusterName)
     nameserver_heartbeat_ms: int = 2_000  # re-registration period; a name server expires a node after 120 s
-    # retention (broker_adapter/retention.py, docs/broker.md "Retention"); 0 turns each off, and with all off
+    # retention (broker_adapter/core/retention.py, docs/broker.md "Retention"); 0 turns each off, and with all off
     # the snapshot policy alone compacts the log. RocketMQ's fileReservedTime and diskMaxUsedSpaceRatio.
     retention_hours: float = 0.0
     retention_bytes: int = 0

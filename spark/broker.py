@@ -1,7 +1,7 @@
 """Read-only views of the broker's data for the audit: message routing fields and ConsumeQueue units.
 
 The layouts are docs/formats.md sections 4 and 5; their constants and the decoding of a message's routing fields come
-from ``broker_adapter.formats``, the one module of the broker the audit imports (standard library only: no
+from ``broker_adapter.core.formats``, the one module of the broker the audit imports (standard library only: no
 writer, no runtime; opening a ``ConsumeQueue`` would repair a torn unit in place, which an audit must not do).
 """
 
@@ -12,7 +12,7 @@ from typing import Final
 
 import numpy as np
 
-from broker_adapter.formats import COMMAND_MAGIC, MAGIC_CODE, UNIT_SIZE, MessageFields, message_fields
+from broker_adapter.core.formats import COMMAND_MAGIC, MAGIC_CODE, UNIT_SIZE, MessageFields, message_fields
 
 MESSAGE_MAGIC_BYTES: Final = struct.pack(">i", MAGIC_CODE)
 COMMAND_MAGIC_BYTES: Final = struct.pack(">I", COMMAND_MAGIC)  # b"DLBC"

@@ -72,7 +72,9 @@ def read_start(data_dir: Path) -> LogStart | None:
         raise AuditInputError(f"{path}: unreadable log start record: {err}") from err
 
 
-CLUSTER_MANIFEST = "cluster.json"  # a local cluster's directory (broker_adapter/cluster.py, docs/cluster.md)
+CLUSTER_MANIFEST = (
+    "cluster.json"  # a local cluster's directory (broker_adapter/cluster/local.py, docs/cluster.md)
+)
 
 
 def cluster_groups(d: str) -> list[tuple[str, str]] | None:

@@ -21,7 +21,7 @@ from typing import Final
 import numpy as np
 import pyarrow as pa
 
-from broker_adapter.formats import UNIT_SIZE
+from broker_adapter.core.formats import UNIT_SIZE
 from spark.broker import read_queue_file
 from spark.segment import EntryChunk, SegmentTask, scan_segment
 

@@ -102,7 +102,7 @@ def _state_machine_round_trip(sm: StateMachine, body: bytes, copy: StateMachine)
 
 
 def test_state_machines(tmp_path: Path) -> None:
-    from broker_adapter.dispatcher import BrokerStateMachine
+    from broker_adapter.core.statemachine import BrokerStateMachine
 
     counter: StateMachine = Counter()
     kv: StateMachine = KVStore()

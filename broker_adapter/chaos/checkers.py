@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker_adapter import commands, message
+from broker_adapter.core import commands, message
 from dledger.chaos.checkers import EXAMPLES, Verdict
 from dledger.chaos.history import FAIL, INFO, INVOKE, OK, Event, operations
 from storage import codec

@@ -15,12 +15,12 @@ from collections.abc import Sequence
 import grpc
 
 from broker_adapter.nameserver.registry import GroupRoute
+from broker_adapter.v1 import nameserver_pb2 as pb
+from broker_adapter.v1 import nameserver_pb2_grpc as pb_grpc
 from dledger.errors import DLedgerError, InvalidRequestError, NotFoundError, UnavailableError
 from dledger.security.config import ClientSecurity
 from dledger.security.tls import client_credentials, sync_channel
 from dledger.transport.grpc import CHANNEL_OPTIONS
-from dledger.v1 import nameserver_pb2 as pb
-from dledger.v1 import nameserver_pb2_grpc as pb_grpc
 
 RPC_TIMEOUT_S = 2.0
 

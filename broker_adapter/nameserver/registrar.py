@@ -18,9 +18,9 @@ from typing import Any
 import grpc
 
 from broker_adapter.nameserver.registry import BrokerNode, GroupRoute, Registry
+from broker_adapter.v1 import nameserver_pb2 as pb
+from broker_adapter.v1 import nameserver_pb2_grpc as pb_grpc
 from dledger.transport.grpc import open_channel
-from dledger.v1 import nameserver_pb2 as pb
-from dledger.v1 import nameserver_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

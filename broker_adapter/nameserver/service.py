@@ -1,4 +1,4 @@
-"""The name server process: ``Registry`` behind the ``NameServer`` gRPC service (proto/dledger/v1/nameserver.proto).
+"""The name server process: ``Registry`` behind the ``NameServer`` gRPC service (proto/broker_adapter/v1/nameserver.proto).
 
 Every request carries all it needs (a registration is the whole node's picture), so a name server that restarts
 is correct again after one heartbeat period, and several run side by side without coordination. Input is
@@ -19,12 +19,12 @@ import grpc
 
 from broker_adapter.nameserver.guard import NameServerGuard, NameServerSecurity
 from broker_adapter.nameserver.registry import BrokerNode, Registry
+from broker_adapter.v1 import nameserver_pb2 as pb
+from broker_adapter.v1 import nameserver_pb2_grpc as pb_grpc
 from dledger.errors import ConfigError
 from dledger.nodeconfig import parse_address
 from dledger.security import tls
 from dledger.transport.grpc import SERVER_OPTIONS
-from dledger.v1 import nameserver_pb2 as pb
-from dledger.v1 import nameserver_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

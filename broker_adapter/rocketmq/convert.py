@@ -1,4 +1,4 @@
-"""RocketMQ v2 messages <-> the broker's one message model (a CommitLog message, ``broker_adapter.message``).
+"""RocketMQ v2 messages <-> the broker's one message model (a CommitLog message, ``broker_adapter.core.message``).
 
 A message sent by a RocketMQ 5 client is stored exactly as RocketMQ stores it: its tag in TAGS, keys in KEYS
 (space separated), client message id in UNIQ_CLIENT_MESSAGE_ID_KEYIDX, message group in __SHARDINGKEY, user
@@ -28,11 +28,11 @@ from typing import Final
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import Code, DigestType, Encoding, MessageType, definition_pb2
 
-from broker_adapter import message, selectors
-from broker_adapter.broker_types import DELAY, NORMAL, TRANSACTION, OutgoingMessage
+from broker_adapter.core import message, selectors
+from broker_adapter.core.model import DELAY, NORMAL, TRANSACTION, OutgoingMessage
+from broker_adapter.core.selectors import Select
+from broker_adapter.core.sqlfilter import FilterSyntaxError
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, unsupported
-from broker_adapter.selectors import Select
-from broker_adapter.sqlfilter import FilterSyntaxError
 
 # Properties the broker fills from system properties; user properties may not use these names (the message
 # group's property only when it names the message's own group: a received message sent on as it came).
@@ -312,7 +312,7 @@ def incoming(
 
 def check_filter(expression: definition_pb2.FilterExpression) -> Select:
     """What a subscription's filter selects: a TAG filter (``*`` or empty: every message) or a SQL92 expression
-    over the message's properties and TAGS (``broker_adapter.sqlfilter``). ILLEGAL_FILTER_EXPRESSION, naming
+    over the message's properties and TAGS (``broker_adapter.core.sqlfilter``). ILLEGAL_FILTER_EXPRESSION, naming
     the position, for one that does not parse."""
     from rocketmq.grpc_protocol import FilterType
 

@@ -2,7 +2,7 @@
 due. A send receipt carries one for each delayed message, as RocketMQ 5.3 does; a normal message gets none.
 
 A handle names the message where the broker group holds it: (group, topic, offset in the timer topic, due time,
-message id). The broker acts on the replicated timer index (``broker_adapter.timer``), not on the handle: the
+message id). The broker acts on the replicated timer index (``broker_adapter.core.timer``), not on the handle: the
 offset finds the waiting entry, and the message id must be the one stored there.
 
 Wire form: ``"r1" + base64url(payload)`` without padding, where the payload is::

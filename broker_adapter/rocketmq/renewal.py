@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from broker_adapter.rocketmq.invisibility import Handled, Outcome, Popped
+from broker_adapter.core.invisibility import Handled, Outcome, Popped
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ one address and must be answered with that one. Every node serves every call and
 resolves to several). A request without endpoints (a raw stub) gets every node's address.
 
 Topics accept NORMAL, FIFO, DELAY and TRANSACTION messages. A consumer's settings carry its group's replicated
-delivery settings (``broker_adapter.groups``): ``fifo``, the delivery attempts and the retry backoff a push
+delivery settings (``broker_adapter.core.groups``): ``fifo``, the delivery attempts and the retry backoff a push
 consumer applies. Every push consumer is assigned every queue: pop-style consumption shares queues safely.
 """
 
@@ -29,8 +29,8 @@ from rocketmq.grpc_protocol import (
     service_pb2,
 )
 
-from broker_adapter.groups import DEFAULT as DEFAULT_GROUP
-from broker_adapter.groups import EXPONENTIAL, GroupSettings
+from broker_adapter.core.groups import DEFAULT as DEFAULT_GROUP
+from broker_adapter.core.groups import EXPONENTIAL, GroupSettings
 
 LONG_POLLING_S: Final = 20  # what push consumers are told to use (RocketMQ's proxy default is 20-30 s)
 RECEIVE_BATCH: Final = 32

@@ -9,9 +9,9 @@ from typing import Final
 
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
-from broker_adapter.broker import Broker
-from broker_adapter.broker_send import MAX_SEND_BATCH
-from broker_adapter.clock import now_ms
+from broker_adapter.core.broker import Broker
+from broker_adapter.core.clock import now_ms
+from broker_adapter.core.send import MAX_SEND_BATCH
 from broker_adapter.rocketmq import convert
 from broker_adapter.rocketmq.forward import client_id
 from broker_adapter.rocketmq.recall import RecallHandle

@@ -1,5 +1,5 @@
 """``apache.rocketmq.v2.MessagingService`` on every node of a broker group: the official RocketMQ 5 clients
-produce and consume unchanged. A face over ``broker_adapter.broker``: it checks what is particular to the
+produce and consume unchanged. A face over ``broker_adapter.core.broker``: it checks what is particular to the
 protocol (batch sizes, durations, receipt handles, message types), converts, calls the broker and answers its
 errors with protocol codes (``status.from_dledger``).
 
@@ -54,20 +54,20 @@ from rocketmq.grpc_protocol import (
     service_pb2_grpc,
 )
 
-from broker_adapter import message
-from broker_adapter.broker import Broker
-from broker_adapter.broker_types import UnknownTopicError, check_group
-from broker_adapter.clock import now_ms
-from broker_adapter.groups import DEFAULT as DEFAULT_GROUP
+from broker_adapter.core import message
+from broker_adapter.core.broker import Broker
+from broker_adapter.core.clock import now_ms
+from broker_adapter.core.groups import DEFAULT as DEFAULT_GROUP
+from broker_adapter.core.invisibility import Handled, Outcome
+from broker_adapter.core.model import UnknownTopicError, check_group
+from broker_adapter.core.transactions import Half
 from broker_adapter.rocketmq import cluster_routes, convert, route
 from broker_adapter.rocketmq.forward import Forwarder, client_id, forwarded
-from broker_adapter.rocketmq.invisibility import Handled, Outcome
 from broker_adapter.rocketmq.recall import RecallHandle, RecallHandleError
 from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
 from broker_adapter.rocketmq.renewal import Renewals
 from broker_adapter.rocketmq.sending import HEADROOM, Sends
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, from_dledger, of, status, unsupported
-from broker_adapter.transactions import Half
 from dledger.errors import DLedgerError, NotLeaderError, OutcomeUnknownError
 
 MAX_RECEIVE_BATCH: Final = 1024

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from rocketmq.grpc_protocol import Code, definition_pb2
 
-from broker_adapter.broker_delivery import IllegalDeliveryTimeError, TransactionError
-from broker_adapter.broker_types import (
+from broker_adapter.core.delivery import IllegalDeliveryTimeError, TransactionError
+from broker_adapter.core.model import (
     InvalidGroupError,
     InvalidTopicError,
     OffsetRangeError,

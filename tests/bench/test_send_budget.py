@@ -37,7 +37,7 @@ def test_categorise_charges_leaves_to_waits_and_the_nearest_project_frame(tmp_pa
                 "process 1;thread 2;run (asyncio/base_events.py);select (selectors.py);"
                 "EpollSelector.select (selectors.py) 7",
                 "process 1;Handle._run (asyncio/events.py);BrokerServicer._send (broker_adapter/service.py);"
-                "encode (broker_adapter/message.py);pack (struct.py) 3",
+                "encode (broker_adapter/core/message.py);pack (struct.py) 3",
                 "process 1;Handle._run (asyncio/events.py);BrokerServicer._send (broker_adapter/service.py);"
                 "SerializeToString (google/protobuf/message.py) 2",
                 "process 1;Node._persist (dledger/node.py);FileLog.sync (storage/log.py);"

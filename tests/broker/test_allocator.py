@@ -3,9 +3,9 @@ after a proposal that never reached the log, and the idempotent-producer lookups
 
 from __future__ import annotations
 
-from broker_adapter import commands, message
-from broker_adapter.allocator import QueueOffsetAllocator
-from broker_adapter.dispatcher import BrokerStateMachine, Dispatched
+from broker_adapter.core import commands, message
+from broker_adapter.core.allocator import QueueOffsetAllocator
+from broker_adapter.core.statemachine import BrokerStateMachine, Dispatched
 from statemachine.api import CommittedEntry
 
 

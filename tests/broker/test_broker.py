@@ -1,4 +1,4 @@
-"""The protocol-neutral broker (``broker_adapter.broker``) without processes or gRPC: a node double implementing
+"""The protocol-neutral broker (``broker_adapter.core.broker``) without processes or gRPC: a node double implementing
 ``dledger.plugins.NodeHandle`` appends to an in-memory log and applies entries to the real dispatcher, at once
 or when the test says (``hold``), so sends, pulls, offsets and pops run through the real allocator, CommitLog,
 ConsumeQueues and invisibility state."""
@@ -11,10 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker_adapter import message
-from broker_adapter.allocator import QueueOffsetAllocator
-from broker_adapter.broker import Broker
-from broker_adapter.broker_types import (
+from broker_adapter.core import message
+from broker_adapter.core.allocator import QueueOffsetAllocator
+from broker_adapter.core.broker import Broker
+from broker_adapter.core.invisibility import Outcome
+from broker_adapter.core.model import (
     InvalidGroupError,
     InvalidTopicError,
     OffsetRangeError,
@@ -23,8 +24,7 @@ from broker_adapter.broker_types import (
     UnknownQueueError,
     UnknownTopicError,
 )
-from broker_adapter.dispatcher import BrokerStateMachine
-from broker_adapter.rocketmq.invisibility import Outcome
+from broker_adapter.core.statemachine import BrokerStateMachine
 from broker_adapter.settings import BrokerSettings
 from dledger.core.messages import Role
 from dledger.errors import InvalidRequestError, NotLeaderError, UnavailableError
@@ -468,8 +468,8 @@ async def test_a_new_leader_waits_for_its_log_to_be_applied(made):
 # -- delivery: delayed messages, dead letters (the leader's side, broker_delivery) --------------------------
 @run
 async def test_a_delayed_message_waits_in_the_timer_topic_and_its_copy_ends_the_entry(made):
-    from broker_adapter import broker_delivery
-    from broker_adapter.topics import TIMER_TOPIC
+    from broker_adapter.core import delivery as broker_delivery
+    from broker_adapter.core.topics import TIMER_TOPIC
 
     broker, _ = made
     await topic(broker)
@@ -518,7 +518,7 @@ async def test_a_message_past_its_attempts_goes_to_the_dead_letter_topic_once(ma
 
 
 def broker_delivery_now() -> int:
-    from broker_adapter.clock import now_ms
+    from broker_adapter.core.clock import now_ms
 
     return now_ms()
 
@@ -548,9 +548,9 @@ async def test_a_send_refused_for_one_delayed_message_writes_none_of_the_others(
     # (too far ahead), so the caller was told "refused" while the log had grown.
     import grpc
 
-    from broker_adapter.clock import now_ms
+    from broker_adapter.core.clock import now_ms
     from broker_adapter.service import BrokerServicer
-    from dledger.v1 import broker_pb2
+    from broker_adapter.v1 import broker_pb2
 
     broker, node = made
     await topic(broker)

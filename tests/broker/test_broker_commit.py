@@ -1,4 +1,4 @@
-"""Broker-level group commit (``broker_adapter.broker_commit``): concurrent broker calls share one proposal, each
+"""Broker-level group commit (``broker_adapter.core.group_commit``): concurrent broker calls share one proposal, each
 keeps its own validation, dedup, order and errors. Driven by ``test_broker``'s in-memory node double, which
 records every proposal it is handed."""
 
@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from broker_adapter.broker_types import UnknownQueueError
-from broker_adapter.rocketmq.invisibility import Handled, Outcome
+from broker_adapter.core.invisibility import Handled, Outcome
+from broker_adapter.core.model import UnknownQueueError
 from dledger.errors import InvalidRequestError, NotLeaderError
 from tests.broker.test_broker import made, out, receive, run, topic
 

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from broker_adapter import message, pulled
-from broker_adapter.allocator import QueueOffsetAllocator
-from broker_adapter.broker import Broker
-from broker_adapter.broker_types import UnknownQueueError
-from broker_adapter.dispatcher import BrokerStateMachine
+from broker_adapter import pulled
+from broker_adapter.core import message
+from broker_adapter.core.allocator import QueueOffsetAllocator
+from broker_adapter.core.broker import Broker
+from broker_adapter.core.model import UnknownQueueError
+from broker_adapter.core.statemachine import BrokerStateMachine
 from dledger.core.messages import Role
 from dledger.errors import DLedgerError, InvalidRequestError
 from storage.errors import StorageCorruptError

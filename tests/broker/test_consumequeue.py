@@ -2,7 +2,7 @@
 
 import pytest
 
-from broker_adapter.consumequeue import UNIT_SIZE, ConsumeQueue
+from broker_adapter.core.consumequeue import UNIT_SIZE, ConsumeQueue
 
 
 def test_units_round_trip_across_files_and_reopen(tmp_path):

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_adapter import commands, groups, message, topics
-from broker_adapter.dispatcher import BrokerStateMachine
-from broker_adapter.rocketmq.invisibility import PopStates
-from broker_adapter.timer import RECALLED_WINDOW, TimerIndex, Waiting
-from broker_adapter.topics import HALF_TOPIC, TIMER_TOPIC
-from broker_adapter.transactions import COMMIT, MAX_CHECKS, ROLLBACK, HalfMessages
+from broker_adapter.core import commands, groups, message, topics
+from broker_adapter.core.invisibility import PopStates
+from broker_adapter.core.statemachine import BrokerStateMachine
+from broker_adapter.core.timer import RECALLED_WINDOW, TimerIndex, Waiting
+from broker_adapter.core.topics import HALF_TOPIC, TIMER_TOPIC
+from broker_adapter.core.transactions import COMMIT, MAX_CHECKS, ROLLBACK, HalfMessages
 from statemachine.api import CommittedEntry
 
 T, G = "t", "g"

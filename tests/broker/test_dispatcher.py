@@ -4,8 +4,8 @@ import io
 
 import pytest
 
-from broker_adapter import commands, message
-from broker_adapter.dispatcher import BrokerStateMachine, Dispatched, DispatchError
+from broker_adapter.core import commands, message
+from broker_adapter.core.statemachine import BrokerStateMachine, Dispatched, DispatchError
 from statemachine.api import CommittedEntry
 
 
@@ -141,7 +141,7 @@ def test_hole_survives_reopen_and_dispatch_continues_after_it(tmp_path):
 
 
 def test_producer_table_is_bounded_and_survives_a_snapshot(tmp_path, monkeypatch):
-    from broker_adapter import dispatcher
+    from broker_adapter.core import statemachine as dispatcher
 
     monkeypatch.setattr(dispatcher, "PRODUCER_WINDOW", 3)
     sm = BrokerStateMachine(tmp_path / "cq")

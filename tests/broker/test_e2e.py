@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from broker_adapter import message
 from broker_adapter.client import BrokerConnection, Consumer, Producer
-from broker_adapter.consumequeue import UNIT
+from broker_adapter.core import message
+from broker_adapter.core.consumequeue import UNIT
+from broker_adapter.v1 import broker_pb2
 from dledger import group as grp
-from dledger.v1 import broker_pb2
 from tests.integration.conftest import read_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

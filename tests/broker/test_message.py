@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker_adapter import message as m
+from broker_adapter.core import message as m
 
 _text = st.text(
     alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), max_size=20
@@ -81,7 +81,7 @@ def test_bad_topic_and_property_rejected():
 def test_a_broker_copy_is_identified_by_its_origin():
     """The audit's identity of a copy the broker made (docs/rocketmq.md, Delivery): the client's key plus the
     origin it ends, so an original and its copy are not one message stored twice."""
-    from broker_adapter import formats
+    from broker_adapter.core import formats
 
     original = m.encode(m.Message(topic="%SYS%TIMER", body=b"x", properties={m.PROPERTY_UNIQ_KEY: "u1"}))
     copy = m.encode(

@@ -1,4 +1,4 @@
-"""Retention (``broker_adapter.retention``): the first kept log index by bytes, by age and by the per-node disk
+"""Retention (``broker_adapter.core.retention``): the first kept log index by bytes, by age and by the per-node disk
 valve, checked against a linear scan over generated logs (messages and commands interleaved); the point is a
 function of the log alone (two nodes with the same log agree); ConsumeQueue files below what the log holds are
 deleted; a pull that fell behind the log's start goes on from the first held offset."""
@@ -10,9 +10,9 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_adapter import commands, message
-from broker_adapter.consumequeue import ConsumeQueue
-from broker_adapter.retention import RetentionPolicy, first_held, first_kept, store_timestamp
+from broker_adapter.core import commands, message
+from broker_adapter.core.consumequeue import ConsumeQueue
+from broker_adapter.core.retention import RetentionPolicy, first_held, first_kept, store_timestamp
 from storage import codec
 from storage.codec import HEADER_SIZE
 from storage.memory import MemoryLogStore

@@ -1,4 +1,4 @@
-"""Retention on real three-node groups (issue 16; ``broker_adapter.retention``).
+"""Retention on real three-node groups (issue 16; ``broker_adapter.core.retention``).
 
 - By bytes: after a producer that kept sending (bounded here), every node's log files are within the policy
   (plus the two partly used segments at its ends), and no node deleted more than the policy says: from the first
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from broker_adapter.client import Consumer, Producer
+from broker_adapter.v1 import broker_pb2
 from dledger import group as grp
-from dledger.v1 import broker_pb2
 from tests.rocketmq.conftest import create_topic, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

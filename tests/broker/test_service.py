@@ -10,11 +10,11 @@ import time
 import grpc
 import pytest
 
-from broker_adapter import message
 from broker_adapter.client import BrokerConnection, Consumer, Producer
+from broker_adapter.core import message
 from broker_adapter.pulled import decode as decode_raw
+from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger.core.messages import Role
-from dledger.v1 import broker_pb2, broker_pb2_grpc
 from storage.codec import HEADER_SIZE
 from tests.runtime.cluster import LocalGroup
 

@@ -1,4 +1,4 @@
-"""SQL92 filters (``broker_adapter.sqlfilter``): examples of RocketMQ's documented language, errors that name the
+"""SQL92 filters (``broker_adapter.core.sqlfilter``): examples of RocketMQ's documented language, errors that name the
 position, and hypothesis tests that parse generated expressions (random keyword case, spacing, parentheses) and
 compare every result with a small reference interpreter of the same expression tree."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_adapter.sqlfilter import MAX_DEPTH, MAX_LENGTH, FilterSyntaxError, compile_filter
+from broker_adapter.core.sqlfilter import MAX_DEPTH, MAX_LENGTH, FilterSyntaxError, compile_filter
 
 PROPS = {"TAGS": "TagA", "a": "10", "b": "-2.5", "s": "it's", "flag": "TRUE", "empty": ""}
 

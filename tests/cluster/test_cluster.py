@@ -17,14 +17,14 @@ import time
 import grpc
 import pytest
 
-from broker_adapter import cluster as cl
 from broker_adapter.client import BrokerConnection, Consumer
-from broker_adapter.cluster_client import ClusterConsumer, ClusterProducer
+from broker_adapter.cluster.client import ClusterConsumer, ClusterProducer
+from broker_adapter.cluster import local as cl
 from broker_adapter.nameserver.client import NameServerClient, NoRouteError
+from broker_adapter.v1 import nameserver_pb2 as pb
+from broker_adapter.v1 import nameserver_pb2_grpc as pb_grpc
 from dledger import group as grp
 from dledger.errors import UnavailableError
-from dledger.v1 import nameserver_pb2 as pb
-from dledger.v1 import nameserver_pb2_grpc as pb_grpc
 
 CONSUMER_EXPIRY_MS = 1_500
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from broker_adapter.nameserver.registrar import Registrar, picture
 from broker_adapter.nameserver.registry import BrokerNode, Registry
-from dledger.v1 import nameserver_pb2 as pb
+from broker_adapter.v1 import nameserver_pb2 as pb
 
 NODES = [  # (group, node, address, leader, term, topics, age_ms)
     ("g0", "n0", "a:1", True, 2, {"T": 4}, 10),

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker_adapter.cluster_client import ClusterQueue, allocate
+from broker_adapter.cluster.client import ClusterQueue, allocate
 from broker_adapter.nameserver.registry import BrokerNode, Registry
 from dledger.errors import InvalidRequestError
 

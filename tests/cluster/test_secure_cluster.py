@@ -20,14 +20,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker_adapter import cluster as cl
-from broker_adapter.cluster_client import ClusterConsumer, ClusterProducer
+from broker_adapter.cluster.client import ClusterConsumer, ClusterProducer
+from broker_adapter.cluster import local as cl
 from broker_adapter.nameserver.client import NameServerClient, NameServerRefusedError, NoRouteError
+from broker_adapter.v1 import nameserver_pb2 as pb
+from broker_adapter.v1 import nameserver_pb2_grpc as pb_grpc
 from dledger import group as grp
 from dledger.security import certs, tls
 from dledger.security.config import ClientSecurity
-from dledger.v1 import nameserver_pb2 as pb
-from dledger.v1 import nameserver_pb2_grpc as pb_grpc
 from dledger.v1 import raft_pb2, raft_pb2_grpc
 
 FAKE_ADDRESS = "127.0.0.1:1"  # where a hijacked route would send clients

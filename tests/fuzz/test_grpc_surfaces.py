@@ -38,14 +38,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rocketmq.grpc_protocol import Code, service_pb2
 
-from broker_adapter import commands, message
 from broker_adapter.client import BrokerConnection
+from broker_adapter.core import commands, message
+from broker_adapter.v1 import broker_pb2
 from dledger import group as grp
 from dledger.client import DLedgerClient
 from dledger.security import tls
 from dledger.security.client import SecurityClient
 from dledger.security.config import ClientSecurity
-from dledger.v1 import broker_pb2, client_pb2, client_pb2_grpc, kv_pb2, raft_pb2
+from dledger.v1 import client_pb2, client_pb2_grpc, kv_pb2, raft_pb2
 from tests.fuzz import protofuzz as pf
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

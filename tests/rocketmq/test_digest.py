@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from rocketmq.grpc_protocol import DigestType
 from rocketmq.v5.model.message import Message as PythonClientMessage
 
-from broker_adapter import message
+from broker_adapter.core import message
 from broker_adapter.rocketmq import convert
 from tests.rocketmq import node_client
 

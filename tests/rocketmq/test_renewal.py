@@ -15,7 +15,7 @@ from rocketmq.grpc_protocol import Code, service_pb2
 from rocketmq.v5.consumer.push.message_listener import ConsumeResult, MessageListener
 
 from broker_adapter.client import Producer as OurProducer
-from broker_adapter.clock import now_ms
+from broker_adapter.core.clock import now_ms
 from broker_adapter.rocketmq import renewal
 from broker_adapter.rocketmq.servicer import MessagingServicer
 from tests.broker.test_broker import made, out, run, topic  # noqa: F401  (fixture and helpers)

@@ -17,9 +17,9 @@ from rocketmq import FilterExpression, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import Code, FilterType, definition_pb2, service_pb2
 
 from broker_adapter.client import Consumer as OurConsumer
-from broker_adapter.sqlfilter import FilterSyntaxError
+from broker_adapter.core.sqlfilter import FilterSyntaxError
+from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger import group as grp
-from dledger.v1 import broker_pb2, broker_pb2_grpc
 from tests.rocketmq import node_client
 from tests.rocketmq.conftest import META, client_config, create_topic, new_message, running, start_group, stub
 

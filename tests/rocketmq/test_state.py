@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rocketmq.grpc_protocol import Code, Encoding, MessageType, definition_pb2
 
-from broker_adapter import commands, message
-from broker_adapter.dispatcher import BrokerStateMachine
+from broker_adapter.core import commands, message
+from broker_adapter.core.invisibility import WINDOW, Outcome, PopStates
+from broker_adapter.core.statemachine import BrokerStateMachine
 from broker_adapter.rocketmq import convert
-from broker_adapter.rocketmq.invisibility import WINDOW, Outcome, PopStates
 from broker_adapter.rocketmq.recall import RecallHandle, RecallHandleError
 from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
 from broker_adapter.rocketmq.status import RocketMQError

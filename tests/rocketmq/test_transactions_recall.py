@@ -16,7 +16,7 @@ from rocketmq import FilterExpression, Producer, SimpleConsumer, TransactionChec
 from rocketmq.grpc_protocol import Code, TransactionResolution, definition_pb2, service_pb2
 from rocketmq.v5.exception import BadRequestException, NotFoundException
 
-from broker_adapter.message import PROPERTY_TRANSACTION_ID
+from broker_adapter.core.message import PROPERTY_TRANSACTION_ID
 from dledger import group as grp
 from tests.rocketmq.conftest import (
     META,

@@ -192,7 +192,7 @@ def test_the_table_lists_every_error_class():
 
 
 def test_a_subclass_defined_elsewhere_travels_as_its_nearest_listed_ancestor():
-    import broker_adapter.broker_types  # noqa: F401  (the broker's narrower errors, e.g. UnknownTopicError)
+    import broker_adapter.core.model  # noqa: F401  (the broker's narrower errors, e.g. UnknownTopicError)
 
     others = [c for c in _every_subclass(DLedgerError) if c.__module__ != "dledger.errors"]
     assert others, "the broker defines narrower errors; this test must see some"

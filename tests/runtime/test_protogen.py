@@ -1,4 +1,4 @@
-"""The generated code in dledger/v1 must match proto/dledger/v1: a stale checkout fails here."""
+"""The generated code in each ``<package>/v1`` must match ``proto/<package>/v1``: a stale checkout fails here."""
 
 from __future__ import annotations
 
@@ -23,9 +23,13 @@ def test_a_changed_proto_is_detected(tmp_path, monkeypatch):
         client.read_text().replace("  int64 index = 2;\n}", "  int64 index = 2;\n  bool extra = 3;\n}", 1)
     )
     monkeypatch.setattr(protogen, "PROTO_ROOT", proto_root)
-    monkeypatch.setattr(protogen, "PROTO_DIR", proto_root / "dledger" / "v1")
     problems = protogen.stale_files()
     assert any("client_pb2" in p for p in problems)
+    assert not any("broker_pb2" in p for p in problems), "only what changed is stale"
+
+
+def test_every_layer_s_protos_are_generated_beside_it():
+    assert [p.as_posix() for p in protogen.proto_packages()] == ["broker_adapter/v1", "dledger/v1"]
 
 
 def test_check_command_exit_code():

@@ -11,10 +11,10 @@ import grpc
 import pytest
 
 from broker_adapter import security_rules
+from broker_adapter.v1 import broker_pb2
 from dledger.security import auth, certs, guard
 from dledger.security.catchup import CatchUp
 from dledger.security.users import User
-from dledger.v1 import broker_pb2
 
 
 class Aborted(Exception):

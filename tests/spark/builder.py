@@ -2,8 +2,8 @@
 
 Entries are encoded with ``storage.codec`` and placed by ``codec.place`` as a leader does, then written by the real
 ``storage.filestore.FileLogStore`` (data segments with blank fillers, index files); messages are encoded by
-``broker_adapter.message`` (QUEUEOFFSET and PHYSICALOFFSET patched in as the leader does); ConsumeQueues are written
-by ``broker_adapter.consumequeue.ConsumeQueue``; hard state and the commit checkpoint by ``storage.meta_lmdb``.
+``broker_adapter.core.message`` (QUEUEOFFSET and PHYSICALOFFSET patched in as the leader does); ConsumeQueues are written
+by ``broker_adapter.core.consumequeue.ConsumeQueue``; hard state and the commit checkpoint by ``storage.meta_lmdb``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker_adapter import message
-from broker_adapter.consumequeue import ConsumeQueue
+from broker_adapter.core import message
+from broker_adapter.core.consumequeue import ConsumeQueue
 from storage import codec
 from storage.api import HardState
 from storage.filestore import FileLogStore

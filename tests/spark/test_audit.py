@@ -61,7 +61,7 @@ def _msg_acks(
 
 
 def _queue_offset(written: b.Written, index: int) -> int:
-    from broker_adapter import message
+    from broker_adapter.core import message
 
     return message.decode(written.entries[index].body).queue_offset
 

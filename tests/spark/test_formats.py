@@ -1,4 +1,4 @@
-"""``broker_adapter.formats`` (what the audit reads the broker's data with) agrees with the broker's writers:
+"""``broker_adapter.core.formats`` (what the audit reads the broker's data with) agrees with the broker's writers:
 ``message``, ``commands`` and ``consumequeue``. The audit imports formats alone, so a change of layout on one
 side and not the other must fail here."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker_adapter import commands, consumequeue, formats, message
+from broker_adapter.core import commands, consumequeue, formats, message
 
 _TEXT = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), max_size=20)
 

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from broker_adapter import commands, formats, message
+from broker_adapter.core import commands, formats, message
 from spark.broker import BODY_COMMAND, BODY_MESSAGE, BODY_RAW, message_fields
 from spark.layout import AuditInputError, discover
 from spark.meta import decode_int, read_meta

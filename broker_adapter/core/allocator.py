@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from broker_adapter import commands, message
-from broker_adapter.dispatcher import BrokerStateMachine, Dispatched
+from broker_adapter.core import commands, message
+from broker_adapter.core.statemachine import BrokerStateMachine, Dispatched
 from storage.codec import HEADER_SIZE
 
 # (index, body) of the log's normal entries in [lo, hi]

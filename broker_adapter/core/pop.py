@@ -3,10 +3,10 @@
 The leader picks the deliverable offsets of a queue (expired in-flight ones, then new ones), proposes a ``Pop``
 command stamped with its clock, and returns what the applied command granted. Acks and invisible-time changes
 are ``Ack`` / ``ChangeInvisible`` commands naming a delivery epoch. The replicated state they change is
-``broker_adapter.rocketmq.invisibility`` inside the dispatcher; receipt handles and protocol statuses belong to
+``broker_adapter.core.invisibility`` inside the dispatcher; receipt handles and protocol statuses belong to
 the RocketMQ face.
 
-The group's settings (``broker_adapter.groups``) shape a pop: a FIFO group's pop names each offset's message
+The group's settings (``broker_adapter.core.groups``) shape a pop: a FIFO group's pop names each offset's message
 group, and a message that used up the group's delivery attempts is copied to the group's dead-letter topic
 (``broker_delivery.forward_dead``) before anything else of that queue is popped. Acks and invisible-time changes
 wake receives waiting on the queue, since they can make a FIFO message group's next message deliverable.
@@ -18,15 +18,15 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from broker_adapter import commands, message
-from broker_adapter.broker_types import check_user_topic
-from broker_adapter.clock import now_ms
-from broker_adapter.rocketmq.invisibility import Outcome, Popped, PopStates
-from broker_adapter.selectors import Select  # does a consumer's filter take this message?
+from broker_adapter.core import commands, message
+from broker_adapter.core.clock import now_ms
+from broker_adapter.core.invisibility import Outcome, Popped, PopStates
+from broker_adapter.core.model import check_user_topic
+from broker_adapter.core.selectors import Select  # does a consumer's filter take this message?
 from dledger.errors import DLedgerError, NotFoundError
 
 if TYPE_CHECKING:
-    from broker_adapter.broker import Broker
+    from broker_adapter.core.broker import Broker
 
 # A receive that found every queue busy or drained looks again at least this often.
 BUSY_RECHECK_S: Final = 0.2

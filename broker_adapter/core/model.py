@@ -1,4 +1,4 @@
-"""What the protocol-neutral broker (``broker_adapter.broker``) takes and gives: messages to send, send results,
+"""What the protocol-neutral broker (``broker_adapter.core.broker``) takes and gives: messages to send, send results,
 pulled batches, and the errors it raises.
 
 The errors are ``dledger.errors`` classes (so the Broker gRPC face maps them to statuses as it maps any of
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from broker_adapter import commands, message, topics
+from broker_adapter.core import commands, message, topics
 from dledger.errors import InvalidRequestError, NotFoundError
 
 

@@ -16,13 +16,12 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from broker_adapter import commands, groups, message, retention
-from broker_adapter.allocator import QueueOffsetAllocator
-from broker_adapter.broker_commit import GroupCommit
-from broker_adapter.broker_delivery import Delivery
-from broker_adapter.broker_pop import Pops
-from broker_adapter.broker_send import Sender
-from broker_adapter.broker_types import (
+from broker_adapter.core import commands, groups, message, retention
+from broker_adapter.core.allocator import QueueOffsetAllocator
+from broker_adapter.core.commitlog import CommitLog, CommitLogError
+from broker_adapter.core.delivery import Delivery
+from broker_adapter.core.group_commit import GroupCommit
+from broker_adapter.core.model import (
     DELAY,
     NORMAL,
     TRANSACTION,
@@ -39,10 +38,11 @@ from broker_adapter.broker_types import (
     check_topic,
     check_user_topic,
 )
-from broker_adapter.commitlog import CommitLog, CommitLogError
-from broker_adapter.dispatcher import BrokerStateMachine
+from broker_adapter.core.pop import Pops
+from broker_adapter.core.send import Sender
+from broker_adapter.core.statemachine import BrokerStateMachine
+from broker_adapter.core.topics import HALF_TOPIC, TIMER_TOPIC
 from broker_adapter.settings import BrokerSettings
-from broker_adapter.topics import HALF_TOPIC, TIMER_TOPIC
 from dledger.core.messages import Role
 from dledger.errors import (
     DLedgerError,
@@ -209,7 +209,7 @@ class Broker:
         await self._sender.wait_applied(index, asyncio.get_running_loop().time() + timeout_s)
 
     async def set_group_settings(self, group: str, settings: dict[str, Any]) -> Any:
-        """Replace a consumer group's delivery settings (``broker_adapter.groups``) through the log."""
+        """Replace a consumer group's delivery settings (``broker_adapter.core.groups``) through the log."""
         check_group(group)
         try:
             checked = groups.GroupSettings.from_json(settings)
@@ -268,7 +268,7 @@ class Broker:
     ) -> Pulled:
         """Up to ``max_messages`` consecutive messages from ``offset``, long-polling up to ``max_wait_ms`` at the
         queue's end. A lagging follower (when allowed) answers an offset beyond its end with nothing. With
-        ``select`` (a subscription's filter, ``broker_adapter.selectors``) only what it takes is answered, and
+        ``select`` (a subscription's filter, ``broker_adapter.core.selectors``) only what it takes is answered, and
         the next offset passes the others."""
         offset, n, end = await self._pull_span(
             topic, queue_id, offset, max_messages, max_wait_ms, allow_follower

@@ -23,23 +23,23 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
-from broker_adapter import commands, message
-from broker_adapter.broker_types import (
+from broker_adapter.core import commands, message
+from broker_adapter.core.clock import now_ms
+from broker_adapter.core.model import (
     OutgoingMessage,
     SendResult,
     UnknownQueueError,
     check_group,
     check_user_topic,
 )
-from broker_adapter.clock import now_ms
-from broker_adapter.timer import Waiting
-from broker_adapter.topics import HALF_TOPIC, RETRY_PREFIX, TIMER_TOPIC, dlq_topic, retry_topic
-from broker_adapter.transactions import COMMIT, ROLLBACK, Half
+from broker_adapter.core.timer import Waiting
+from broker_adapter.core.topics import HALF_TOPIC, RETRY_PREFIX, TIMER_TOPIC, dlq_topic, retry_topic
+from broker_adapter.core.transactions import COMMIT, ROLLBACK, Half
 from dledger.core.messages import Role
 from dledger.errors import DLedgerError, InvalidRequestError, NotFoundError
 
 if TYPE_CHECKING:
-    from broker_adapter.broker import Broker
+    from broker_adapter.core.broker import Broker
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
-from broker_adapter import commands, groups, message
-from broker_adapter.consumequeue import UNITS_PER_FILE, ConsumeQueue
-from broker_adapter.rocketmq.invisibility import PopStates
-from broker_adapter.timer import TimerIndex, Waiting
-from broker_adapter.topics import DLQ_PREFIX, HALF_TOPIC, TIMER_TOPIC
-from broker_adapter.transactions import COMMIT, DEFAULT_IMMUNITY_MS, ROLLBACK, Half, HalfMessages
+from broker_adapter.core import commands, groups, message
+from broker_adapter.core.consumequeue import UNITS_PER_FILE, ConsumeQueue
+from broker_adapter.core.invisibility import PopStates
+from broker_adapter.core.timer import TimerIndex, Waiting
+from broker_adapter.core.topics import DLQ_PREFIX, HALF_TOPIC, TIMER_TOPIC
+from broker_adapter.core.transactions import COMMIT, DEFAULT_IMMUNITY_MS, ROLLBACK, Half, HalfMessages
 from statemachine.api import CommittedEntry
 from storage.codec import HEADER_SIZE
 
@@ -114,7 +114,7 @@ class BrokerStateMachine:
         self._unwritten: list[ConsumeQueue] = []  # queues with units appended in this apply, not yet written
         self._on_dispatch = on_dispatch  # (topic, queue_id, next queue offset): wakes long-polling pulls
 
-    # -- retention (broker_adapter/retention.py; set by the plugin when a policy is configured) ---------------
+    # -- retention (broker_adapter/core/retention.py; set by the plugin when a policy is configured) ---------------
     retention: Any = None
 
     def retain_from(self) -> int | None:

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from dledger.v1 import broker_pb2 as dledger_dot_v1_dot_broker__pb2
+from broker_adapter.v1 import broker_pb2 as broker__adapter_dot_v1_dot_broker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in dledger/v1/broker_pb2_grpc.py depends on'
+        + ' but the generated code in broker_adapter/v1/broker_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,48 +36,48 @@ class BrokerStub:
         """
         self.Send = channel.unary_unary(
                 '/dledger.v1.Broker/Send',
-                request_serializer=dledger_dot_v1_dot_broker__pb2.SendRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_broker__pb2.SendResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_broker__pb2.SendRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_broker__pb2.SendResponse.FromString,
                 _registered_method=True)
         self.Pull = channel.unary_unary(
                 '/dledger.v1.Broker/Pull',
-                request_serializer=dledger_dot_v1_dot_broker__pb2.PullRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_broker__pb2.PullResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_broker__pb2.PullRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_broker__pb2.PullResponse.FromString,
                 _registered_method=True)
         self.CreateTopic = channel.unary_unary(
                 '/dledger.v1.Broker/CreateTopic',
-                request_serializer=dledger_dot_v1_dot_broker__pb2.CreateTopicRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_broker__pb2.CreateTopicResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_broker__pb2.CreateTopicRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_broker__pb2.CreateTopicResponse.FromString,
                 _registered_method=True)
         self.ListTopics = channel.unary_unary(
                 '/dledger.v1.Broker/ListTopics',
-                request_serializer=dledger_dot_v1_dot_broker__pb2.ListTopicsRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_broker__pb2.ListTopicsResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_broker__pb2.ListTopicsRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_broker__pb2.ListTopicsResponse.FromString,
                 _registered_method=True)
         self.CommitOffset = channel.unary_unary(
                 '/dledger.v1.Broker/CommitOffset',
-                request_serializer=dledger_dot_v1_dot_broker__pb2.CommitOffsetRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_broker__pb2.CommitOffsetResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_broker__pb2.CommitOffsetRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_broker__pb2.CommitOffsetResponse.FromString,
                 _registered_method=True)
         self.QueryOffset = channel.unary_unary(
                 '/dledger.v1.Broker/QueryOffset',
-                request_serializer=dledger_dot_v1_dot_broker__pb2.QueryOffsetRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_broker__pb2.QueryOffsetResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_broker__pb2.QueryOffsetRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_broker__pb2.QueryOffsetResponse.FromString,
                 _registered_method=True)
         self.Route = channel.unary_unary(
                 '/dledger.v1.Broker/Route',
-                request_serializer=dledger_dot_v1_dot_broker__pb2.RouteRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_broker__pb2.RouteResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_broker__pb2.RouteRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_broker__pb2.RouteResponse.FromString,
                 _registered_method=True)
         self.SetGroupSettings = channel.unary_unary(
                 '/dledger.v1.Broker/SetGroupSettings',
-                request_serializer=dledger_dot_v1_dot_broker__pb2.GroupSettingsRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_broker__pb2.GroupSettingsResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_broker__pb2.GroupSettingsRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_broker__pb2.GroupSettingsResponse.FromString,
                 _registered_method=True)
         self.Later = channel.unary_unary(
                 '/dledger.v1.Broker/Later',
-                request_serializer=dledger_dot_v1_dot_broker__pb2.LaterRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_broker__pb2.LaterResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_broker__pb2.LaterRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_broker__pb2.LaterResponse.FromString,
                 _registered_method=True)
 
 
@@ -143,48 +143,48 @@ def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Send': grpc.unary_unary_rpc_method_handler(
                     servicer.Send,
-                    request_deserializer=dledger_dot_v1_dot_broker__pb2.SendRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_broker__pb2.SendResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_broker__pb2.SendRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_broker__pb2.SendResponse.SerializeToString,
             ),
             'Pull': grpc.unary_unary_rpc_method_handler(
                     servicer.Pull,
-                    request_deserializer=dledger_dot_v1_dot_broker__pb2.PullRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_broker__pb2.PullResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_broker__pb2.PullRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_broker__pb2.PullResponse.SerializeToString,
             ),
             'CreateTopic': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTopic,
-                    request_deserializer=dledger_dot_v1_dot_broker__pb2.CreateTopicRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_broker__pb2.CreateTopicResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_broker__pb2.CreateTopicRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_broker__pb2.CreateTopicResponse.SerializeToString,
             ),
             'ListTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTopics,
-                    request_deserializer=dledger_dot_v1_dot_broker__pb2.ListTopicsRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_broker__pb2.ListTopicsResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_broker__pb2.ListTopicsRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_broker__pb2.ListTopicsResponse.SerializeToString,
             ),
             'CommitOffset': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitOffset,
-                    request_deserializer=dledger_dot_v1_dot_broker__pb2.CommitOffsetRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_broker__pb2.CommitOffsetResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_broker__pb2.CommitOffsetRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_broker__pb2.CommitOffsetResponse.SerializeToString,
             ),
             'QueryOffset': grpc.unary_unary_rpc_method_handler(
                     servicer.QueryOffset,
-                    request_deserializer=dledger_dot_v1_dot_broker__pb2.QueryOffsetRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_broker__pb2.QueryOffsetResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_broker__pb2.QueryOffsetRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_broker__pb2.QueryOffsetResponse.SerializeToString,
             ),
             'Route': grpc.unary_unary_rpc_method_handler(
                     servicer.Route,
-                    request_deserializer=dledger_dot_v1_dot_broker__pb2.RouteRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_broker__pb2.RouteResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_broker__pb2.RouteRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_broker__pb2.RouteResponse.SerializeToString,
             ),
             'SetGroupSettings': grpc.unary_unary_rpc_method_handler(
                     servicer.SetGroupSettings,
-                    request_deserializer=dledger_dot_v1_dot_broker__pb2.GroupSettingsRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_broker__pb2.GroupSettingsResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_broker__pb2.GroupSettingsRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_broker__pb2.GroupSettingsResponse.SerializeToString,
             ),
             'Later': grpc.unary_unary_rpc_method_handler(
                     servicer.Later,
-                    request_deserializer=dledger_dot_v1_dot_broker__pb2.LaterRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_broker__pb2.LaterResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_broker__pb2.LaterRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_broker__pb2.LaterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -212,8 +212,8 @@ class Broker:
             request,
             target,
             '/dledger.v1.Broker/Send',
-            dledger_dot_v1_dot_broker__pb2.SendRequest.SerializeToString,
-            dledger_dot_v1_dot_broker__pb2.SendResponse.FromString,
+            broker__adapter_dot_v1_dot_broker__pb2.SendRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_broker__pb2.SendResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -239,8 +239,8 @@ class Broker:
             request,
             target,
             '/dledger.v1.Broker/Pull',
-            dledger_dot_v1_dot_broker__pb2.PullRequest.SerializeToString,
-            dledger_dot_v1_dot_broker__pb2.PullResponse.FromString,
+            broker__adapter_dot_v1_dot_broker__pb2.PullRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_broker__pb2.PullResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -266,8 +266,8 @@ class Broker:
             request,
             target,
             '/dledger.v1.Broker/CreateTopic',
-            dledger_dot_v1_dot_broker__pb2.CreateTopicRequest.SerializeToString,
-            dledger_dot_v1_dot_broker__pb2.CreateTopicResponse.FromString,
+            broker__adapter_dot_v1_dot_broker__pb2.CreateTopicRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_broker__pb2.CreateTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -293,8 +293,8 @@ class Broker:
             request,
             target,
             '/dledger.v1.Broker/ListTopics',
-            dledger_dot_v1_dot_broker__pb2.ListTopicsRequest.SerializeToString,
-            dledger_dot_v1_dot_broker__pb2.ListTopicsResponse.FromString,
+            broker__adapter_dot_v1_dot_broker__pb2.ListTopicsRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_broker__pb2.ListTopicsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -320,8 +320,8 @@ class Broker:
             request,
             target,
             '/dledger.v1.Broker/CommitOffset',
-            dledger_dot_v1_dot_broker__pb2.CommitOffsetRequest.SerializeToString,
-            dledger_dot_v1_dot_broker__pb2.CommitOffsetResponse.FromString,
+            broker__adapter_dot_v1_dot_broker__pb2.CommitOffsetRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_broker__pb2.CommitOffsetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -347,8 +347,8 @@ class Broker:
             request,
             target,
             '/dledger.v1.Broker/QueryOffset',
-            dledger_dot_v1_dot_broker__pb2.QueryOffsetRequest.SerializeToString,
-            dledger_dot_v1_dot_broker__pb2.QueryOffsetResponse.FromString,
+            broker__adapter_dot_v1_dot_broker__pb2.QueryOffsetRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_broker__pb2.QueryOffsetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -374,8 +374,8 @@ class Broker:
             request,
             target,
             '/dledger.v1.Broker/Route',
-            dledger_dot_v1_dot_broker__pb2.RouteRequest.SerializeToString,
-            dledger_dot_v1_dot_broker__pb2.RouteResponse.FromString,
+            broker__adapter_dot_v1_dot_broker__pb2.RouteRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_broker__pb2.RouteResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -401,8 +401,8 @@ class Broker:
             request,
             target,
             '/dledger.v1.Broker/SetGroupSettings',
-            dledger_dot_v1_dot_broker__pb2.GroupSettingsRequest.SerializeToString,
-            dledger_dot_v1_dot_broker__pb2.GroupSettingsResponse.FromString,
+            broker__adapter_dot_v1_dot_broker__pb2.GroupSettingsRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_broker__pb2.GroupSettingsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -428,8 +428,8 @@ class Broker:
             request,
             target,
             '/dledger.v1.Broker/Later',
-            dledger_dot_v1_dot_broker__pb2.LaterRequest.SerializeToString,
-            dledger_dot_v1_dot_broker__pb2.LaterResponse.FromString,
+            broker__adapter_dot_v1_dot_broker__pb2.LaterRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_broker__pb2.LaterResponse.FromString,
             options,
             channel_credentials,
             insecure,

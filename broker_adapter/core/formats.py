@@ -3,7 +3,7 @@
 The Spark audit reads the broker's data (docs/formats.md sections 4 and 5) from the nodes' files, on executors that
 need not have the broker's runtime, so it may import this module and no other of ``broker_adapter``. It holds
 the message layout's constants, the decoding of a message's routing fields and properties, the command magic and
-the ConsumeQueue unit size. ``broker_adapter.message``, ``commands`` and ``consumequeue`` own the writers;
+the ConsumeQueue unit size. ``broker_adapter.core.message``, ``commands`` and ``consumequeue`` own the writers;
 ``tests/spark/test_formats.py`` proves that both sides agree.
 """
 

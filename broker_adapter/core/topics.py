@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Final
 
 SYSTEM_PREFIX: Final = "%SYS%"
-TIMER_TOPIC: Final = SYSTEM_PREFIX + "TIMER"  # delayed messages until due (broker_adapter/timer.py)
+TIMER_TOPIC: Final = SYSTEM_PREFIX + "TIMER"  # delayed messages until due (broker_adapter/core/timer.py)
 HALF_TOPIC: Final = (
     SYSTEM_PREFIX + "HALF"
-)  # transactional messages until ended (broker_adapter/transactions.py)
+)  # transactional messages until ended (broker_adapter/core/transactions.py)
 DLQ_PREFIX: Final = "%DLQ%"
 RETRY_PREFIX: Final = "%RETRY%"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from broker_adapter import message
-from broker_adapter.dispatcher import BrokerStateMachine
+from broker_adapter.core import message
+from broker_adapter.core.statemachine import BrokerStateMachine
 from storage.api import LogStore
 from storage.codec import HEADER_SIZE, MAGIC_NORMAL
 from storage.errors import Compacted, IndexOutOfRange, NoEntryError

@@ -1,5 +1,5 @@
 """Which messages a consumer's subscription takes: by tag (``TagA || TagB``) or by a SQL92 expression over the
-message's properties (``broker_adapter.sqlfilter``). Protocol-neutral: the RocketMQ face builds one from a
+message's properties (``broker_adapter.core.sqlfilter``). Protocol-neutral: the RocketMQ face builds one from a
 ``FilterExpression``, our own Pull from ``PullRequest.filter`` (docs/broker.md, "Filters"); the broker's receive
 and pull paths call it on each stored message they consider."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
-from broker_adapter import message
-from broker_adapter.sqlfilter import SqlFilter, compile_filter
+from broker_adapter.core import message
+from broker_adapter.core.sqlfilter import SqlFilter, compile_filter
 
 Select = Callable[[message.Message], bool]
 

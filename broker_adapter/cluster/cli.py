@@ -1,6 +1,6 @@
 """``dledger nameserver`` and ``dledger cluster up|status|watch|down|topic`` (registered by ``dledger.cli``).
 
-A cluster is name servers plus broker groups (``broker_adapter.cluster``); see docs/cluster.md.
+A cluster is name servers plus broker groups (``broker_adapter.cluster.local``); see docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from broker_adapter import cluster as cl
+from broker_adapter.cluster import local as cl
 from broker_adapter.nameserver.client import NameServerClient
 from dledger import group as grp
 from dledger.cliutil import console, fail

@@ -36,7 +36,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from broker_adapter import commands
+from broker_adapter.core import commands
 
 WINDOW: Final = 10_000  # offsets past ``low`` a group may have delivered and not yet acknowledged, per queue
 
@@ -161,7 +161,7 @@ class PopStates:
     ) -> Popped:
         """Apply a pop. ``start``: where a group's first pop of this queue begins (its committed offset);
         ``end``: the queue's dispatched end (no offset at or past it exists yet); ``fifo`` and
-        ``max_attempts``: the group's settings (``broker_adapter.groups``) at this point of the log."""
+        ``max_attempts``: the group's settings (``broker_adapter.core.groups``) at this point of the log."""
         key = (cmd.group, cmd.topic, cmd.queue_id)
         q = self.queues.get(key)
         if q is None:

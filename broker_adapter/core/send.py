@@ -16,14 +16,14 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from broker_adapter import message
-from broker_adapter.broker_types import Outgoing, SendResult, UnknownQueueError, check_topic, check_user_topic
-from broker_adapter.dispatcher import Dispatched
+from broker_adapter.core import message
+from broker_adapter.core.model import Outgoing, SendResult, UnknownQueueError, check_topic, check_user_topic
+from broker_adapter.core.statemachine import Dispatched
 from dledger.errors import DLedgerError, InvalidRequestError, OutcomeUnknownError
 
 if TYPE_CHECKING:
-    from broker_adapter.allocator import QueueOffsetAllocator
-    from broker_adapter.broker import Broker
+    from broker_adapter.core.allocator import QueueOffsetAllocator
+    from broker_adapter.core.broker import Broker
 
 MAX_SEND_BATCH: Final = 1024
 

@@ -32,7 +32,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Final
 
-from broker_adapter import message
+from broker_adapter.core import message
 
 COMMAND_MAGIC: Final = 0x444C4243
 _HEAD: Final = struct.Struct(">iIB")
@@ -114,7 +114,7 @@ class ChangeInvisible:
 
 @dataclass(frozen=True, slots=True)
 class GroupSettingsCmd:
-    """Replace a consumer group's delivery settings (``broker_adapter.groups.GroupSettings`` as JSON)."""
+    """Replace a consumer group's delivery settings (``broker_adapter.core.groups.GroupSettings`` as JSON)."""
 
     group: str
     settings: dict

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from dledger.v1 import nameserver_pb2 as dledger_dot_v1_dot_nameserver__pb2
+from broker_adapter.v1 import nameserver_pb2 as broker__adapter_dot_v1_dot_nameserver__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in dledger/v1/nameserver_pb2_grpc.py depends on'
+        + ' but the generated code in broker_adapter/v1/nameserver_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,38 +36,38 @@ class NameServerStub:
         """
         self.RegisterBroker = channel.unary_unary(
                 '/dledger.v1.NameServer/RegisterBroker',
-                request_serializer=dledger_dot_v1_dot_nameserver__pb2.BrokerRegistration.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_nameserver__pb2.RegisterBrokerResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.BrokerRegistration.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.RegisterBrokerResponse.FromString,
                 _registered_method=True)
         self.UnregisterBroker = channel.unary_unary(
                 '/dledger.v1.NameServer/UnregisterBroker',
-                request_serializer=dledger_dot_v1_dot_nameserver__pb2.UnregisterBrokerRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_nameserver__pb2.UnregisterBrokerResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.UnregisterBrokerRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.UnregisterBrokerResponse.FromString,
                 _registered_method=True)
         self.QueryRoute = channel.unary_unary(
                 '/dledger.v1.NameServer/QueryRoute',
-                request_serializer=dledger_dot_v1_dot_nameserver__pb2.QueryRouteRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_nameserver__pb2.QueryRouteResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.QueryRouteRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.QueryRouteResponse.FromString,
                 _registered_method=True)
         self.ClusterInfo = channel.unary_unary(
                 '/dledger.v1.NameServer/ClusterInfo',
-                request_serializer=dledger_dot_v1_dot_nameserver__pb2.ClusterInfoRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_nameserver__pb2.ClusterInfoResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.ClusterInfoRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.ClusterInfoResponse.FromString,
                 _registered_method=True)
         self.ConsumerHeartbeat = channel.unary_unary(
                 '/dledger.v1.NameServer/ConsumerHeartbeat',
-                request_serializer=dledger_dot_v1_dot_nameserver__pb2.ConsumerHeartbeatRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_nameserver__pb2.ConsumerHeartbeatResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.ConsumerHeartbeatRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.ConsumerHeartbeatResponse.FromString,
                 _registered_method=True)
         self.UnregisterConsumer = channel.unary_unary(
                 '/dledger.v1.NameServer/UnregisterConsumer',
-                request_serializer=dledger_dot_v1_dot_nameserver__pb2.UnregisterConsumerRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_nameserver__pb2.UnregisterConsumerResponse.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.UnregisterConsumerRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.UnregisterConsumerResponse.FromString,
                 _registered_method=True)
         self.ListConsumers = channel.unary_unary(
                 '/dledger.v1.NameServer/ListConsumers',
-                request_serializer=dledger_dot_v1_dot_nameserver__pb2.ListConsumersRequest.SerializeToString,
-                response_deserializer=dledger_dot_v1_dot_nameserver__pb2.ConsumerGroupMembers.FromString,
+                request_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.ListConsumersRequest.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.ConsumerGroupMembers.FromString,
                 _registered_method=True)
 
 
@@ -121,38 +121,38 @@ def add_NameServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'RegisterBroker': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterBroker,
-                    request_deserializer=dledger_dot_v1_dot_nameserver__pb2.BrokerRegistration.FromString,
-                    response_serializer=dledger_dot_v1_dot_nameserver__pb2.RegisterBrokerResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.BrokerRegistration.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.RegisterBrokerResponse.SerializeToString,
             ),
             'UnregisterBroker': grpc.unary_unary_rpc_method_handler(
                     servicer.UnregisterBroker,
-                    request_deserializer=dledger_dot_v1_dot_nameserver__pb2.UnregisterBrokerRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_nameserver__pb2.UnregisterBrokerResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.UnregisterBrokerRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.UnregisterBrokerResponse.SerializeToString,
             ),
             'QueryRoute': grpc.unary_unary_rpc_method_handler(
                     servicer.QueryRoute,
-                    request_deserializer=dledger_dot_v1_dot_nameserver__pb2.QueryRouteRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_nameserver__pb2.QueryRouteResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.QueryRouteRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.QueryRouteResponse.SerializeToString,
             ),
             'ClusterInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.ClusterInfo,
-                    request_deserializer=dledger_dot_v1_dot_nameserver__pb2.ClusterInfoRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_nameserver__pb2.ClusterInfoResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.ClusterInfoRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.ClusterInfoResponse.SerializeToString,
             ),
             'ConsumerHeartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.ConsumerHeartbeat,
-                    request_deserializer=dledger_dot_v1_dot_nameserver__pb2.ConsumerHeartbeatRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_nameserver__pb2.ConsumerHeartbeatResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.ConsumerHeartbeatRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.ConsumerHeartbeatResponse.SerializeToString,
             ),
             'UnregisterConsumer': grpc.unary_unary_rpc_method_handler(
                     servicer.UnregisterConsumer,
-                    request_deserializer=dledger_dot_v1_dot_nameserver__pb2.UnregisterConsumerRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_nameserver__pb2.UnregisterConsumerResponse.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.UnregisterConsumerRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.UnregisterConsumerResponse.SerializeToString,
             ),
             'ListConsumers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListConsumers,
-                    request_deserializer=dledger_dot_v1_dot_nameserver__pb2.ListConsumersRequest.FromString,
-                    response_serializer=dledger_dot_v1_dot_nameserver__pb2.ConsumerGroupMembers.SerializeToString,
+                    request_deserializer=broker__adapter_dot_v1_dot_nameserver__pb2.ListConsumersRequest.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_nameserver__pb2.ConsumerGroupMembers.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,8 +180,8 @@ class NameServer:
             request,
             target,
             '/dledger.v1.NameServer/RegisterBroker',
-            dledger_dot_v1_dot_nameserver__pb2.BrokerRegistration.SerializeToString,
-            dledger_dot_v1_dot_nameserver__pb2.RegisterBrokerResponse.FromString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.BrokerRegistration.SerializeToString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.RegisterBrokerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -207,8 +207,8 @@ class NameServer:
             request,
             target,
             '/dledger.v1.NameServer/UnregisterBroker',
-            dledger_dot_v1_dot_nameserver__pb2.UnregisterBrokerRequest.SerializeToString,
-            dledger_dot_v1_dot_nameserver__pb2.UnregisterBrokerResponse.FromString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.UnregisterBrokerRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.UnregisterBrokerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -234,8 +234,8 @@ class NameServer:
             request,
             target,
             '/dledger.v1.NameServer/QueryRoute',
-            dledger_dot_v1_dot_nameserver__pb2.QueryRouteRequest.SerializeToString,
-            dledger_dot_v1_dot_nameserver__pb2.QueryRouteResponse.FromString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.QueryRouteRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.QueryRouteResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -261,8 +261,8 @@ class NameServer:
             request,
             target,
             '/dledger.v1.NameServer/ClusterInfo',
-            dledger_dot_v1_dot_nameserver__pb2.ClusterInfoRequest.SerializeToString,
-            dledger_dot_v1_dot_nameserver__pb2.ClusterInfoResponse.FromString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.ClusterInfoRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.ClusterInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -288,8 +288,8 @@ class NameServer:
             request,
             target,
             '/dledger.v1.NameServer/ConsumerHeartbeat',
-            dledger_dot_v1_dot_nameserver__pb2.ConsumerHeartbeatRequest.SerializeToString,
-            dledger_dot_v1_dot_nameserver__pb2.ConsumerHeartbeatResponse.FromString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.ConsumerHeartbeatRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.ConsumerHeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -315,8 +315,8 @@ class NameServer:
             request,
             target,
             '/dledger.v1.NameServer/UnregisterConsumer',
-            dledger_dot_v1_dot_nameserver__pb2.UnregisterConsumerRequest.SerializeToString,
-            dledger_dot_v1_dot_nameserver__pb2.UnregisterConsumerResponse.FromString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.UnregisterConsumerRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.UnregisterConsumerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -342,8 +342,8 @@ class NameServer:
             request,
             target,
             '/dledger.v1.NameServer/ListConsumers',
-            dledger_dot_v1_dot_nameserver__pb2.ListConsumersRequest.SerializeToString,
-            dledger_dot_v1_dot_nameserver__pb2.ConsumerGroupMembers.FromString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.ListConsumersRequest.SerializeToString,
+            broker__adapter_dot_v1_dot_nameserver__pb2.ConsumerGroupMembers.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from broker_adapter import commands
-from broker_adapter.consumequeue import ConsumeQueue
+from broker_adapter.core import commands
+from broker_adapter.core.consumequeue import ConsumeQueue
 from storage.api import LogStore
 from storage.codec import HEADER_SIZE, MAGIC_NORMAL
 

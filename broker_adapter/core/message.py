@@ -32,7 +32,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Final
 
-from broker_adapter.formats import (  # the layout's constants and pure helpers live beneath this module
+from broker_adapter.core.formats import (  # the layout's constants and pure helpers live beneath this module
     MAGIC_CODE,
     NAME_VALUE_SEPARATOR,
     PROPERTY_PRODUCER_ID,
@@ -43,13 +43,13 @@ from broker_adapter.formats import (  # the layout's constants and pure helpers 
     MessageFormatError,
     decode_properties,
 )
-from broker_adapter.formats import (
+from broker_adapter.core.formats import (
     PROPERTY_ORIGIN as PROPERTY_ORIGIN,  # re-exported: the delivery code reads it with the other property names
 )
-from broker_adapter.formats import (
+from broker_adapter.core.formats import (
     java_string_hash as java_string_hash,  # re-exported: the message API users know
 )
-from broker_adapter.formats import (
+from broker_adapter.core.formats import (
     tags_code as tags_code,
 )
 

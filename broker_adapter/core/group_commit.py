@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from broker_adapter.dispatcher import Dispatched
-from broker_adapter.message import Route
+from broker_adapter.core.message import Route
+from broker_adapter.core.statemachine import Dispatched
 from dledger.errors import DLedgerError
 
 if TYPE_CHECKING:
-    from broker_adapter.allocator import QueueOffsetAllocator
+    from broker_adapter.core.allocator import QueueOffsetAllocator
     from dledger.plugins import NodeHandle
 
 # Entries of one proposal at most (a single call larger than this still goes alone): well under the node's
