@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from bench.proc_cpu import cpu_seconds
-from broker_adapter.cluster.client import ClusterProducer
 from broker_adapter.cluster import local as cl
+from broker_adapter.cluster.client import ClusterProducer
 from dledger.errors import DLedgerError
 
 BODY = bytes(range(256)) * 4  # 1 KiB

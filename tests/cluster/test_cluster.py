@@ -18,8 +18,8 @@ import grpc
 import pytest
 
 from broker_adapter.client import BrokerConnection, Consumer
-from broker_adapter.cluster.client import ClusterConsumer, ClusterProducer
 from broker_adapter.cluster import local as cl
+from broker_adapter.cluster.client import ClusterConsumer, ClusterProducer
 from broker_adapter.nameserver.client import NameServerClient, NoRouteError
 from broker_adapter.v1 import nameserver_pb2 as pb
 from broker_adapter.v1 import nameserver_pb2_grpc as pb_grpc
