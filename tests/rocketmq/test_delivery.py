@@ -53,8 +53,12 @@ def audited(g: grp.GroupSpec) -> None:
 def kill_and_restart_leader(g: grp.GroupSpec) -> str:
     leader = grp.wait_for_leader(g)
     grp.kill_node(g.node(leader.id))
-    grp.wait_for_leader(g)
+    new = grp.wait_for_leader(g)
     grp.start_node(g.node(leader.id))
+    # Back in the group (it has heard from the new leader) before the test goes on: the official clients send
+    # some calls (EndTransaction) once, and a node that does not know the leader yet cannot forward them.
+    row = grp.wait_caught_up(g, leader.id, new.commit_index or 0, 30)
+    assert row is not None and row.commit_index is not None, f"{leader.id} did not rejoin the group"
     return leader.id
 
 
