@@ -1,5 +1,6 @@
-"""One bidirectional stream to one node, shared by concurrent callers: the client side of the log's
-``AppendStream`` and of a plugin's streams built the same way (a broker's producer session).
+"""One bidirectional stream to one node, shared by concurrent callers: the client side (``BatchStream``) and the
+server side (``answer_each``) of the log's ``AppendStream`` and of a plugin's streams built the same way (a
+broker's producer session).
 
 A writer task packs every call waiting in the queue (up to ``max_pack`` items) into one stream message, numbered;
 the node answers each message once, as one batch, and the reader hands each caller its slice of the answer, or
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import grpc
 
@@ -38,6 +39,11 @@ class StreamCall(Protocol):
 
     def cancel(self) -> bool: ...
 
+
+# Statuses that end a stream before any of its requests ran: a refusal, not a broken connection.
+_REFUSED: Final = frozenset(
+    {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED}
+)
 
 # (request id, the batch's error or None, one result per item of the batch)
 Answer = tuple[int, DLedgerError | None, Sequence[R]]
@@ -122,17 +128,22 @@ class BatchStream(Generic[T, R]):
         """The stream ended: learn why from the call's final status, then fail what waits accordingly."""
         code = await self._call.code()
         details = await self._call.details()
+        if code in _REFUSED:  # the node refused the stream itself (its guard, or no such method): nothing ran
+            self._break(convert.error_from_status(code, details), refused=True)
+            return
         never = code is grpc.StatusCode.UNAVAILABLE and convert.never_sent(details)
         self._break(UnavailableError(f"{self.address}: stream ended with {code.name}: {details}"), never)
 
-    def _break(self, cause: BaseException, never_sent: bool = False) -> None:
+    def _break(self, cause: BaseException, never_sent: bool = False, refused: bool = False) -> None:
         if self.broken is None:
             self.broken = cause
         for waiting in self._inflight.values():
             for _, f in waiting:
                 if f.done():
                     continue
-                if never_sent:
+                if refused:
+                    f.set_exception(cause)
+                elif never_sent:
                     f.set_exception(UnavailableError(f"{self.address} is unreachable; the call was not sent"))
                 else:
                     f.set_exception(
@@ -144,7 +155,11 @@ class BatchStream(Generic[T, R]):
         self._inflight.clear()
         for _, f in self._queue:
             if not f.done():
-                f.set_exception(UnavailableError(f"{self.address}: stream broke before the call was sent"))
+                f.set_exception(
+                    cause
+                    if refused
+                    else UnavailableError(f"{self.address}: stream broke before the call was sent")
+                )
         self._queue.clear()
 
     async def close(self) -> None:
@@ -152,3 +167,40 @@ class BatchStream(Generic[T, R]):
         self._reader.cancel()
         self._call.cancel()
         await asyncio.gather(self._writer, self._reader, return_exceptions=True)
+
+
+Q = TypeVar("Q")
+A = TypeVar("A")
+
+
+async def answer_each(requests: AsyncIterator[Q], handle: Callable[[Q], Awaitable[A]]) -> AsyncIterator[A]:
+    """The server side of such a stream: each request is handled as it arrives (so concurrent ones share what
+    the node batches, its group commit), and each answer is sent as it is ready. ``handle`` answers a refused
+    request with its error rather than raising; what it raises ends the stream. When the client closes its
+    side, the answers still due are sent before the stream ends."""
+    out: asyncio.Queue[A | None] = asyncio.Queue()
+    pending: set[asyncio.Task[None]] = set()
+
+    async def one(request: Q) -> None:
+        out.put_nowait(await handle(request))
+
+    async def reader() -> None:
+        try:
+            async for request in requests:
+                t = asyncio.create_task(one(request))
+                pending.add(t)
+                t.add_done_callback(pending.discard)
+            while pending:
+                await asyncio.gather(*list(pending))
+        finally:
+            out.put_nowait(None)
+
+    reader_task = asyncio.create_task(reader())
+    try:
+        while (item := await out.get()) is not None:
+            yield item
+        await reader_task  # surfaces a reader failure (a broken stream) instead of hiding it
+    finally:
+        reader_task.cancel()
+        for t in list(pending):
+            t.cancel()
