@@ -333,12 +333,13 @@ def encode_send(
 
 
 def patch_placement(
-    buf: bytearray | memoryview, queue_offset: int, physical_offset: int, store_timestamp: int
+    buf: bytearray | memoryview, queue_offset: int, physical_offset: int, store_timestamp: int | None = None
 ) -> None:
-    """Write what the leader decides as it places a message (QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP) into
-    the encoded message in place."""
+    """Write what the leader decides as it places a message (QUEUEOFFSET, PHYSICALOFFSET and, unless None,
+    STORETIMESTAMP) into the encoded message in place."""
     struct.pack_into(">qq", buf, QUEUE_OFFSET_OFFSET, queue_offset, physical_offset)
-    struct.pack_into(">q", buf, _STORE_TIMESTAMP_AT, store_timestamp)
+    if store_timestamp is not None:
+        struct.pack_into(">q", buf, _STORE_TIMESTAMP_AT, store_timestamp)
 
 
 def decode(buf: bytes | bytearray | memoryview, check_crc: bool = True) -> Message:

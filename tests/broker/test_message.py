@@ -47,11 +47,15 @@ def test_round_trip(topic, body, queue_id, queue_offset, physical_offset, props)
     assert m.decode(raw) == msg
 
 
-def test_patch_offsets_in_place():
+def test_patch_placement_in_place():
     raw = bytearray(m.encode(m.Message(topic="orders", body=b"x" * 10, properties={m.PROPERTY_TAGS: "a"})))
-    m.patch_offsets(raw, 7, 123456)
+    m.patch_placement(raw, 7, 123456)
     got = m.decode(raw)
-    assert (got.queue_offset, got.physical_offset, got.tags) == (7, 123456, "a")
+    assert (got.queue_offset, got.physical_offset, got.tags, got.store_timestamp) == (7, 123456, "a", 0)
+    m.patch_placement(raw, 8, 123457, 1_700_000_000_123)
+    got = m.decode(raw)
+    assert (got.queue_offset, got.physical_offset, got.store_timestamp) == (8, 123457, 1_700_000_000_123)
+    assert m.peek_store_timestamp(raw) == 1_700_000_000_123
 
 
 @pytest.mark.parametrize(
