@@ -68,13 +68,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 placed = await send_stored(list(batch.messages), _may_publish)
             except DLedgerError as e:
                 return broker_pb2.SendBatchResult(batch_id=batch.batch_id, error=self._error(e))
-            r = broker_pb2.SendBatchResult(batch_id=batch.batch_id)
-            queue_offsets, commitlog_offsets, duplicates = r.queue_offsets, r.commitlog_offsets, r.duplicates
-            for d, dup in placed:
-                queue_offsets.append(d.queue_offset if d is not None else -1)
-                commitlog_offsets.append(d.commitlog_offset if d is not None else -1)
-                duplicates.append(dup)
-            return r
+            return broker_pb2.SendBatchResult(
+                batch_id=batch.batch_id,
+                queue_offsets=[d.queue_offset if d is not None else -1 for d, _ in placed],
+                commitlog_offsets=[d.commitlog_offset if d is not None else -1 for d, _ in placed],
+                duplicates=[dup for _, dup in placed],
+            )
 
         async for r in answer_each(request_iterator, one):
             yield r

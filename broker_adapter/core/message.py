@@ -443,21 +443,27 @@ def peek_route(buf: bytes | bytearray | memoryview) -> Route:
     )
 
 
-_STORED_HEAD = struct.Struct(
-    ">4xiii4xqqi"
-)  # MAGICCODE, BODYCRC, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG
+_ROUTING_PROPERTIES: Final = frozenset(
+    {PROPERTY_TAGS, PROPERTY_ORIGIN, PROPERTY_PRODUCER_ID, PROPERTY_SEQUENCE}
+)
+# TOTALSIZE, MAGICCODE, BODYCRC, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, ... BODYLEN
+_STORED_HEAD = struct.Struct(">iiii4xqqi44xi")
 
 
 def check_stored(buf: bytes) -> Route:
     """A message a producer sent in its stored form (a producer session, docs/broker.md), checked as the leader
     must before storing bytes it did not encode: the structure, MAGICCODE, BODYCRC, a normal message (SYSFLAG 0,
-    offsets left 0 for the leader) and properties a consumer can read. Its ``Route``, or ``MessageFormatError``
-    naming the field."""
-    try:
-        r = peek_route(buf)
-    except UnicodeDecodeError:
-        raise MessageFormatError("TOPIC is not UTF-8") from None
-    magic, crc, queue_id, queue_offset, physical_offset, sys_flag = _STORED_HEAD.unpack_from(buf, 0)
+    offsets left 0 for the leader) and properties a consumer can read (UTF-8, each ``name\x01value``). Its
+    ``Route`` (what ``peek_route`` reads), in one pass over the properties, or ``MessageFormatError`` naming
+    the field."""
+    n = len(buf)
+    if n < OVERHEAD:
+        raise MessageFormatError(f"message is {n} bytes, shorter than the {OVERHEAD}-byte minimum")
+    total, magic, crc, queue_id, queue_offset, physical_offset, sys_flag, body_len = _STORED_HEAD.unpack_from(
+        buf
+    )
+    if total != n:
+        raise MessageFormatError(f"TOTALSIZE {total} != {n} bytes available")
     if magic != MAGIC_CODE:
         raise MessageFormatError(f"bad MAGICCODE {magic & 0xFFFFFFFF:#010x}, expected 0xdaa320a7")
     if sys_flag != 0:
@@ -468,14 +474,38 @@ def check_stored(buf: bytes) -> Route:
         raise MessageFormatError("QUEUEOFFSET and PHYSICALOFFSET are the leader's to fill in: send 0")
     if queue_id < 0:
         raise MessageFormatError(f"QUEUEID {queue_id} is negative")
-    body_len = int.from_bytes(buf[FIXED_SIZE : FIXED_SIZE + 4], "big")
-    if body_crc(memoryview(buf)[FIXED_SIZE + 4 : FIXED_SIZE + 4 + body_len]) != crc:
+    off = FIXED_SIZE + 4 + body_len
+    if body_len < 0 or off + 3 > n:
+        raise MessageFormatError(f"BODYLEN {body_len} runs past the message end ({n} bytes)")
+    if body_crc(memoryview(buf)[FIXED_SIZE + 4 : off]) != crc:
         raise MessageFormatError(f"BODYCRC {crc} does not match the body")
+    topic_len = buf[off]
     try:
-        decode_properties(_properties_view(buf))
+        topic = buf[off + 1 : off + 1 + topic_len].decode()
+    except UnicodeDecodeError:
+        raise MessageFormatError("TOPIC is not UTF-8") from None
+    off += 1 + topic_len
+    props_len = int.from_bytes(buf[off : off + 2], "big")
+    if off + 2 + props_len != n:
+        raise MessageFormatError(f"PROPERTIESLEN {props_len} does not end the message at TOTALSIZE {n}")
+    try:
+        props = buf[off + 2 :].decode()
     except UnicodeDecodeError:
         raise MessageFormatError("PROPERTIES are not UTF-8") from None
-    return r
+    routing: dict[str, str] = {}  # the properties a route holds: each at most once, so every reader agrees
+    for item in props.split(PROPERTY_SEPARATOR):
+        name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
+        if not sep:
+            if item:
+                raise MessageFormatError(f"property {name!r} has no value separator")
+        elif name in _ROUTING_PROPERTIES:
+            if name in routing:
+                raise MessageFormatError(f"property {name} appears twice")
+            routing[name] = value
+    tags, origin = routing.get(PROPERTY_TAGS), routing.get(PROPERTY_ORIGIN)
+    pid, seq = routing.get(PROPERTY_PRODUCER_ID), routing.get(PROPERTY_SEQUENCE)
+    producer = (pid, int(seq)) if pid and seq is not None and seq.isascii() and seq.isdigit() else None
+    return Route(topic, queue_id, 0, 0, n, tags, producer, origin)
 
 
 def route_of(topic: str, queue_id: int, size: int, properties: dict[str, str]) -> Route:

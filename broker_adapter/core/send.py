@@ -32,7 +32,8 @@ class Sender:
     def __init__(self, broker: Broker, allocator: QueueOffsetAllocator):
         self._broker = broker
         self._alloc = allocator
-        self._inflight: dict[tuple[str, int], asyncio.Future] = {}
+        # (producer, seq) -> (the results of the batch storing it, its index there), while that batch is proposed
+        self._inflight: dict[tuple[str, int], tuple[asyncio.Future[list[Any]], int]] = {}
         self._applied_event: asyncio.Event | None = None
         # Ids for messages sent without one: 32 hex digits as RocketMQ's, a random prefix per broker process
         # and a counter (uuid4 per message cost more than the rest of the encoding).
@@ -155,7 +156,10 @@ class Sender:
         results: list[Any] = [None] * len(raws)
         fresh: list[int] = []
         waits: list[tuple[int, Any]] = []
-        mine: list[tuple[tuple[str, int], asyncio.Future, int]] = []
+        mine: list[tuple[str, int]] = []
+        stored: asyncio.Future[list[Any]] | None = (
+            None  # this batch's results, for retries arriving meanwhile
+        )
         for i, r in enumerate(routes):
             key = r.producer
             if key is not None:
@@ -165,31 +169,34 @@ class Sender:
                 if found is not False:
                     waits.append((i, found))
                     continue
-                fut = loop.create_future()
-                self._inflight[key] = fut
-                mine.append((key, fut, i))
+                if stored is None:
+                    stored = loop.create_future()
+                self._inflight[key] = (stored, i)
+                mine.append(key)
             fresh.append(i)
         try:
             if fresh:
                 # Acknowledged at commit: where each message goes is fixed when the leader places it (the
                 # dispatcher checks every node dispatches it exactly there), so the ack need not wait for apply.
+                all_fresh = len(fresh) == len(raws)
                 placed, _ = await b.group_commit.propose(
-                    [raws[i] for i in fresh] if len(fresh) < len(raws) else raws,
+                    raws if all_fresh else [raws[i] for i in fresh],
                     False,
-                    [routes[i] for i in fresh] if len(fresh) < len(raws) else routes,
+                    routes if all_fresh else [routes[i] for i in fresh],
                 )
                 for i, d in zip(fresh, placed, strict=True):
                     results[i] = d
         except BaseException as e:
-            for key, fut, _ in mine:
+            for key in mine:
                 self._inflight.pop(key, None)
-                if not fut.done():
-                    fut.set_exception(e if isinstance(e, DLedgerError) else DLedgerError(str(e)))
-                    fut.exception()  # retrieved: a retry may never wait on it
+            if stored is not None:
+                stored.set_exception(e if isinstance(e, DLedgerError) else DLedgerError(str(e)))
+                stored.exception()  # retrieved: a retry may never wait on it
             raise
-        for key, fut, i in mine:
+        for key in mine:
             self._inflight.pop(key, None)
-            fut.set_result(results[i])
+        if stored is not None:
+            stored.set_result(results)
         deadline = loop.time() + 10.0
         for i, found in waits:
             key = routes[i].producer
@@ -237,8 +244,10 @@ class Sender:
         self, key: tuple[str, int], found: Any, deadline: float
     ) -> Dispatched | None:
         """The first attempt's result for a retried (producer, seq): None when it is too old to remember."""
-        if isinstance(found, asyncio.Future):
-            return await asyncio.shield(found)
+        if isinstance(found, tuple):  # in flight on this leader: (its batch's results, its place in them)
+            batch, i = found
+            placed: Dispatched | None = (await asyncio.shield(batch))[i]
+            return placed
         if isinstance(found, int) and not isinstance(found, bool):
             await self.wait_applied(found, deadline)
             found = self._broker.sm.sent(*key)

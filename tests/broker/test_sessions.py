@@ -56,6 +56,7 @@ def test_check_stored_refuses_what_the_leader_must_not_store():
         "no value separator": stored("t").replace(uniq + b"\x01ID", uniq + b"_ID"),
         "PROPERTIES are not UTF-8": stored("t").replace(b"ID\x02", b"\xff\xfe\x02"),
         "TOPIC is not UTF-8": stored("tx").replace(b"\x02tx", b"\x02t\xff", 1),
+        "TAGS appears twice": stored("t", tags="A", properties={"XXXX": "B"}).replace(b"XXXX", b"TAGS"),
     }
     for why, raw in bad.items():
         assert raw != good, why
