@@ -30,7 +30,9 @@ source tree DIR (e.g. /work/main) and one from this tree (their ``PYTHONPATH``),
 workloads through the official client, alternating which group goes first each round; the ratio is this tree /
 DIR. ``--profile DIR`` also records each official-client measurement with py-spy (``--nonblocking``, idle
 samples off; leader and client) into DIR as collapsed stacks and prints where their CPU goes per message.
-``--double`` (with ``--baseline-tree``) runs the two workloads against ``bench.rocketmq_double`` of each tree
+``--per-call`` runs those two workloads beside a bare grpc.aio unary call (``rocketmq_double --bare``) one at a
+time and with as many in flight, and prints the server's CPU per call or message and its ratio to the bare
+call's. ``--double`` (with ``--baseline-tree``) runs the two workloads against ``bench.rocketmq_double`` of each tree
 instead: one process serving the servicer over an in-memory log, no replication, so what is left is the client
 and one gRPC server with the face: the client's ceiling on this machine.
 """
