@@ -185,8 +185,11 @@ async def _measure(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    if (await grp.wait_for_leader_async(g, 30.0)).id != leader:
-        print(f"  {workload}: the leader changed during the window (figures mix two leaders)", flush=True)
+    moved = (await grp.wait_for_leader_async(g, 30.0)).id != leader
+    if moved:
+        print(
+            f"  {workload}: the leader changed in the window (figures mix two leaders; no stages)", flush=True
+        )
     row = {"msg/s": count / elapsed, "errors": float(errors)}
     followers = []
     for nid in before:
@@ -202,7 +205,7 @@ async def _measure(
         _official_rate[0] = row["msg/s"]
     await close()
     st = None
-    if leader in spies and spies[leader][0].exists():
+    if leader in spies and spies[leader][0].exists() and not moved:
         stacks = list(stages.samples(spies[leader][0]))
         secs, others = stages.budget(stacks, threads_before, threads_after, after[leader] - before[leader])
         st = Stages(secs, count, sum(n for *_, n in stacks), collections.Counter(others))

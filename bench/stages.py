@@ -128,6 +128,10 @@ def _split(frame: str) -> tuple[str, str]:
     return func, where.rsplit(":", 1)[0].rstrip(")")
 
 
+def _leaf(frames: Sequence[str]) -> str:
+    return (frames[-1].split(" (")[0] if frames else "") or "(no frame)"
+
+
 def matches(pattern: str, frame: str) -> bool:
     func, file = _split(frame)
     if "/" in pattern or pattern.endswith(".py"):
@@ -190,7 +194,7 @@ def budget(
         names[tid] = name
         stage = classify(frames, name)
         if stage != WAIT:
-            per_thread[tid][stage, frames[-1].split(" (")[0] if stage == "other" and frames else ""] += n
+            per_thread[tid][stage, _leaf(frames) if stage == "other" else ""] += n
     raw = dict.fromkeys(STAGES, 0.0)
     parts: collections.Counter[str] = collections.Counter()
     for tid, after in cpu_after.items():
