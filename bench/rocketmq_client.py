@@ -30,7 +30,9 @@ source tree DIR (e.g. /work/main) and one from this tree (their ``PYTHONPATH``),
 workloads through the official client, alternating which group goes first each round; the ratio is this tree /
 DIR. ``--profile DIR`` also records each official-client measurement with py-spy (``--nonblocking``, idle
 samples off; leader and client) into DIR as collapsed stacks and prints where their CPU goes per message.
-``--double`` (with ``--baseline-tree``) runs the two workloads against ``bench.rocketmq_double`` of each tree
+``--per-call`` runs those two workloads beside a bare grpc.aio unary call (``rocketmq_double --bare``) one at a
+time and with as many in flight, and prints the server's CPU per call or message and its ratio to the bare
+call's. ``--double`` (with ``--baseline-tree``) runs the two workloads against ``bench.rocketmq_double`` of each tree
 instead: one process serving the servicer over an in-memory log, no replication, so what is left is the client
 and one gRPC server with the face: the client's ceiling on this machine.
 """
@@ -54,7 +56,9 @@ from pathlib import Path
 from rocketmq import ClientConfiguration, Credentials
 
 from bench.proc_cpu import cpu_seconds
+from bench.rocketmq_double import BARE_METHOD
 from bench.rocketmq_workloads import (
+    bare_calls,
     official_consume,
     official_consume_window,
     official_send,
@@ -74,9 +78,10 @@ PYSPY = Path(sys.executable).with_name("py-spy")
 
 class Double:
     """``bench.rocketmq_double`` in a process of its own, running the servicer of source tree ``tree``: one gRPC
-    server, no replication (the client's ceiling, and the face's cost without the log)."""
+    server, no replication (the client's ceiling, and the face's cost without the log); with ``bare``, one empty
+    method and no servicer (the cost of a call itself)."""
 
-    def __init__(self, tree: Path, topics: list[str]):
+    def __init__(self, tree: Path, topics: list[str], bare: bool = False):
         script = Path(__file__).with_name("rocketmq_double.py")
         self.proc = subprocess.Popen(
             [  # this tree's script over the other tree's packages (its directory is not put on sys.path)
@@ -87,6 +92,7 @@ class Double:
                 *[a for t in topics for a in ("--topic", t)],
                 "--queues",
                 str(QUEUES),
+                *(["--bare"] if bare else []),
             ],
             cwd=tree,
             env=dict(os.environ, PYTHONPATH=str(tree)),
@@ -370,6 +376,11 @@ def main() -> None:
     ap.add_argument(
         "--profile", type=Path, default=None, help="py-spy the leader and client into this directory"
     )
+    ap.add_argument(
+        "--per-call",
+        action="store_true",
+        help="leader CPU per SendMessage and per received + acked message beside a bare grpc.aio call's",
+    )
     args = ap.parse_args()
     tmp = None
     d = args.dir
@@ -377,7 +388,9 @@ def main() -> None:
         tmp = tempfile.TemporaryDirectory(prefix="bench-rmq-")
         d = Path(tmp.name)
     try:
-        if args.baseline_tree is not None:
+        if args.per_call:
+            _per_call(d, args)
+        elif args.baseline_tree is not None:
             _trees(d, args)
         else:
             _clients(d, args)
@@ -468,6 +481,84 @@ def _trees(d: Path, args: argparse.Namespace) -> None:
     finally:
         for g in groups:
             grp.stop_group(g)
+
+
+def _per_call(d: Path, args: argparse.Namespace) -> None:
+    """Issue 15's two official-client workloads beside a bare grpc.aio unary call (``rocketmq_double --bare``:
+    an empty method, the official client's metadata) one at a time and with as many in flight, in the same run,
+    the two blocks alternating which goes first: server CPU µs per call (per message for RocketMQ; receive+ack
+    is one AckMessage plus 1/32 of a ReceiveMessage per message) and its ratio to the bare call's."""
+    here = Path(__file__).resolve().parent.parent
+    n, w, aw = args.messages, args.inflight, args.ack_window
+    bare = Double(here, [], bare=True)
+    g = None
+    try:
+        g = _up(d, None)
+        cfg = ClientConfiguration(";".join(g.addresses), Credentials(), request_timeout=10)
+        measured: dict[str, list[Measured]] = {}
+        bare_of = {
+            f"send, {w} in flight": f"bare, {w} in flight",
+            f"receive+ack, {aw} in flight": f"bare, {aw} in flight",
+        }
+
+        def run(
+            name: str, target: grp.GroupSpec | Double, fn: Callable[[], tuple[float, int]], r: int
+        ) -> None:
+            if not isinstance(target, Double):
+                place_leader(target, args.leader)
+            m = measure(
+                target, fn, args.profile, f"r{r}-{name.split(',')[0].replace(' ', '_').replace('+', '_')}"
+            )
+            measured.setdefault(name, []).append(m)
+            print(
+                f"{r + 1:<7}{name:<28}{m.rate:>10,.0f} calls or msg/s  "
+                + "  ".join(f"{k} {v * 1000:.0f}" for k, v in m.cpu_ms.items())
+                + " µs",
+                flush=True,
+            )
+
+        print(f"per-call CPU: bare grpc.aio call against the official client, {n} calls or messages each")
+        with BrokerConnection(g.addresses) as c:
+            for r in range(args.rounds):
+                t = f"rmq-per-call-{r}"
+                c.create_topic(t, QUEUES)
+                bare_block = [
+                    (f"bare, {k} in flight", bare, partial(bare_calls, bare.address, BARE_METHOD, n, k))
+                    for k in sorted({1, w, aw})
+                ]
+                rmq_block = [
+                    (f"send, {w} in flight", g, partial(official_send_window, cfg, t, n, w)),
+                    (
+                        f"receive+ack, {aw} in flight",
+                        g,
+                        partial(official_consume_window, cfg, t, f"g-pc-{r}", n + 1, aw),
+                    ),
+                ]
+                for name, target, fn in bare_block + rmq_block if r % 2 == 0 else rmq_block + bare_block:
+                    run(name, target, fn, r)
+        print()
+        print(
+            "medians over the rounds; server = the bare server or the leader; CPU µs per call (bare) or message"
+        )
+        print(
+            f"{'workload':<28}{'rate/s':>10}{'server µs':>11}{'client µs':>11}{'followers µs':>14}{'x bare':>8}"
+        )
+        med = {
+            name: {k: statistics.median(m.cpu_ms[k] for m in ms) * 1000 for k in ms[0].cpu_ms}
+            for name, ms in measured.items()
+        }
+        for name, ms in measured.items():
+            cpu = med[name]
+            followers = sum(v for k, v in cpu.items() if k.startswith("follower"))
+            ratio = f"{cpu['leader'] / med[bare_of[name]]['leader']:8.2f}" if name in bare_of else ""
+            print(
+                f"{name:<28}{statistics.median(m.rate for m in ms):>10,.0f}{cpu['leader']:>11.0f}"
+                f"{cpu['client']:>11.0f}{followers:>14.0f}{ratio}"
+            )
+    finally:
+        if g is not None:
+            grp.stop_group(g)
+        bare.stop()
 
 
 def _doubles(base: Path, here: Path, args: argparse.Namespace) -> None:

@@ -7,6 +7,10 @@ the client's ceiling on this machine, and the per-message CPU of the face withou
 benchmarks: nothing is durable, and nothing is replicated.)
 
     python -m bench.rocketmq_double --topic T [--queues 4]    # prints the address, serves until killed
+
+``--bare`` serves instead one empty unary method (``BARE_METHOD``: bytes in, nothing out, no servicer) on a
+grpc.aio server configured as a node's: what one call costs a grpc.aio server on this machine, the floor under
+every RocketMQ call (``bench.rocketmq_client --per-call``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,37 @@ import tempfile
 from pathlib import Path
 
 import grpc
+
+BARE_METHOD = "/bench.Bare/Empty"
+
+
+async def _until_terminated(server: grpc.aio.Server) -> None:
+    """Run until SIGTERM (``Double.stop``), then stop the server."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await server.stop(0.5)
+
+
+async def serve_bare() -> None:
+    """One empty method, the node's server options, no interceptor, on uvloop as a node runs
+    (``dledger.runtime.node.serve``): the grpc.aio floor of a unary call."""
+    from dledger.transport.grpc import SERVER_OPTIONS
+
+    async def empty(_request: bytes, _context: grpc.aio.ServicerContext) -> bytes:
+        return b""
+
+    def same(b: bytes) -> bytes:
+        return b
+
+    server = grpc.aio.server(options=list(SERVER_OPTIONS))
+    service, method = BARE_METHOD.strip("/").split("/")
+    handler = grpc.unary_unary_rpc_method_handler(empty, request_deserializer=same, response_serializer=same)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {method: handler}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"127.0.0.1:{port}", flush=True)
+    await _until_terminated(server)
 
 
 async def serve(topics: list[str], queues: int) -> None:
@@ -38,13 +73,10 @@ async def serve(topics: list[str], queues: int) -> None:
             await topic(broker, t, queues)
         servicer = MessagingServicer(broker)
         handlers.add_to_server(servicer, server)
-        stop = asyncio.Event()  # SIGTERM (``Double.stop``) ends it with its temporary directory removed
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await server.start()
         print(address, flush=True)
-        try:
-            await stop.wait()
-            await server.stop(0.5)
+        try:  # SIGTERM ends it with its temporary directory removed
+            await _until_terminated(server)
         finally:
             await servicer.close()
             for _ in gen:
@@ -53,10 +85,18 @@ async def serve(topics: list[str], queues: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--topic", action="append", required=True)
+    ap.add_argument("--topic", action="append", default=[])
     ap.add_argument("--queues", type=int, default=4)
+    ap.add_argument("--bare", action="store_true", help="serve one empty method instead (no servicer)")
     args = ap.parse_args()
-    asyncio.run(serve(args.topic, args.queues))
+    if args.bare:
+        import uvloop
+
+        uvloop.run(serve_bare())
+    elif not args.topic:
+        ap.error("--topic is required (or --bare)")
+    else:
+        asyncio.run(serve(args.topic, args.queues))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ BROKER: Final = ServiceRules(
     BROKER_SERVICE,
     {
         "Send": lambda r: [("publish", r.topic)],
+        # a producer session: a signed user to open it; each batch is checked for its topics as it comes
+        # (``guard.stream_refusal``, asked by ``BrokerServicer.SendStream``)
+        "SendStream": lambda r: [("user",)],
         "Pull": lambda r: [("subscribe", r.topic, None)],
         "ListTopics": lambda r: [("user",)],
         "Route": lambda r: [("user",)],

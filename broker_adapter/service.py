@@ -6,7 +6,7 @@ FAILED_PRECONDITION with the leader's id and address in the trailing metadata).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import grpc
 
@@ -17,8 +17,11 @@ from broker_adapter.core.groups import GroupSettings
 from broker_adapter.core.model import DELAY, NORMAL
 from broker_adapter.core.sqlfilter import FilterSyntaxError
 from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
-from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError
+from dledger.batch_stream import answer_each
+from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError, PermissionDeniedError
+from dledger.security.guard import stream_refusal
 from dledger.transport import convert
+from dledger.v1 import client_pb2
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
@@ -53,6 +56,34 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 duplicate=r.duplicate,
             )
         return out
+
+    async def SendStream(self, request_iterator, context):
+        """A producer session: each batch is handled as it arrives (concurrent batches share the broker's group
+        commit) and answered as it commits, in that order; a refused batch is answered with its error, and
+        the session goes on."""
+        send_stored = self._broker.send_stored
+
+        async def one(batch: broker_pb2.SendBatch) -> broker_pb2.SendBatchResult:
+            try:
+                placed = await send_stored(list(batch.messages), _may_publish)
+            except DLedgerError as e:
+                return broker_pb2.SendBatchResult(batch_id=batch.batch_id, error=self._error(e))
+            return broker_pb2.SendBatchResult(
+                batch_id=batch.batch_id,
+                queue_offsets=[d.queue_offset if d is not None else -1 for d, _ in placed],
+                commitlog_offsets=[d.commitlog_offset if d is not None else -1 for d, _ in placed],
+                duplicates=[dup for _, dup in placed],
+            )
+
+        async for r in answer_each(request_iterator, one):
+            yield r
+
+    def _error(self, err: DLedgerError) -> client_pb2.AppendError:
+        """A batch's error inside the session, with the leader's address when a follower refused it."""
+        addr = None
+        if isinstance(err, NotLeaderError) and err.leader_hint:
+            addr = self._broker.node.address_of(err.leader_hint)
+        return convert.error_to_append_error(err, addr)
 
     async def _send_timed(self, topic: str, msgs) -> list:
         """Messages with a delivery time: the due ones at once, the others through the timer topic; all of them
@@ -180,6 +211,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             term=r.term,
             max_commitlog_offset=r.max_commitlog_offset,
         )
+
+
+async def _may_publish(topics: Iterable[str]) -> None:
+    """A producer session's batch: the caller's permission for each of its topics (always, on an open group)."""
+    why = await stream_refusal([("publish", t) for t in topics])
+    if why is not None:
+        raise PermissionDeniedError(f"PERMISSION_DENIED: {why}")  # as a refused unary call reads
 
 
 def _selected(request: broker_pb2.PullRequest) -> selectors.Select | None:

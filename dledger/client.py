@@ -23,7 +23,6 @@ this way many concurrent callers cost about one message per leader round trip.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import random
 import threading
 import time
@@ -33,6 +32,7 @@ from typing import Any
 
 import grpc
 
+from dledger.batch_stream import Answer, BatchStream
 from dledger.combiner import Combiner
 from dledger.errors import DLedgerError, OutcomeUnknownError, UnavailableError
 from dledger.routing import DEFAULT_BACKOFF_S, Router
@@ -77,118 +77,14 @@ def _info_from_pb(p: client_pb2.MetadataResponse) -> NodeInfo:
     )
 
 
-class _AppendStream:
-    """One ``AppendStream`` call to one node, shared by concurrent appenders.
+def _append_request(group: str) -> Callable[[int, list[bytes]], client_pb2.AppendRequest]:
+    return lambda rid, bodies: client_pb2.AppendRequest(group=group, bodies=bodies, request_id=rid)
 
-    A writer task packs every append waiting in the queue into one stream message; the node answers it as one
-    batch, and the reader hands each caller its slice. If the stream breaks, appends already written have an
-    unknown outcome; appends not yet written fail as never sent (safe to retry)."""
 
-    def __init__(self, stub: client_pb2_grpc.DLedgerStub, group: str, address: str, max_pack: int):
-        self.address = address
-        self._group = group
-        self._call = stub.AppendStream()
-        self._queue: list[tuple[list[bytes], asyncio.Future]] = []
-        self._has_work = asyncio.Event()
-        self._inflight: dict[int, list[tuple[int, asyncio.Future]]] = {}
-        self._ids = itertools.count(1)
-        self._max_pack = max_pack
-        self.broken: BaseException | None = None
-        self._writer = asyncio.create_task(self._write_loop())
-        self._reader = asyncio.create_task(self._read_loop())
-
-    async def append(self, bodies: list[bytes]) -> AppendedRun:
-        if self.broken is not None:
-            raise UnavailableError(f"{self.address}: stream closed") from self.broken
-        fut = asyncio.get_running_loop().create_future()
-        self._queue.append((bodies, fut))
-        self._has_work.set()
-        return await fut
-
-    async def _write_loop(self) -> None:
-        try:
-            while True:
-                await self._has_work.wait()
-                self._has_work.clear()
-                while self._queue:
-                    batch, n = [], 0
-                    while self._queue and (n == 0 or n + len(self._queue[0][0]) <= self._max_pack):
-                        item = self._queue.pop(0)
-                        batch.append(item)
-                        n += len(item[0])
-                    rid = next(self._ids)
-                    self._inflight[rid] = [(len(b), f) for b, f in batch]
-                    bodies = [x for b, _ in batch for x in b]
-                    await self._call.write(
-                        client_pb2.AppendRequest(group=self._group, bodies=bodies, request_id=rid)
-                    )
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
-            await self._break_from_call()
-        except asyncio.CancelledError:
-            self._break(UnavailableError("client closed"))
-            raise
-
-    async def _read_loop(self) -> None:
-        try:
-            async for resp in self._call:
-                waiting = self._inflight.pop(resp.request_id, None)
-                if waiting is None:
-                    continue
-                if resp.HasField("error"):
-                    err = convert.append_error_from_pb(resp.error)
-                    for _, f in waiting:
-                        if not f.done():
-                            f.set_exception(err)
-                    continue
-                first, term, pos = resp.first_index, resp.term, resp.pos
-                i = 0
-                for n, f in waiting:
-                    if not f.done():
-                        f.set_result(AppendedRun(first + i, term, tuple(pos[i : i + n])))
-                    i += n
-            await self._break_from_call()
-        except grpc.aio.AioRpcError:
-            await self._break_from_call()
-        except asyncio.CancelledError:
-            self._break(UnavailableError("client closed"))
-            raise
-
-    async def _break_from_call(self) -> None:
-        """The stream ended: learn why from the call's final status, then fail what waits accordingly."""
-        code = await self._call.code()
-        details = await self._call.details()
-        never = code is grpc.StatusCode.UNAVAILABLE and convert.never_sent(details)
-        self._break(UnavailableError(f"{self.address}: stream ended with {code.name}: {details}"), never)
-
-    def _break(self, cause: BaseException, never_sent: bool = False) -> None:
-        if self.broken is None:
-            self.broken = cause
-        for waiting in self._inflight.values():
-            for _, f in waiting:
-                if f.done():
-                    continue
-                if never_sent:
-                    f.set_exception(
-                        UnavailableError(f"{self.address} is unreachable; the append was not sent")
-                    )
-                else:
-                    f.set_exception(
-                        OutcomeUnknownError(
-                            f"connection to {self.address} broke after the append was sent: it may or may not "
-                            f"have committed ({cause})"
-                        )
-                    )
-        self._inflight.clear()
-        for _, f in self._queue:
-            if not f.done():
-                f.set_exception(UnavailableError(f"{self.address}: stream broke before the append was sent"))
-        self._queue.clear()
-
-    async def close(self) -> None:
-        self._writer.cancel()
-        self._reader.cancel()
-        self._call.cancel()
-        await asyncio.gather(self._writer, self._reader, return_exceptions=True)
+def _append_answer(resp: client_pb2.AppendResponse) -> Answer[AppendResult]:
+    if resp.HasField("error"):
+        return resp.request_id, convert.append_error_from_pb(resp.error), ()
+    return resp.request_id, None, AppendedRun(resp.first_index, resp.term, tuple(resp.pos)).results()
 
 
 class AsyncDLedgerClient:
@@ -218,7 +114,7 @@ class AsyncDLedgerClient:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, client_pb2_grpc.DLedgerStub] = {}
         self._other_stubs: dict[tuple[str, type], Any] = {}
-        self._streams: dict[str, _AppendStream] = {}
+        self._streams: dict[str, BatchStream[bytes, AppendResult]] = {}
 
     @property
     def addresses(self) -> list[str]:
@@ -251,7 +147,7 @@ class AsyncDLedgerClient:
             wait_s = max(0.001, min(self.rpc_timeout_s, attempts.remaining()))
             try:
                 async with asyncio.timeout(wait_s):
-                    run = await self._append_once(address, bodies)
+                    results = await self._append_once(address, bodies)
             except TimeoutError:
                 self._router.learn(UnavailableError("no answer"), address)
                 raise OutcomeUnknownError(
@@ -261,25 +157,29 @@ class AsyncDLedgerClient:
                 await asyncio.sleep(attempts.failed(e, address))
                 continue
             attempts.succeeded(address)
-            return run.results()
+            return list(results)
 
-    async def _append_once(self, address: str, bodies: list[bytes]) -> AppendedRun:
+    async def _append_once(self, address: str, bodies: list[bytes]) -> Sequence[AppendResult]:
         if self._use_stream:
             s = self._streams.get(address)
             if s is None or s.broken is not None:
                 if s is not None:
                     await s.close()
-                s = self._streams[address] = _AppendStream(
-                    self._stub(address), self.group, address, self._max_pack
+                s = self._streams[address] = BatchStream(
+                    self._stub(address).AppendStream(),
+                    address,
+                    self._max_pack,
+                    _append_request(self.group),
+                    _append_answer,
                 )
-            return await s.append(bodies)
+            return await s.submit(bodies)
         try:
             resp = await self._stub(address).Append(
                 client_pb2.AppendRequest(group=self.group, bodies=bodies), timeout=self.rpc_timeout_s
             )
         except grpc.aio.AioRpcError as e:
             raise convert.error_from_rpc(e, address, write=True) from e
-        return AppendedRun(resp.first_index, resp.term, tuple(resp.pos))
+        return AppendedRun(resp.first_index, resp.term, tuple(resp.pos)).results()
 
     async def get(self, index: int, address: str | None = None) -> GetResult:
         """Read a committed entry (from ``address``, else the leader or any node)."""

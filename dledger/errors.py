@@ -80,6 +80,12 @@ class NotFoundError(DLedgerError):
     grpc_status = "NOT_FOUND"
 
 
+class PermissionDeniedError(DLedgerError):
+    """The caller's user lacks a permission this needs (docs/security.md); the message names it."""
+
+    grpc_status = "PERMISSION_DENIED"
+
+
 class ConfigError(DLedgerError):
     """A setting is invalid; the message names it and the accepted range."""
 
@@ -101,6 +107,7 @@ ERRORS: dict[str, type[DLedgerError]] = {
         EntryReplacedError,
         InvalidRequestError,
         NotFoundError,
+        PermissionDeniedError,
         ConfigError,
     )
 }

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from broker_adapter.core import commands, message
+from broker_adapter.core.clock import now_ms
 from broker_adapter.core.statemachine import BrokerStateMachine, Dispatched
 from storage.codec import HEADER_SIZE
 
@@ -52,7 +53,7 @@ class QueueOffsetAllocator:
         self, term: int, index: int, pos: int, body: bytes, route: message.Route | None = None
     ) -> tuple[bytes, Dispatched | None]:
         """The core's ``prepare`` for a broker entry placed at (index, pos) in ``term``: a message gets its
-        QUEUEOFFSET and PHYSICALOFFSET (= pos + 48), a command passes unchanged; and where a message will be
+        QUEUEOFFSET, PHYSICALOFFSET (= pos + 48) and STORETIMESTAMP (now), a command passes unchanged; and where a message will be
         dispatched (None for a command): known as soon as the entry is placed, so a send can be answered at
         commit. ``route``: the message's ``peek_route``, when
         the caller that encoded it already knows it (the send path), so the bytes need not be parsed again."""
@@ -65,7 +66,7 @@ class QueueOffsetAllocator:
         key = (r.topic, r.queue_id)
         q = self.next_offset(*key)
         buf = bytearray(body)
-        message.patch_offsets(buf, q, pos + HEADER_SIZE)
+        message.patch_placement(buf, q, pos + HEADER_SIZE, now_ms())
         self._next[key] = q + 1
         if r.producer is not None:
             self._pending[r.producer] = index

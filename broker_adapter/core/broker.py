@@ -78,6 +78,7 @@ class Broker:
         self.group_commit = GroupCommit(node, allocator)  # concurrent calls' entries: one proposal
         self._sender = Sender(self, allocator)
         self.send = self._sender.send  # bound once: the hot path pays no extra call
+        self.send_stored = self._sender.send_stored  # a producer session's batches (docs/broker.md)
         self.pops = Pops(self)  # RocketMQ 5 consumption: pop, ack, change invisible duration
         # (topic, queue id) -> (the log's first index, the first offset held then): ``first_held``
         self._first_held: dict[tuple[str, int], tuple[int, int]] = {}

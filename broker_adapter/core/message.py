@@ -19,8 +19,8 @@
     16 TOPICLEN + TOPIC             1 + t        t <= 127 bytes of UTF-8
     17 PROPERTIESLEN + PROPERTIES   2 + p        name \\x01 value \\x02 ..., as RocketMQ's MessageDecoder
 
-Fixed overhead is 91 bytes. QUEUEOFFSET and PHYSICALOFFSET are known only once the leader places the entry, so
-they can be patched into an encoded message in place (``patch_offsets``) without re-encoding the rest.
+Fixed overhead is 91 bytes. QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are known only once the leader places the
+entry, so they are patched into an encoded message in place (``patch_placement``) without re-encoding the rest.
 Pure functions only: the broker, the Spark audit and the tests share this module.
 """
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import struct
 import zlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -303,9 +304,42 @@ def encode_fields(
     )
 
 
-def patch_offsets(buf: bytearray | memoryview, queue_offset: int, physical_offset: int) -> None:
-    """Write QUEUEOFFSET and PHYSICALOFFSET into an encoded message in place."""
+def encode_send(
+    topic: str,
+    body: bytes,
+    queue_id: int,
+    msg_id: str,
+    *,
+    tags: str = "",
+    keys: Iterable[str] = (),
+    producer_id: str = "",
+    sequence: int = 0,
+    properties: Mapping[str, str] | None = None,
+    born_timestamp: int = 0,
+) -> tuple[bytes, dict[str, str]]:
+    """A message to send in its stored form, with the properties every sender stamps (id, tags, keys, the
+    idempotent producer's identity): the leader's for a ``Send``, the client's for a producer session, alike.
+    QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are left 0 for the leader (``patch_placement``)."""
+    props = dict(properties) if properties else {}
+    props[PROPERTY_UNIQ_KEY] = msg_id
+    if tags:
+        props[PROPERTY_TAGS] = tags
+    if keys:
+        props[PROPERTY_KEYS] = KEY_SEPARATOR.join(keys)
+    if producer_id:
+        props[PROPERTY_PRODUCER_ID] = producer_id
+        props[PROPERTY_SEQUENCE] = str(sequence)
+    return encode_fields(topic, body, props, queue_id=queue_id, born_timestamp=born_timestamp), props
+
+
+def patch_placement(
+    buf: bytearray | memoryview, queue_offset: int, physical_offset: int, store_timestamp: int | None = None
+) -> None:
+    """Write what the leader decides as it places a message (QUEUEOFFSET, PHYSICALOFFSET and, unless None,
+    STORETIMESTAMP) into the encoded message in place."""
     struct.pack_into(">qq", buf, QUEUE_OFFSET_OFFSET, queue_offset, physical_offset)
+    if store_timestamp is not None:
+        struct.pack_into(">q", buf, _STORE_TIMESTAMP_AT, store_timestamp)
 
 
 def decode(buf: bytes | bytearray | memoryview, check_crc: bool = True) -> Message:
@@ -407,6 +441,71 @@ def peek_route(buf: bytes | bytearray | memoryview) -> Route:
         _producer(raw),
         None if origin is None else origin.decode(),
     )
+
+
+_ROUTING_PROPERTIES: Final = frozenset(
+    {PROPERTY_TAGS, PROPERTY_ORIGIN, PROPERTY_PRODUCER_ID, PROPERTY_SEQUENCE}
+)
+# TOTALSIZE, MAGICCODE, BODYCRC, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, ... BODYLEN
+_STORED_HEAD = struct.Struct(">iiii4xqqi44xi")
+
+
+def check_stored(buf: bytes) -> Route:
+    """A message a producer sent in its stored form (a producer session, docs/broker.md), checked as the leader
+    must before storing bytes it did not encode: the structure, MAGICCODE, BODYCRC, a normal message (SYSFLAG 0,
+    offsets left 0 for the leader) and properties a consumer can read (UTF-8, each ``name\x01value``). Its
+    ``Route`` (what ``peek_route`` reads), in one pass over the properties, or ``MessageFormatError`` naming
+    the field."""
+    n = len(buf)
+    if n < OVERHEAD:
+        raise MessageFormatError(f"message is {n} bytes, shorter than the {OVERHEAD}-byte minimum")
+    total, magic, crc, queue_id, queue_offset, physical_offset, sys_flag, body_len = _STORED_HEAD.unpack_from(
+        buf
+    )
+    if total != n:
+        raise MessageFormatError(f"TOTALSIZE {total} != {n} bytes available")
+    if magic != MAGIC_CODE:
+        raise MessageFormatError(f"bad MAGICCODE {magic & 0xFFFFFFFF:#010x}, expected 0xdaa320a7")
+    if sys_flag != 0:
+        raise MessageFormatError(
+            f"SYSFLAG is {sys_flag}: a session sends normal messages with IPv4 hosts (0)"
+        )
+    if queue_offset or physical_offset:
+        raise MessageFormatError("QUEUEOFFSET and PHYSICALOFFSET are the leader's to fill in: send 0")
+    if queue_id < 0:
+        raise MessageFormatError(f"QUEUEID {queue_id} is negative")
+    off = FIXED_SIZE + 4 + body_len
+    if body_len < 0 or off + 3 > n:
+        raise MessageFormatError(f"BODYLEN {body_len} runs past the message end ({n} bytes)")
+    if body_crc(memoryview(buf)[FIXED_SIZE + 4 : off]) != crc:
+        raise MessageFormatError(f"BODYCRC {crc} does not match the body")
+    topic_len = buf[off]
+    try:
+        topic = buf[off + 1 : off + 1 + topic_len].decode()
+    except UnicodeDecodeError:
+        raise MessageFormatError("TOPIC is not UTF-8") from None
+    off += 1 + topic_len
+    props_len = int.from_bytes(buf[off : off + 2], "big")
+    if off + 2 + props_len != n:
+        raise MessageFormatError(f"PROPERTIESLEN {props_len} does not end the message at TOTALSIZE {n}")
+    try:
+        props = buf[off + 2 :].decode()
+    except UnicodeDecodeError:
+        raise MessageFormatError("PROPERTIES are not UTF-8") from None
+    routing: dict[str, str] = {}  # the properties a route holds: each at most once, so every reader agrees
+    for item in props.split(PROPERTY_SEPARATOR):
+        name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
+        if not sep:
+            if item:
+                raise MessageFormatError(f"property {name!r} has no value separator")
+        elif name in _ROUTING_PROPERTIES:
+            if name in routing:
+                raise MessageFormatError(f"property {name} appears twice")
+            routing[name] = value
+    tags, origin = routing.get(PROPERTY_TAGS), routing.get(PROPERTY_ORIGIN)
+    pid, seq = routing.get(PROPERTY_PRODUCER_ID), routing.get(PROPERTY_SEQUENCE)
+    producer = (pid, int(seq)) if pid and seq is not None and seq.isascii() and seq.isdigit() else None
+    return Route(topic, queue_id, 0, 0, n, tags, producer, origin)
 
 
 def route_of(topic: str, queue_id: int, size: int, properties: dict[str, str]) -> Route:

@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from broker_adapter.core import message
@@ -32,7 +32,8 @@ class Sender:
     def __init__(self, broker: Broker, allocator: QueueOffsetAllocator):
         self._broker = broker
         self._alloc = allocator
-        self._inflight: dict[tuple[str, int], asyncio.Future] = {}
+        # (producer, seq) -> (the results of the batch storing it, its index there), while that batch is proposed
+        self._inflight: dict[tuple[str, int], tuple[asyncio.Future[list[Any]], int]] = {}
         self._applied_event: asyncio.Event | None = None
         # Ids for messages sent without one: 32 hex digits as RocketMQ's, a random prefix per broker process
         # and a counter (uuid4 per message cost more than the rest of the encoding).
@@ -75,10 +76,7 @@ class Sender:
             check_user_topic(topic)
             for i, m in enumerate(msgs):
                 if message.PROPERTY_ORIGIN in m.properties:
-                    raise InvalidRequestError(
-                        f"message {i}: property {message.PROPERTY_ORIGIN} is the broker's own (it marks the copies "
-                        "the broker makes of delayed, transactional and dead-letter messages)"
-                    )
+                    raise InvalidRequestError(_origin_refused(i))
         await b.leader_state()  # a follower redirects before judging a topic by its possibly stale state
         if system and topic not in b.sm.topics:
             # The broker's own topics (timer, half, retry, dead-letter) come into being with their first
@@ -95,60 +93,117 @@ class Sender:
         """Store messages in one topic on the leader, each once per (producer_id, sequence); acknowledged at
         quorum commit. A retried send is answered with the first attempt's place (``duplicate``). Only the
         broker itself (``system``) writes to its system topics."""
-        b = self._broker
         encoded = await self._checked(topic, msgs, system)
+        placed = await self._store([raw for _, raw, _ in encoded], [r for _, _, r in encoded])
+        out: list[SendResult] = []
+        for m, (msg_id, _, r), (d, dup) in zip(msgs, encoded, placed, strict=True):
+            if dup:
+                msg_id = m.msg_id or ""  # the retry's own id: the first attempt's may have been the broker's
+            if d is not None:
+                out.append(SendResult(msg_id, d.topic, d.queue_id, d.queue_offset, d.commitlog_offset, dup))
+            else:
+                out.append(SendResult(msg_id, topic, r.queue_id, -1, -1, True))
+        return out
+
+    async def send_stored(
+        self, raws: Sequence[bytes], may_publish: Callable[[Iterable[str]], Awaitable[None]] | None = None
+    ) -> list[tuple[Dispatched | None, bool]]:
+        """Messages a producer session sent in their stored form (docs/broker.md, "Producer sessions"), of any
+        user topics: checked without decoding (``message.check_stored``), topics resolved once per batch, then
+        stored as ``send`` stores them. Per message: where it is (None: a duplicate too old to remember) and
+        whether it is a duplicate. ``may_publish(topics)`` raises when the caller may not write to one of the
+        batch's topics (a secure group's face asks its guard)."""
+        if not raws or len(raws) > MAX_SEND_BATCH:
+            raise InvalidRequestError(f"a send carries 1..{MAX_SEND_BATCH} messages, got {len(raws)}")
+        b = self._broker
+        await b.leader_state()  # a follower redirects before judging a topic by its possibly stale state
+        limit = b.node.config.max_body_bytes
+        queues: dict[str, int] = {}
+        routes: list[message.Route] = []
+        for i, raw in enumerate(raws):
+            try:
+                r = message.check_stored(raw)
+            except message.MessageFormatError as e:
+                raise InvalidRequestError(f"message {i}: {e}") from None
+            n = queues.get(r.topic)
+            if n is None:
+                check_user_topic(r.topic)
+                n = queues[r.topic] = await b.ensure_topic(r.topic)
+            if r.queue_id >= n:
+                raise UnknownQueueError(
+                    f"message {i}: unknown queue {r.topic}/{r.queue_id} (queues 0..{n - 1})"
+                )
+            if r.origin is not None:
+                raise InvalidRequestError(_origin_refused(i))
+            if len(raw) > limit:
+                raise InvalidRequestError(
+                    f"message {i} is {len(raw)} bytes; the limit is {limit} (max_body_bytes)"
+                )
+            routes.append(r)
+        if may_publish is not None:
+            await may_publish(queues)
+        return await self._store(raws, routes)
+
+    async def _store(
+        self, raws: Sequence[bytes], routes: Sequence[message.Route]
+    ) -> list[tuple[Dispatched | None, bool]]:
+        """Propose checked, encoded messages, each once per producer identity (``Route.producer``): per message,
+        where it is stored (None: a duplicate too old to remember) and whether it is a duplicate."""
+        b = self._broker
         term = b.require_leader()
         self._alloc.ensure_term(term, b.node.log_store.last_index)
         loop = asyncio.get_running_loop()
-        results: list[Any] = [None] * len(msgs)
+        results: list[Any] = [None] * len(raws)
         fresh: list[int] = []
         waits: list[tuple[int, Any]] = []
-        mine: list[tuple[tuple[str, int], asyncio.Future]] = []
-        for i, m in enumerate(msgs):
-            if m.producer_id:
-                key = (m.producer_id, m.sequence)
+        mine: list[tuple[str, int]] = []
+        stored: asyncio.Future[list[Any]] | None = (
+            None  # this batch's results, for retries arriving meanwhile
+        )
+        for i, r in enumerate(routes):
+            key = r.producer
+            if key is not None:
                 found = self._alloc.find_send(*key)
                 if found is False and key in self._inflight:
                     found = self._inflight[key]
                 if found is not False:
                     waits.append((i, found))
                     continue
-                fut = loop.create_future()
-                self._inflight[key] = fut
-                mine.append((key, fut))
+                if stored is None:
+                    stored = loop.create_future()
+                self._inflight[key] = (stored, i)
+                mine.append(key)
             fresh.append(i)
         try:
             if fresh:
                 # Acknowledged at commit: where each message goes is fixed when the leader places it (the
                 # dispatcher checks every node dispatches it exactly there), so the ack need not wait for apply.
+                all_fresh = len(fresh) == len(raws)
                 placed, _ = await b.group_commit.propose(
-                    [encoded[i][1] for i in fresh], False, [encoded[i][2] for i in fresh]
+                    raws if all_fresh else [raws[i] for i in fresh],
+                    False,
+                    routes if all_fresh else [routes[i] for i in fresh],
                 )
                 for i, d in zip(fresh, placed, strict=True):
                     results[i] = d
         except BaseException as e:
-            for key, fut in mine:
+            for key in mine:
                 self._inflight.pop(key, None)
-                if not fut.done():
-                    fut.set_exception(e if isinstance(e, DLedgerError) else DLedgerError(str(e)))
-                    fut.exception()  # retrieved: a retry may never wait on it
+            if stored is not None:
+                stored.set_exception(e if isinstance(e, DLedgerError) else DLedgerError(str(e)))
+                stored.exception()  # retrieved: a retry may never wait on it
             raise
-        for (key, fut), i in zip(mine, [i for i in fresh if msgs[i].producer_id], strict=True):
+        for key in mine:
             self._inflight.pop(key, None)
-            fut.set_result(results[i])
+        if stored is not None:
+            stored.set_result(results)
         deadline = loop.time() + 10.0
         for i, found in waits:
-            results[i] = await self._resolve_duplicate(msgs[i], found, deadline)
-        out: list[SendResult] = []
+            key = routes[i].producer
+            assert key is not None
+            results[i] = await self._resolve_duplicate(key, found, deadline)
         retried = {i for i, _ in waits}
-        for i, d in enumerate(results):
-            dup = i in retried
-            if isinstance(d, Dispatched):
-                msg_id = encoded[i][0] if not dup else (msgs[i].msg_id or "")
-                out.append(SendResult(msg_id, d.topic, d.queue_id, d.queue_offset, d.commitlog_offset, dup))
-            else:
-                out.append(SendResult(msgs[i].msg_id, topic, msgs[i].queue_id, -1, -1, True))
-        return out
+        return [(d, i in retried) for i, d in enumerate(results)]
 
     def _encode(
         self, topic: str, queues: int, msgs: Sequence[Outgoing]
@@ -162,24 +217,19 @@ class Sender:
                 raise UnknownQueueError(
                     f"message {i}: unknown queue {topic}/{m.queue_id} (queues 0..{queues - 1})"
                 )
-            props = dict(m.properties)
             msg_id = m.msg_id or f"{self._id_prefix}{next(self._ids):012X}"
-            props[message.PROPERTY_UNIQ_KEY] = msg_id
-            if m.tags:
-                props[message.PROPERTY_TAGS] = m.tags
-            if m.keys:
-                props[message.PROPERTY_KEYS] = message.KEY_SEPARATOR.join(m.keys)
-            if m.producer_id:
-                props[message.PROPERTY_PRODUCER_ID] = m.producer_id
-                props[message.PROPERTY_SEQUENCE] = str(m.sequence)
             try:
-                raw = message.encode_fields(
+                raw, props = message.encode_send(
                     topic,
                     m.body,
-                    props,
-                    queue_id=m.queue_id,
+                    m.queue_id,
+                    msg_id,
+                    tags=m.tags,
+                    keys=m.keys,
+                    producer_id=m.producer_id,
+                    sequence=m.sequence,
+                    properties=m.properties,
                     born_timestamp=m.born_timestamp or now,
-                    store_timestamp=now,
                 )
             except message.MessageFormatError as e:
                 raise InvalidRequestError(f"message {i}: {e}") from None
@@ -190,15 +240,26 @@ class Sender:
             encoded.append((msg_id, raw, message.route_of(topic, m.queue_id, len(raw), props)))
         return encoded
 
-    async def _resolve_duplicate(self, m: Outgoing, found: Any, deadline: float) -> Dispatched | None:
+    async def _resolve_duplicate(
+        self, key: tuple[str, int], found: Any, deadline: float
+    ) -> Dispatched | None:
         """The first attempt's result for a retried (producer, seq): None when it is too old to remember."""
-        if isinstance(found, asyncio.Future):
-            return await asyncio.shield(found)
+        if isinstance(found, tuple):  # in flight on this leader: (its batch's results, its place in them)
+            batch, i = found
+            placed: Dispatched | None = (await asyncio.shield(batch))[i]
+            return placed
         if isinstance(found, int) and not isinstance(found, bool):
             await self.wait_applied(found, deadline)
-            found = self._broker.sm.sent(m.producer_id, m.sequence)
+            found = self._broker.sm.sent(*key)
         if isinstance(found, Dispatched):
             return found
         if found is True:
             return None
-        raise OutcomeUnknownError(f"send {m.producer_id}/{m.sequence} left the log; retry it")
+        raise OutcomeUnknownError(f"send {key[0]}/{key[1]} left the log; retry it")
+
+
+def _origin_refused(i: int) -> str:
+    return (
+        f"message {i}: property {message.PROPERTY_ORIGIN} is the broker's own (it marks the copies the broker "
+        "makes of delayed, transactional and dead-letter messages)"
+    )

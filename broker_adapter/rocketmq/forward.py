@@ -13,7 +13,9 @@ and invisible-time changes name a delivery epoch, and a retried receive at worst
 their invisible time runs out (then they are delivered again: at-least-once).
 
 Nothing is re-encoded on the way: the request goes to the leader as the bytes the client sent (``handlers``
-hands them over), and the leader's answer comes back as bytes and is relayed as it is.
+hands them over), and the leader's answer comes back as bytes and is relayed as it is. In a plain group the
+calls to one leader share one long-lived stream (``forward_stream``); in a secure group each is a call of its
+own, carrying the client's signature for the leader to check.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Final
 import grpc
 from rocketmq.grpc_protocol import Code, service_pb2
 
+from broker_adapter.rocketmq.forward_stream import LeaderStream
 from broker_adapter.rocketmq.status import RocketMQError
 from dledger.plugins import NodeHandle
 
@@ -58,13 +61,15 @@ SIGNED_HEADERS = ("authorization", "x-mq-date-time")  # dledger.security.auth's 
 
 
 class Forwarder:
-    """One channel per leader address (created on first use); the leader is the one the node knows of. Calls
-    go out and answers come back as bytes (``request`` may be the client's bytes or a message)."""
+    """One channel per leader address (created on first use), and in a plain group one stream on it; the
+    leader is the one the node knows of. Calls go out and answers come back as bytes (``request`` may be the
+    client's bytes or a message)."""
 
     def __init__(self, node: NodeHandle):
         self._node = node
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._calls: dict[tuple[str, str], Any] = {}
+        self._streams: dict[str, LeaderStream] = {}
 
     def is_leader(self) -> bool:
         return self._node.is_leader()
@@ -83,22 +88,36 @@ class Forwarder:
                 return None
             await asyncio.sleep(0.01)
 
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+            creds = self._credentials()
+            channel = self._channels[address] = (
+                grpc.aio.secure_channel(address, creds, options=options)
+                if creds is not None
+                else grpc.aio.insecure_channel(address, options=options)
+            )
+        return channel
+
     def _call(self, leader: str, method: str) -> Any:
-        """The leader's ``method`` as a bytes-in, bytes-out callable (one per address and method)."""
+        """The leader's ``method`` as a bytes-in, bytes-out callable ``(request, timeout=, metadata=)``: on the
+        stream to the leader in a plain group, else a call of its own (one callable per address and method)."""
         address = self._node.address_of(leader)
+        streaming = method in _STREAMING
+        if self._node.config.security is None:
+            stream = self._streams.get(address)
+            if stream is None or stream.broken is not None:  # a broken one fails at once: open the next
+                if stream is not None:
+                    stream.cancel()
+                stream = LeaderStream(self._channel(address), self._node.id, FORWARDED, CLIENT_ID)
+                self._streams[address] = stream
+            return stream.caller(method, streaming, _encode)
         hit = self._calls.get((address, method))
         if hit is None:
-            channel = self._channels.get(address)
-            if channel is None:
-                options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-                creds = self._credentials()
-                channel = self._channels[address] = (
-                    grpc.aio.secure_channel(address, creds, options=options)
-                    if creds is not None
-                    else grpc.aio.insecure_channel(address, options=options)
-                )
+            channel = self._channel(address)
             path = f"/{_SERVICE.full_name}/{method}"
-            make = channel.unary_stream if method in _STREAMING else channel.unary_unary
+            make = channel.unary_stream if streaming else channel.unary_unary
             hit = self._calls[(address, method)] = make(path, request_serializer=_encode)
         return hit
 
@@ -188,6 +207,9 @@ class Forwarder:
                 await asyncio.sleep(0.02)
 
     async def close(self) -> None:
+        for stream in self._streams.values():
+            await stream.close()
+        self._streams.clear()
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()

@@ -8,7 +8,8 @@ except that a request which does not parse is answered INVALID_ARGUMENT naming t
 
 Bytes pass through unchanged both ways, so a follower forwards without re-encoding (``forward``): a servicer
 method with a ``raw`` parameter also gets the request's bytes as received, and an answer that is already
-``bytes`` (a leader's answer relayed, a cached route) is sent as it is.
+``bytes`` (a leader's answer relayed, a cached route) is sent as it is. Those methods are also served to the
+followers' forwarding streams (``forward_stream``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from typing import Any, Final
 import grpc
 from google.protobuf.message import DecodeError
 from rocketmq.grpc_protocol import service_pb2
+
+from broker_adapter.rocketmq import forward_stream
+from broker_adapter.rocketmq.forward import CLIENT_ID, FORWARDED
 
 SERVICE: Final = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]
 SERVICE_NAME: Final = SERVICE.full_name
@@ -110,8 +114,10 @@ def _stream_stream(name: str, fn: Callable) -> Callable:
 
 
 def add_to_server(servicer: Any, server: grpc.aio.Server) -> None:
-    """Serve every method of the MessagingService from ``servicer`` (a ``MessagingServiceServicer``)."""
+    """Serve every method of the MessagingService from ``servicer`` (a ``MessagingServiceServicer``), and its
+    forwarded methods to the followers' streams when it says whether its group is secure (``secure()``)."""
     handlers = {}
+    forwarded: dict[str, forward_stream.Served] = {}
     for m in SERVICE.methods:
         request_cls = getattr(service_pb2, m.input_type.name)
         response_cls = getattr(service_pb2, m.output_type.name)
@@ -124,6 +130,13 @@ def add_to_server(servicer: Any, server: grpc.aio.Server) -> None:
             "response_serializer": _serializer(response_cls),
         }
         own = parse if wants_raw else None
+        if wants_raw:
+            forwarded[m.name] = (
+                request_cls.FromString,
+                fn,
+                kwargs["response_serializer"],
+                m.server_streaming,
+            )
         if m.client_streaming and m.server_streaming:
             handlers[m.name] = grpc.stream_stream_rpc_method_handler(_stream_stream(m.name, fn), **kwargs)
         elif m.server_streaming:
@@ -132,4 +145,11 @@ def add_to_server(servicer: Any, server: grpc.aio.Server) -> None:
             raise TypeError(f"{SERVICE_NAME}/{m.name}: client-streaming methods are not expected")
         else:
             handlers[m.name] = grpc.unary_unary_rpc_method_handler(_unary_unary(m.name, fn, own), **kwargs)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    generic = [grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)]
+    secure = getattr(servicer, "secure", None)
+    if secure is not None:
+        calls = forward_stream.serve_calls(forwarded, FORWARDED, CLIENT_ID, secure)
+        stream = grpc.stream_stream_rpc_method_handler(calls)  # bytes both ways
+        name = forward_stream.PATH.rsplit("/", 1)[1]
+        generic.append(grpc.method_handlers_generic_handler(forward_stream.SERVICE_NAME, {name: stream}))
+    server.add_generic_rpc_handlers(tuple(generic))

@@ -120,6 +120,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._producers: dict[str, tuple[frozenset[str], asyncio.Queue]] = {}
         broker.delivery.on_tx_check = self._check_transaction
 
+    def secure(self) -> bool:
+        """Whether the group checks signatures: then followers forward call by call, not on a stream."""
+        return self._node.config.security is not None
+
     async def close(self) -> None:
         await self.renewals.close()
         await self._forward.close()

@@ -1,3 +1,4 @@
+from dledger.v1 import client_pb2 as _client_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -66,6 +67,28 @@ class SendResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[SendResult]
     def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ...) -> None: ...
+
+class SendBatch(_message.Message):
+    __slots__ = ("batch_id", "messages")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    messages: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, batch_id: _Optional[int] = ..., messages: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class SendBatchResult(_message.Message):
+    __slots__ = ("batch_id", "queue_offsets", "commitlog_offsets", "duplicates", "error")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    COMMITLOG_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    queue_offsets: _containers.RepeatedScalarFieldContainer[int]
+    commitlog_offsets: _containers.RepeatedScalarFieldContainer[int]
+    duplicates: _containers.RepeatedScalarFieldContainer[bool]
+    error: _client_pb2.AppendError
+    def __init__(self, batch_id: _Optional[int] = ..., queue_offsets: _Optional[_Iterable[int]] = ..., commitlog_offsets: _Optional[_Iterable[int]] = ..., duplicates: _Optional[_Iterable[bool]] = ..., error: _Optional[_Union[_client_pb2.AppendError, _Mapping]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "allow_follower", "raw", "filter")

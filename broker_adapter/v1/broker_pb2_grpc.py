@@ -39,6 +39,11 @@ class BrokerStub:
                 request_serializer=broker__adapter_dot_v1_dot_broker__pb2.SendRequest.SerializeToString,
                 response_deserializer=broker__adapter_dot_v1_dot_broker__pb2.SendResponse.FromString,
                 _registered_method=True)
+        self.SendStream = channel.stream_stream(
+                '/dledger.v1.Broker/SendStream',
+                request_serializer=broker__adapter_dot_v1_dot_broker__pb2.SendBatch.SerializeToString,
+                response_deserializer=broker__adapter_dot_v1_dot_broker__pb2.SendBatchResult.FromString,
+                _registered_method=True)
         self.Pull = channel.unary_unary(
                 '/dledger.v1.Broker/Pull',
                 request_serializer=broker__adapter_dot_v1_dot_broker__pb2.PullRequest.SerializeToString,
@@ -86,6 +91,14 @@ class BrokerServicer:
 
     def Send(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendStream(self, request_iterator, context):
+        """A producer session (docs/broker.md, "Producer sessions"): one stream per client and leader; batches are
+        answered in the order they commit, each with its batch_id.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -145,6 +158,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Send,
                     request_deserializer=broker__adapter_dot_v1_dot_broker__pb2.SendRequest.FromString,
                     response_serializer=broker__adapter_dot_v1_dot_broker__pb2.SendResponse.SerializeToString,
+            ),
+            'SendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SendStream,
+                    request_deserializer=broker__adapter_dot_v1_dot_broker__pb2.SendBatch.FromString,
+                    response_serializer=broker__adapter_dot_v1_dot_broker__pb2.SendBatchResult.SerializeToString,
             ),
             'Pull': grpc.unary_unary_rpc_method_handler(
                     servicer.Pull,
@@ -214,6 +232,33 @@ class Broker:
             '/dledger.v1.Broker/Send',
             broker__adapter_dot_v1_dot_broker__pb2.SendRequest.SerializeToString,
             broker__adapter_dot_v1_dot_broker__pb2.SendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dledger.v1.Broker/SendStream',
+            broker__adapter_dot_v1_dot_broker__pb2.SendBatch.SerializeToString,
+            broker__adapter_dot_v1_dot_broker__pb2.SendBatchResult.FromString,
             options,
             channel_credentials,
             insecure,

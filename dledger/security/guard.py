@@ -21,6 +21,7 @@ are logged with the access key or node id and the reason, never a secret.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -197,6 +198,8 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             refusal = await self._refusal_after_catch_up(user.access_key, method, needs)
             if refusal is not None:
                 return _refused(handler, *refusal, self._own_answers(method)[1])
+        if handler.stream_stream is not None and method != "/dledger.v1.DLedger/AppendStream":
+            return self._with_stream_check(handler, method, user.access_key)
         if method == "/dledger.v1.DLedger/AppendStream":
             inner = handler.stream_stream
 
@@ -212,6 +215,25 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
 
             return _same_kind(handler, guarded)
         return handler
+
+    def _with_stream_check(self, handler, method: str, access_key: str):
+        """A request stream's later requests may each need more than the call's start did (a producer
+        session's batches, each to its own topics): the service asks ``stream_refusal`` for each, answered
+        here as a unary call would be (a grant on its way is waited for)."""
+        inner = handler.stream_stream
+
+        async def check(needs: list[Need]) -> str | None:
+            if self._forbidden(self._user_of(access_key), method, needs, access_key) is None:
+                return None
+            refusal = await self._refusal_after_catch_up(access_key, method, needs)
+            return None if refusal is None else refusal[1]
+
+        async def checked(requests: AsyncIterator[Any], context):
+            _STREAM_CHECK.set(check)  # this call's task, and the tasks the service starts for it
+            async for out in inner(requests, context):
+                yield out
+
+        return _same_kind(handler, checked)
 
     def _authorized(self, handler, method: str, user: User, rule: Callable[[Any], list[Need]]):
         request_class, answer = self._own_answers(method)
@@ -277,6 +299,20 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
                 yield out
 
         return _same_kind(handler, unary_stream)
+
+
+# Inside a request-streaming call on a secure group: the check of what one of its requests needs. Set by the
+# guard for the call's own task (a context variable: nothing outlives the call, nothing is shared between calls).
+_STREAM_CHECK: contextvars.ContextVar[Callable[[list[Need]], Awaitable[str | None]] | None] = (
+    contextvars.ContextVar("dledger_stream_check", default=None)
+)
+
+
+async def stream_refusal(needs: list[Need]) -> str | None:
+    """Why the caller of the request stream being served may not do what ``needs`` says, or None: it may (and
+    always on a group without security, where no guard runs)."""
+    check = _STREAM_CHECK.get()
+    return None if check is None else await check(needs)
 
 
 _USER_COMMAND: Final = (

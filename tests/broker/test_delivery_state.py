@@ -52,7 +52,7 @@ class Log:
                 )
             )
         )
-        message.patch_offsets(raw, q, self.pos + HEADER)
+        message.patch_placement(raw, q, self.pos + HEADER)
         self.add(bytes(raw))
         return q
 

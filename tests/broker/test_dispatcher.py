@@ -12,7 +12,7 @@ from statemachine.api import CommittedEntry
 def _msg(topic, qid, qoff, pos, tags=None, body=b"payload"):
     props = {message.PROPERTY_TAGS: tags} if tags else {}
     raw = bytearray(message.encode(message.Message(topic=topic, body=body, queue_id=qid, properties=props)))
-    message.patch_offsets(raw, qoff, pos + 48)
+    message.patch_placement(raw, qoff, pos + 48)
     return bytes(raw)
 
 
@@ -151,7 +151,7 @@ def test_producer_table_is_bounded_and_survives_a_snapshot(tmp_path, monkeypatch
     for seq in range(5):
         props = {message.PROPERTY_PRODUCER_ID: "p1", message.PROPERTY_SEQUENCE: str(seq)}
         raw = bytearray(message.encode(message.Message(topic="t", body=b"b", properties=props)))
-        message.patch_offsets(raw, seq, log.pos + 48)
+        message.patch_placement(raw, seq, log.pos + 48)
         sm.apply(log.entries([bytes(raw)]))
     assert sm.sent("p1", 4).queue_offset == 4
     assert sm.sent("p1", 0) is True, "older than the window: known as sent, result forgotten"

@@ -47,11 +47,15 @@ def test_round_trip(topic, body, queue_id, queue_offset, physical_offset, props)
     assert m.decode(raw) == msg
 
 
-def test_patch_offsets_in_place():
+def test_patch_placement_in_place():
     raw = bytearray(m.encode(m.Message(topic="orders", body=b"x" * 10, properties={m.PROPERTY_TAGS: "a"})))
-    m.patch_offsets(raw, 7, 123456)
+    m.patch_placement(raw, 7, 123456)
     got = m.decode(raw)
-    assert (got.queue_offset, got.physical_offset, got.tags) == (7, 123456, "a")
+    assert (got.queue_offset, got.physical_offset, got.tags, got.store_timestamp) == (7, 123456, "a", 0)
+    m.patch_placement(raw, 8, 123457, 1_700_000_000_123)
+    got = m.decode(raw)
+    assert (got.queue_offset, got.physical_offset, got.store_timestamp) == (8, 123457, 1_700_000_000_123)
+    assert m.peek_store_timestamp(raw) == 1_700_000_000_123
 
 
 @pytest.mark.parametrize(
@@ -120,6 +124,23 @@ def test_route_of_is_what_peek_route_reads(topic, body, queue_id, props):
     assert peeked.producer == m.peek_producer(raw)
     assert peeked.origin == m.peek_property(raw, m.PROPERTY_ORIGIN)
     assert peeked.tags == m.decode(raw).tags
+
+
+@given(
+    topic=st.text(alphabet="abcXYZ-_%", min_size=1, max_size=20),
+    body=st.binary(max_size=64),
+    queue_id=st.integers(0, 64),
+    props=st.dictionaries(
+        st.one_of(_names, _text.filter(bool)),
+        st.one_of(_text, st.sampled_from(["7", "²", "", "12a"])),
+        max_size=6,
+    ),
+)
+def test_check_stored_reads_what_peek_route_reads(topic, body, queue_id, props):
+    # The leader checks a session's message and keeps the route it read; the dispatcher reads the stored bytes
+    # with peek_route: both must agree on every field, for any properties.
+    raw = m.encode_fields(topic, body, props, queue_id=queue_id)
+    assert m.check_stored(raw) == m.peek_route(raw)
 
 
 def test_encode_fields_is_encode():

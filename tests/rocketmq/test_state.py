@@ -126,7 +126,7 @@ def test_dispatcher_applies_pops_and_snapshots_them(tmp_path):
     add(commands.encode(commands.CreateTopic(T, 1)))
     for i in range(3):
         raw = bytearray(message.encode(message.Message(topic=T, body=b"x", queue_id=0)))
-        message.patch_offsets(raw, i, pos + 48)
+        message.patch_placement(raw, i, pos + 48)
         add(bytes(raw))
     add(commands.encode(pop(5, [0, 1, 2])))
     add(commands.encode(commands.Ack(G, T, 0, 0, 1)))

@@ -179,6 +179,7 @@ RETRIABLE = {
     "EntryReplacedError": True,
     "InvalidRequestError": False,
     "NotFoundError": False,
+    "PermissionDeniedError": False,
     "ConfigError": False,
 }
 

@@ -67,7 +67,7 @@ def lay_out(items: list[Item]) -> list[Laid]:
             pos = codec.place(end, size, SEGMENT_SIZE)
             q = next_q.get(key, 0)
             next_q[key] = q + 1
-            message.patch_offsets(raw, q, pos + codec.HEADER_SIZE)
+            message.patch_placement(raw, q, pos + codec.HEADER_SIZE)
             body = bytes(raw)
         else:
             body = it.body

@@ -100,7 +100,7 @@ def test_wrong_physical_offset_is_a_broker_finding(tmp_path):
     items = b.message_items(1, 1, topics=("t",), queues=1)
     laid = b.lay_out(items)
     raw = bytearray(laid[1].body)
-    message.patch_offsets(raw, 0, 12345)
+    message.patch_placement(raw, 0, 12345)
     laid[1].body = bytes(raw)
     w = b.write_node(tmp_path / "n0", laid, commit=None, queues=False)
     summary, _ = _scan(w, 0)

@@ -1,0 +1,122 @@
+"""The followers' forwarding stream (``forward_stream``), both ends over a real grpc.aio server on 127.0.0.1:
+a forwarded call answers, fails and times out as the call of its own it replaces did (``forward`` retries
+UNAVAILABLE and nothing else), a caller that stops waiting cancels its call on the leader, calls arrive as
+forwarded with the client's id, and a secure group's leader refuses the stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from broker_adapter.rocketmq import forward_stream
+from broker_adapter.rocketmq.forward import CLIENT_ID, FORWARDED, client_id, forwarded
+from tests.broker.test_broker import run
+
+
+def _same(b: bytes) -> bytes:
+    return b
+
+
+class Leader:
+    """A gRPC server with only the stream's leader end, over methods the test defines."""
+
+    def __init__(self, secure: bool = False):
+        self.seen: list[tuple[str, bool, str, float]] = []
+        self.cancelled = asyncio.Event()
+        self.secure = secure
+
+    async def echo(self, request: bytes, context, raw: bytes) -> bytes:
+        self.seen.append(("Echo", forwarded(context), client_id(context), context.time_remaining()))
+        return b"echo:" + raw
+
+    async def count(self, request: bytes, context, raw: bytes) -> AsyncIterator[bytes]:
+        for i in range(int(raw)):
+            yield b"%d" % i
+
+    async def hang(self, request: bytes, context, raw: bytes) -> bytes:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return b""
+
+    async def fail(self, request: bytes, context, raw: bytes) -> bytes:
+        raise RuntimeError("boom")
+
+    async def __aenter__(self) -> str:
+        methods = {
+            "Echo": (_same, self.echo, _same, False),
+            "Count": (_same, self.count, _same, True),
+            "Hang": (_same, self.hang, _same, False),
+            "Fail": (_same, self.fail, _same, False),
+        }
+        calls = forward_stream.serve_calls(methods, FORWARDED, CLIENT_ID, lambda: self.secure)
+        self.server = grpc.aio.server()
+        handler = grpc.stream_stream_rpc_method_handler(calls)
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(forward_stream.SERVICE_NAME, {"Calls": handler}),)
+        )
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        return f"127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc) -> None:
+        await self.server.stop(0)
+
+
+META = ((FORWARDED, "n2"), (CLIENT_ID, "client-7"))
+
+
+@run
+async def test_a_forwarded_call_answers_streams_and_arrives_forwarded_with_the_client_id():
+    leader = Leader()
+    async with leader as address, grpc.aio.insecure_channel(address) as channel:
+        stream = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID)
+        try:
+            echo = stream.caller("Echo", False, _same)
+            answers = await asyncio.gather(*(echo(b"%d" % i, timeout=5, metadata=META) for i in range(20)))
+            assert answers == [b"echo:%d" % i for i in range(20)]  # concurrent calls told apart
+            count = stream.caller("Count", True, _same)
+            assert [a async for a in count(b"3", timeout=5, metadata=META)] == [b"0", b"1", b"2"]
+            assert [a async for a in count(b"0", timeout=5, metadata=META)] == []
+        finally:
+            await stream.close()
+    name, was_forwarded, client, left = leader.seen[-1]
+    assert (name, was_forwarded, client) == ("Echo", True, "client-7") and 0 < left <= 5
+
+
+@run
+async def test_the_leaders_failure_a_deadline_and_a_broken_stream_fail_as_a_call_would():
+    leader = Leader()
+    async with leader as address, grpc.aio.insecure_channel(address) as channel:
+        stream = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID)
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await stream.caller("Fail", False, _same)(b"", timeout=5, metadata=META)
+        assert failed.value.code() == grpc.StatusCode.UNKNOWN and "boom" in failed.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await stream.caller("Hang", False, _same)(b"", timeout=0.2, metadata=META)
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await asyncio.wait_for(leader.cancelled.wait(), 5)  # the leader stopped serving it too
+        assert await stream.caller("Echo", False, _same)(b"x", timeout=5, metadata=META) == b"echo:x"
+        hanging = asyncio.ensure_future(stream.caller("Hang", False, _same)(b"", timeout=30, metadata=META))
+        await asyncio.sleep(0.2)
+        await leader.server.stop(0)  # the leader goes away under a call
+        with pytest.raises(grpc.aio.AioRpcError) as gone:
+            await asyncio.wait_for(hanging, 5)
+        assert gone.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)  # retried
+        assert stream.broken is not None
+        await stream.close()
+
+
+@run
+async def test_a_secure_groups_leader_refuses_the_stream():
+    async with Leader(secure=True) as address, grpc.aio.insecure_channel(address) as channel:
+        stream = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stream.caller("Echo", False, _same)(b"x", timeout=5, metadata=META)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        await stream.close()
