@@ -89,6 +89,12 @@ bench-clients: $(STAMP)
 bench-cpu: $(STAMP)
 	$(BIN)/python -m bench.cpu_per_message
 
+# 1 topic against 10,000, an empty log against 10 million messages: send rate, restart, memory (docs/broker.md).
+# make bench-scale SCALE_ARGS=--quick
+.PHONY: bench-scale
+bench-scale: $(STAMP)
+	$(BIN)/python -m bench.scale $(SCALE_ARGS)
+
 .PHONY: bench-security
 bench-security: $(STAMP)
 	$(BIN)/python -m bench.security

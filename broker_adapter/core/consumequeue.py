@@ -10,6 +10,11 @@ absolute byte position of their first byte (20 digits), under ``consumequeue/<to
 written only for committed messages, so a ConsumeQueue is derived data: on restart it is checked against the log
 and repaired (``truncate`` drops units beyond the log; the dispatcher re-dispatches what is missing). Retention
 deletes whole files at the front (``drop_before``): offsets below ``min_offset`` read as no units.
+
+A node may hold tens of thousands of queues (10,000 topics of 8), so a queue costs no descriptor while idle:
+its files are opened through a node-wide ``OpenFiles`` that keeps at most ``OPEN_FILES`` of them open (least
+recently used closed first), as RocketMQ maps its files lazily; and ``holds`` answers "are the first n units on
+disk?" with one ``stat``, so a restart need not open every queue.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -27,6 +33,7 @@ UNIT: Final = struct.Struct(">qiq")
 UNIT_SIZE: Final = UNIT.size  # 20
 UNITS_PER_FILE: Final = 300_000
 FILE_SIZE: Final = UNITS_PER_FILE * UNIT_SIZE
+OPEN_FILES: Final = 1024  # descriptors a node's ConsumeQueues keep open at most (the process limit is shared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +48,86 @@ def queue_dir(root: str | os.PathLike, topic: str, queue_id: int) -> Path:
     return Path(root) / topic / str(queue_id)
 
 
+def _file_name(start: int) -> str:
+    return f"{start:020d}"
+
+
+def holds(
+    root: str | os.PathLike, topic: str, queue_id: int, n: int, units_per_file: int = UNITS_PER_FILE
+) -> bool:
+    """Does the queue's last file reach unit ``n - 1`` (so ``ConsumeQueue.max_offset >= n``)? One ``stat`` of the
+    file that unit lives in: what a restart asks of every queue its snapshot names. False may also mean a
+    later file holds it: open the queue to know."""
+    if n <= 0:
+        return True
+    file_size = units_per_file * UNIT_SIZE
+    last = (n - 1) * UNIT_SIZE
+    start = last - last % file_size
+    try:
+        size = os.stat(os.path.join(root, topic, str(queue_id), _file_name(start))).st_size
+    except FileNotFoundError:
+        return False
+    return size >= last - start + UNIT_SIZE
+
+
+class OpenFiles:
+    """The ConsumeQueue files a node keeps open: at most ``limit``, the least recently used closed first. Every
+    caller uses a descriptor at once and asks again next time, so closing one never pulls it from under a
+    caller; data written through a closed descriptor stays in the page cache and a later ``fdatasync`` of the
+    same file (reopened) makes it durable."""
+
+    def __init__(self, io: FileIO | None = None, limit: int = OPEN_FILES):
+        if limit < 1:
+            raise ValueError(f"OpenFiles needs a limit of at least 1, got {limit}")
+        self.io = io or FileIO()
+        self.limit = limit
+        self._fds: OrderedDict[str, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def fd(self, path: str) -> int:
+        fd = self._fds.get(path)
+        if fd is not None:
+            self._fds.move_to_end(path)
+            return fd
+        fd = self.io.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fds[path] = fd
+        if len(self._fds) > self.limit:
+            self.io.close(self._fds.popitem(last=False)[1])
+        return fd
+
+    def close(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            self.io.close(fd)
+
+    def close_all(self) -> None:
+        while self._fds:
+            self.io.close(self._fds.popitem()[1])
+
+
 class ConsumeQueue:
     """Append-only units of one topic/queue. Appends go to the page cache; ``flush`` makes them durable.
 
     ``append`` only buffers the unit: the dispatcher writes a chunk's units of each queue with one ``pwrite``
     (``write_appended``, at the end of every apply), instead of a system call per message on every node. Every
-    other method writes the buffer first, so nothing reads around it."""
+    other method writes the buffer first, so nothing reads around it. Descriptors come from ``files`` (the
+    node's ``OpenFiles``; a queue made alone gets its own)."""
+
+    __slots__ = (
+        "_appended",
+        "_appended_at",
+        "_dir",
+        "_dirty",
+        "_file_size",
+        "_files",
+        "io",
+        "max_offset",
+        "min_offset",
+        "queue_id",
+        "topic",
+    )
 
     def __init__(
         self,
@@ -55,42 +136,57 @@ class ConsumeQueue:
         queue_id: int,
         units_per_file: int = UNITS_PER_FILE,
         io: FileIO | None = None,
+        files: OpenFiles | None = None,
     ):
         # Writes, truncations and syncs go through the storage's file layer (storage/fileio.py), so the chaos
         # launcher's power-loss mode sees them (docs/chaos.md).
-        self.io = io or FileIO()
+        self._files = files if files is not None else OpenFiles(io)
+        self.io = self._files.io
         self.topic = topic
         self.queue_id = queue_id
-        self.dir = queue_dir(root, topic, queue_id)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self._dir = os.path.join(root, topic, str(queue_id))
         self._file_size = units_per_file * UNIT_SIZE
-        self._fds: dict[int, int] = {}  # file start byte -> fd
-        self._dirty: set[int] = set()
+        self._dirty: set[int] | None = None  # file starts written since the last flush
         self._appended = bytearray()  # units appended but not yet written, from queue offset _appended_at
         self._appended_at = 0
-        self.max_offset = self._recover()
-        files = self._files()
-        self.min_offset = files[0] // UNIT_SIZE if files else 0  # units below: their file was deleted
+        files_ = self._list()
+        self.max_offset = self._recover(files_)
+        self.min_offset = files_[0] // UNIT_SIZE if files_ else 0  # units below: their file was deleted
+
+    @property
+    def dir(self) -> Path:
+        return Path(self._dir)
 
     # -- files ---------------------------------------------------------------------------------------------
-    def _files(self) -> list[int]:
-        return sorted(int(p.name) for p in self.dir.iterdir() if p.name.isdigit())
+    def _list(self) -> list[int]:
+        try:
+            names = os.listdir(self._dir)
+        except FileNotFoundError:  # created at its first write
+            return []
+        return sorted(int(name) for name in names if name.isdigit())
+
+    def _path(self, start: int) -> str:
+        return os.path.join(self._dir, _file_name(start))
 
     def _fd(self, start: int) -> int:
-        fd = self._fds.get(start)
-        if fd is None:
-            fd = self.io.open(str(self.dir / f"{start:020d}"), os.O_RDWR | os.O_CREAT, 0o644)
-            self._fds[start] = fd
-        return fd
+        path = self._path(start)
+        try:
+            return self._files.fd(path)
+        except FileNotFoundError:  # the queue's first file: its directory comes with it
+            os.makedirs(self._dir, exist_ok=True)
+            return self._files.fd(path)
 
-    def _recover(self) -> int:
+    def _written(self, start: int) -> None:
+        if self._dirty is None:
+            self._dirty = set()
+        self._dirty.add(start)
+
+    def _recover(self, files: list[int]) -> int:
         """The next queue offset; a torn unit at the end (a crash mid-write) is cut off."""
-        files = self._files()
         if not files:
             return 0
         last = files[-1]
-        path = self.dir / f"{last:020d}"
-        length = path.stat().st_size
+        length = os.stat(self._path(last)).st_size
         whole = length - length % UNIT_SIZE
         if whole != length:
             self.io.ftruncate(self._fd(last), whole)
@@ -123,7 +219,7 @@ class ConsumeQueue:
             start = at - at % self._file_size
             n = min(len(data) - done, start + self._file_size - at)
             self.io.pwrite(self._fd(start), bytes(data[done : done + n]), at - start)
-            self._dirty.add(start)
+            self._written(start)
             done += n
 
     def put(self, queue_offset: int, commitlog_offset: int, size: int, tags_code: int) -> None:
@@ -136,7 +232,7 @@ class ConsumeQueue:
         byte = queue_offset * UNIT_SIZE
         start = byte - byte % self._file_size
         self.io.pwrite(self._fd(start), UNIT.pack(commitlog_offset, size, tags_code), byte - start)
-        self._dirty.add(start)
+        self._written(start)
 
     def skip_to(self, queue_offset: int) -> None:
         """Make the queue end at ``queue_offset`` with zero units (size 0: not held here) in between: the
@@ -149,7 +245,7 @@ class ConsumeQueue:
         fd = self._fd(start)
         if self.io.size(fd) < byte - start:
             self.io.ftruncate(fd, byte - start)
-        self._dirty.add(start)
+        self._written(start)
         self.max_offset = queue_offset
 
     def truncate(self, queue_offset: int) -> int:
@@ -159,11 +255,10 @@ class ConsumeQueue:
             return 0
         removed = self.max_offset - queue_offset
         byte = queue_offset * UNIT_SIZE
-        for start in self._files():
-            path = self.dir / f"{start:020d}"
+        for start in self._list():
             if start > byte:
                 self._close_file(start)
-                self.io.unlink(str(path))
+                self.io.unlink(self._path(start))
             elif byte - start < self._file_size:
                 self.io.ftruncate(self._fd(start), byte - start)
         self.max_offset = queue_offset
@@ -173,25 +268,23 @@ class ConsumeQueue:
         """Delete the files whose every unit is below ``queue_offset`` (retention: the log no longer holds
         their messages), never the last one; returns how many were deleted."""
         self.write_appended()
-        files = self._files()
+        files = self._list()
         byte = queue_offset * UNIT_SIZE
         dropped = 0
         for start in files[:-1]:
             if start + self._file_size > byte:
                 break
             self._close_file(start)
-            self.io.unlink(str(self.dir / f"{start:020d}"))
+            self.io.unlink(self._path(start))
             dropped += 1
             self.min_offset = (start + self._file_size) // UNIT_SIZE
         return dropped
 
     def flush(self) -> None:
         self.write_appended()
-        for start in self._dirty:
-            fd = self._fds.get(start)
-            if fd is not None:
-                self.io.fdatasync(fd)
-        self._dirty.clear()
+        dirty, self._dirty = self._dirty, None
+        for start in sorted(dirty or ()):
+            self.io.fdatasync(self._fd(start))
 
     # -- reads ---------------------------------------------------------------------------------------------
     def get(self, queue_offset: int) -> CQUnit:
@@ -239,15 +332,15 @@ class ConsumeQueue:
         return list(flat[0::2]), list(flat[1::2])
 
     def _close_file(self, start: int) -> None:
-        fd = self._fds.pop(start, None)
-        self._dirty.discard(start)
-        if fd is not None:
-            self.io.close(fd)
+        """Before the file is deleted: nothing of it is left to sync."""
+        if self._dirty is not None:
+            self._dirty.discard(start)
+        self._files.close(self._path(start))
 
     def close(self) -> None:
         self.flush()
-        for start in list(self._fds):
-            self._close_file(start)
+        for start in self._list():
+            self._files.close(self._path(start))
 
 
 @functools.lru_cache(maxsize=64)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 from broker_adapter.core import commands, groups, message
-from broker_adapter.core.consumequeue import UNITS_PER_FILE, ConsumeQueue
+from broker_adapter.core.consumequeue import OPEN_FILES, UNITS_PER_FILE, ConsumeQueue, OpenFiles, holds
 from broker_adapter.core.invisibility import PopStates
 from broker_adapter.core.timer import TimerIndex, Waiting
 from broker_adapter.core.topics import DLQ_PREFIX, HALF_TOPIC, TIMER_TOPIC
@@ -43,6 +43,7 @@ from statemachine.api import CommittedEntry
 from storage.codec import HEADER_SIZE
 
 PRODUCER_WINDOW: Final = 4096  # results remembered per producer for answering retried sends
+POSITIONS_KEPT: Final = 1 << 17  # recent messages whose CommitLog offset -> index stays in memory (2-4 MiB)
 
 
 class DispatchError(RuntimeError):
@@ -84,6 +85,7 @@ class BrokerStateMachine:
         units_per_file: int = UNITS_PER_FILE,
         on_dispatch: Callable[[str, int, int], None] | None = None,
         tx_immunity_ms: int = DEFAULT_IMMUNITY_MS,
+        open_files: int = OPEN_FILES,
     ):
         self.tx_immunity_ms = tx_immunity_ms  # a half message's first check-back: the same on every node
         self.root = Path(consumequeue_root)
@@ -107,10 +109,14 @@ class BrokerStateMachine:
         self.applied_index = -1  # the last entry given to ``apply`` (with the apply loop's, after a restore)
         self.duplicates = 0  # messages whose (producer, sequence) was already in the log: should stay 0
         self.short_queues: dict[tuple[str, int], int] = {}  # after a snapshot: queues with a hole to repair
-        # CommitLog offset -> index for messages dispatched since start (positions grow with the index).
+        # CommitLog offset -> index for the last POSITIONS_KEPT to 2 * POSITIONS_KEPT messages dispatched
+        # (positions grow with the index); older ones are found in the log (``CommitLog.locate``).
         self._positions = array("q")
         self._indices = array("q")
+        # Queues opened since start: a queue is opened at its first use, not at start (there may be 80,000).
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._files = OpenFiles(limit=open_files)
+        self._log_end: int | None = None  # the log's end at start: units at or past it are cut at first open
         self._unwritten: list[ConsumeQueue] = []  # queues with units appended in this apply, not yet written
         self._on_dispatch = on_dispatch  # (topic, queue_id, next queue offset): wakes long-polling pulls
 
@@ -132,8 +138,9 @@ class BrokerStateMachine:
         key = (topic, queue_id)
         cq = self._queues.get(key)
         if cq is None:
-            cq = ConsumeQueue(self.root, topic, queue_id, self._units_per_file)
+            cq = ConsumeQueue(self.root, topic, queue_id, self._units_per_file, files=self._files)
             self._queues[key] = cq
+            self._cut_past_log_end(cq)
         return cq
 
     def max_offset(self, topic: str, queue_id: int) -> int:
@@ -243,6 +250,9 @@ class BrokerStateMachine:
         if not self._positions or commitlog_offset > self._positions[-1]:
             self._positions.append(commitlog_offset)
             self._indices.append(e.index)
+            if len(self._positions) >= 2 * POSITIONS_KEPT:
+                del self._positions[:POSITIONS_KEPT]
+                del self._indices[:POSITIONS_KEPT]
         d = Dispatched(r.topic, r.queue_id, q, commitlog_offset, r.size)
         ident = r.producer
         if ident is not None:
@@ -364,20 +374,24 @@ class BrokerStateMachine:
 
     # -- repair --------------------------------------------------------------------------------------------
     def truncate_beyond(self, log_end_pos: int) -> int:
-        """Drop units pointing at or past ``log_end_pos`` (the log lost its tail); returns units removed."""
-        removed = 0
-        for topic_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            for qdir in sorted(p for p in topic_dir.iterdir() if p.name.isdigit()):
-                cq = self.queue(topic_dir.name, int(qdir.name))
-                lo, hi = 0, cq.max_offset  # first unit at or past the end: units grow with position
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if cq.get(mid).commitlog_offset >= log_end_pos:
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                removed += cq.truncate(lo)
-        return removed
+        """Drop units pointing at or past ``log_end_pos``, the log's end at start (it lost its tail): now in the
+        queues already open, and in every other queue when it is first opened (until then nothing writes to
+        it, so whatever it holds past that end is from before the start). Returns the units removed now."""
+        self._log_end = log_end_pos
+        return sum(self._cut_past_log_end(cq) for cq in self._queues.values())
+
+    def _cut_past_log_end(self, cq: ConsumeQueue) -> int:
+        end = self._log_end
+        if end is None or cq.max_offset <= cq.min_offset or cq.get(cq.max_offset - 1).commitlog_offset < end:
+            return 0  # the usual case: one read of the last unit
+        lo, hi = cq.min_offset, cq.max_offset  # first unit at or past the end: units grow with position
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if cq.get(mid).commitlog_offset >= end:
+                hi = mid
+            else:
+                lo = mid + 1
+        return cq.truncate(lo)
 
     def flush(self) -> None:
         for cq in self._queues.values():
@@ -425,7 +439,11 @@ class BrokerStateMachine:
         self.halves = HalfMessages.from_json(state.get("halves", {}))
         self.repeats = int(state.get("repeats", 0))
         for t, q, max_offset in state["queues"]:
-            cq = self.queue(t, int(q))
+            cq = self._queues.get((t, int(q)))
+            if cq is None:
+                if holds(self.root, t, int(q), max_offset, self._units_per_file):
+                    continue  # one stat: a queue is opened at its first use, not here
+                cq = self.queue(t, int(q))
             if cq.max_offset < max_offset:
                 # Units the snapshot covers are missing (deleted files, or a snapshot installed from the leader):
                 # leave a hole so dispatch continues at the right offset; ``repair`` fills it from the log.
@@ -456,8 +474,8 @@ class BrokerStateMachine:
         return written
 
     def close(self) -> None:
-        for cq in self._queues.values():
-            cq.close()
+        self.flush()
+        self._files.close_all()
         self._queues.clear()
 
 

@@ -103,3 +103,18 @@ def test_producer_lookups_cover_tail_and_applied(tmp_path):
     other = BrokerStateMachine(tmp_path / "cq2")
     other.apply([CommittedEntry(i, 1, p, b) for i, p, b in log.entries if b])
     assert other.sent("p", 0) == sm.sent("p", 0) and other.sent("p", 5) is False
+
+
+def test_applied_sends_are_forgotten_by_the_leader_and_still_found(tmp_path, monkeypatch):
+    from broker_adapter.core import allocator
+
+    monkeypatch.setattr(allocator, "PENDING_SLACK", 8)
+    sm = BrokerStateMachine(tmp_path / "cq")
+    log = FakeLog(sm)
+    log.append(1, [commands.encode(commands.CreateTopic("t", 1))], noop_first=True)
+    for seq in range(200):
+        log.append(1, [msg("t", 0, "p", seq)])
+        log.apply(len(log.entries) - 2)  # the newest send stays in the unapplied tail
+    assert len(log.alloc._pending) <= 2 * 8 + 1  # not one entry per message ever placed
+    assert log.alloc.find_send("p", 199) == len(log.entries) - 1  # in the tail: its index
+    assert isinstance(log.alloc.find_send("p", 150), Dispatched)  # applied: from the dispatcher's table

@@ -108,7 +108,8 @@ def test_snapshot_round_trip_truncate_beyond_and_repair(tmp_path):
     again.load_snapshot(io.BytesIO(buf.getvalue()))
     assert again.topics == {"t": 1} and again.committed_offset("g", "t", 0) == 3
     assert not again.short_queues
-    assert again.truncate_beyond(ends[2]) == 2  # the log now ends after the third message
+    # The log now ends after the third message: the queue is not open yet, so it is cut when first opened.
+    assert again.truncate_beyond(ends[2]) == 0
     assert again.max_offset("t", 0) == 3
     # A snapshot covering units the ConsumeQueue lacks leaves a hole (size-0 units) and asks for a repair.
     again.load_snapshot(io.BytesIO(buf.getvalue()))

@@ -1,0 +1,113 @@
+"""What a broker node holds as topics and messages grow (issue 27): descriptors, queues opened at start, the
+CommitLog position map."""
+
+import io
+import os
+
+from broker_adapter.core import commands
+from broker_adapter.core import statemachine as dispatcher
+from broker_adapter.core.consumequeue import UNIT_SIZE, ConsumeQueue, OpenFiles, holds
+from broker_adapter.core.statemachine import BrokerStateMachine
+from tests.broker.test_dispatcher import Log
+
+
+def _fill(sm: BrokerStateMachine, log: Log, topics: int, queues: int, per_queue: int = 1) -> list:
+    sm.apply(log.entries([commands.encode(commands.CreateTopic(f"t{t}", queues)) for t in range(topics)]))
+    entries = []
+    for o in range(per_queue):
+        for t in range(topics):
+            for q in range(queues):
+                entries += log.entries([log.msg(f"t{t}", q, o)])
+                sm.apply(entries[-1:])
+    return entries
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_many_queues_keep_a_bounded_number_of_files_open(tmp_path):
+    base = _open_fds()
+    sm = BrokerStateMachine(tmp_path / "cq", units_per_file=2, open_files=8)
+    log = Log()
+    entries = _fill(sm, log, topics=10, queues=4, per_queue=3)  # 40 queues of two files each
+    assert len(sm._files) == 8 and _open_fds() - base <= 8
+    for t in range(10):
+        for q in range(4):
+            assert [u.queue_offset for u in sm.queue(f"t{t}", q).read(0, 2)] == [0, 1]
+            assert sm.queue(f"t{t}", q).get(2).size > 0
+    sm.flush()  # files closed since they were written are synced through a new descriptor
+    assert len(sm._files) <= 8
+    sm.close()
+    assert _open_fds() == base
+    again = BrokerStateMachine(tmp_path / "cq", units_per_file=2)
+    e = entries[-1]
+    assert again.queue("t9", 3).get(2).commitlog_offset == e.pos + 48
+    again.close()
+
+
+def test_a_restart_opens_no_queue_that_holds_its_units_and_still_finds_a_short_one(tmp_path):
+    sm = BrokerStateMachine(tmp_path / "cq")
+    log = Log()
+    entries = _fill(sm, log, topics=20, queues=4)
+    buf = io.BytesIO()
+    sm.save_snapshot(buf)
+    sm.close()
+    os.unlink(tmp_path / "cq" / "t7" / "2" / f"{0:020d}")  # deleted: a restart must refill it from the log
+    again = BrokerStateMachine(tmp_path / "cq")
+    again.load_snapshot(io.BytesIO(buf.getvalue()))
+    assert again.short_queues == {("t7", 2): 1}
+    assert list(again._queues) == [("t7", 2)]  # the 79 others: one stat each, not opened
+    assert again.truncate_beyond(log.pos) == 0
+    assert again.repair((e.index, e.pos, e.body) for e in entries) == 1
+    assert again.queue("t7", 2).get(0).size > 0
+    again.close()
+
+
+def test_units_past_the_log_end_are_cut_when_the_queue_is_first_opened(tmp_path):
+    sm = BrokerStateMachine(tmp_path / "cq")
+    log = Log()
+    _fill(sm, log, topics=2, queues=1, per_queue=3)  # t0/0 and t1/0 alternate in the log
+    ends = [u.commitlog_offset for u in sm.queue("t1", 0).read(0, 3)]
+    sm.close()
+    again = BrokerStateMachine(tmp_path / "cq")
+    again.topics, again.next_offsets = {"t0": 1, "t1": 1}, {("t0", 0): 3, ("t1", 0): 3}
+    assert again.truncate_beyond(ends[1] - 48) == 0  # the log lost the entries from t1's second message on
+    assert again.max_offset("t1", 0) == 1 and again.max_offset("t0", 0) == 2
+    again.close()
+
+
+def test_holds_answers_from_the_file_that_unit_lives_in(tmp_path):
+    cq = ConsumeQueue(tmp_path, "t", 0, units_per_file=4)
+    for q in range(6):
+        cq.append(q * 100, 10, 0)
+    cq.close()
+    assert holds(tmp_path, "t", 0, 6, units_per_file=4) and holds(tmp_path, "t", 0, 0, units_per_file=4)
+    assert not holds(tmp_path, "t", 0, 7, units_per_file=4)
+    assert not holds(tmp_path, "t", 1, 1, units_per_file=4)  # no such queue
+    os.truncate(tmp_path / "t" / "0" / f"{4 * UNIT_SIZE:020d}", UNIT_SIZE)
+    assert not holds(tmp_path, "t", 0, 6, units_per_file=4)
+
+
+def test_open_files_closes_the_least_recently_used(tmp_path):
+    files = OpenFiles(limit=2)
+    paths = [str(tmp_path / f"f{i}") for i in range(3)]
+    a = files.fd(paths[0])
+    files.fd(paths[1])
+    assert files.fd(paths[0]) == a  # used again: now the most recent
+    files.fd(paths[2])
+    assert len(files) == 2 and files.fd(paths[0]) == a  # paths[1] was closed, not paths[0]
+    files.close_all()
+    assert len(files) == 0
+
+
+def test_the_position_map_keeps_recent_messages_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(dispatcher, "POSITIONS_KEPT", 4)
+    sm = BrokerStateMachine(tmp_path / "cq")
+    log = Log()
+    entries = _fill(sm, log, topics=1, queues=1, per_queue=20)
+    assert len(sm._positions) < 8
+    last = entries[-1]
+    assert sm.index_of(last.pos + 48) == last.index
+    assert sm.index_of(entries[0].pos + 48) is None  # found in the log instead (CommitLog.locate)
+    sm.close()
