@@ -12,7 +12,8 @@ delegates to the role's step function.
 
 The handlers are split by concept into mixins of ``RaftCore``, so a call costs what a method call on one
 class costs: ``election.py`` (campaigns and votes), ``replication.py`` (appends, heartbeats, snapshots, commit),
-``read_index.py`` (linearizable reads). This module keeps the state, the inputs, the Ready cycle and the roles.
+``read_index.py`` (linearizable reads), ``reconfiguration.py`` (membership changes). This module keeps the state,
+the inputs, the Ready cycle and the roles.
 
 Rules from the Raft paper and thesis, and where they live:
 
@@ -34,11 +35,11 @@ Rules from the Raft paper and thesis, and where they live:
   meanwhile; the transfer is abandoned after an election timeout.
 - Linearizable reads (thesis §6.4, ReadIndex): the commit index is confirmed by a heartbeat round to a quorum
   (``read_index.py``).
-- Membership (thesis chapter 4, single-server changes; ``membership.py``, docs/decisions/0017-membership.md): a
-  configuration takes effect once its entry is in the log (``_on_conf_changed``); one change at a time, and only
-  after the leader committed an entry of its own term (``propose_conf_change``); learners replicate but never
-  vote, campaign or count toward a quorum; a leader that removed itself leads until that change commits, then
-  hands over (``_step_down_if_removed``). Messages are handled whoever sends them (thesis §4.1): a node that
+- Membership (thesis chapter 4, single-server changes; ``membership.py``, ``reconfiguration.py``,
+  docs/decisions/0017-membership.md): a configuration takes effect once its entry is in the log
+  (``_on_conf_changed``); one change at a time, and only after the leader committed an entry of its own term
+  (``propose_conf_change``); learners replicate but never vote, campaign or count toward a quorum; a leader that
+  removed itself leads until that change commits, then hands over (``_step_down_if_removed``). Messages are handled whoever sends them (thesis §4.1): a node that
   does not yet know a new member must still take its AppendEntries and vote requests.
 """
 
@@ -117,7 +118,7 @@ class RaftCore(Election, Replication, ReadIndex, Reconfiguration):
     """One node's Raft state. Not thread-safe: the runtime calls it from one task (or the simulator's loop).
 
     The handlers of each concept live in a mixin next to this module (``election.py``, ``replication.py``,
-    ``read_index.py``); this class holds the state, the public inputs, the Ready cycle, the role transitions and
+    ``read_index.py``, ``reconfiguration.py``); this class holds the state, the public inputs, the Ready cycle, the role transitions and
     the role step and tick functions that dispatch to those handlers.
     """
 
@@ -317,13 +318,7 @@ class RaftCore(Election, Replication, ReadIndex, Reconfiguration):
 
         The entries are not committed yet: they commit once a quorum holds them (watch ``Ready.commit_index``).
         """
-        if self._role is not Role.LEADER:
-            raise NotLeaderError(leader_hint=self._leader)
-        if self._lead_transferee is not None:
-            raise NotLeaderError(
-                leader_hint=self._lead_transferee,
-                message=f"leadership is being transferred to {self._lead_transferee}; retry there",
-            )
+        self._check_proposing()
         if not bodies:
             raise InvalidRequestError("propose needs at least one body")
         if magic not in codec.ENTRY_MAGICS:
@@ -341,6 +336,16 @@ class RaftCore(Election, Replication, ReadIndex, Reconfiguration):
         if not self._voter_peers:
             self._maybe_commit()
         return Proposed(first, self._term, tuple(positions))
+
+    def _check_proposing(self) -> None:
+        """Only a leader that is not handing over takes proposals; the error names whom to ask instead."""
+        if self._role is not Role.LEADER:
+            raise NotLeaderError(leader_hint=self._leader)
+        if self._lead_transferee is not None:
+            raise NotLeaderError(
+                leader_hint=self._lead_transferee,
+                message=f"leadership is being transferred to {self._lead_transferee}; retry there",
+            )
 
     def transfer_leadership(self, target: str) -> None:
         """Hand leadership to ``target`` once its log is caught up (TimeoutNow); abandoned after an election

@@ -15,7 +15,7 @@ from dledger.core.membership import ConfChange, ConfChangeKind, Configuration
 from dledger.core.messages import Proposed, Role, TimeoutNow
 from dledger.core.progress import Progress
 from dledger.core.quorum import quorum_size
-from dledger.errors import NotLeaderError, UnavailableError
+from dledger.errors import UnavailableError
 from storage import codec
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ class Reconfiguration:
         def _send_append(self, to: str, send_if_empty: bool) -> bool: ...
         def _maybe_commit(self) -> bool: ...
         def _committed_in_term(self) -> bool: ...
+        def _check_proposing(self) -> None: ...
 
     def propose_conf_change(self, change: ConfChange) -> Proposed:
         """Append a config entry applying ``change`` to the configuration in effect (thesis §4.1: it takes effect
@@ -67,13 +68,7 @@ class Reconfiguration:
         learner that has not caught up with the commit index. ``InvalidRequestError`` when the change does not
         apply (adding a member twice, removing the last voter...). Removing this leader is allowed: it leads
         until the change commits, then steps down and hands over to the most up-to-date voter."""
-        if self._role is not Role.LEADER:
-            raise NotLeaderError(leader_hint=self._leader)
-        if self._lead_transferee is not None:
-            raise NotLeaderError(
-                leader_hint=self._lead_transferee,
-                message=f"leadership is being transferred to {self._lead_transferee}; retry there",
-            )
+        self._check_proposing()
         log = self._raft_log
         if log.conf_index > log.committed:
             raise UnavailableError(
