@@ -15,10 +15,11 @@ The servicers only convert and map errors; every decision is the node's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection, Coroutine
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
@@ -258,6 +259,7 @@ class GrpcPeerTransport:
             await p.control.close()
 
 
+T = TypeVar("T")
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 _Context = grpc.aio.ServicerContext  # of any call: ServicerContext[its request, its response]
@@ -287,6 +289,39 @@ async def abort_rpc(
     error the leader's address in the trailing metadata, exactly as the client service does."""
     hint = address_of(err.leader_hint) if isinstance(err, NotLeaderError) and err.leader_hint else None
     await _abort(context, err, hint)
+
+
+class _Cancellable(Protocol):
+    """What a stream's reader leaves in flight: tasks, or futures of answers."""
+
+    def cancel(self) -> object: ...
+
+
+async def _await_reader(reader: asyncio.Task[None]) -> None:
+    await reader  # surfaces a reader failure (e.g. a broken stream) instead of hiding it
+
+
+async def _queued_answers(
+    reader: Coroutine[Any, Any, None],
+    out: asyncio.Queue[T | None],
+    in_flight: Collection[_Cancellable],
+    end: Callable[[asyncio.Task[None]], Awaitable[None]] = _await_reader,
+) -> AsyncGenerator[T, None]:
+    """The answers of a stream whose ``reader`` handles the requests and queues answers on ``out`` (None: no
+    more), in order; then ``end(reader task)``. However the call ends, the reader and the work it left
+    ``in_flight`` are cancelled. Iterate it under ``contextlib.aclosing`` so that happens when the call does."""
+    reader_task = asyncio.create_task(reader)
+    try:
+        while True:
+            item = await out.get()
+            if item is None:
+                break
+            yield item
+        await end(reader_task)
+    finally:
+        reader_task.cancel()
+        for f in list(in_flight):
+            f.cancel()
 
 
 async def check_group(context: grpc.aio.ServicerContext[_Req, _Resp], got: str, mine: str) -> None:
@@ -400,23 +435,17 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
             finally:
                 out.put_nowait(None)
 
-        reader_task = asyncio.create_task(reader())
-        try:
-            while True:
-                item = await out.get()
-                if item is None:
-                    break
-                yield item
+        async def end(reader_task: asyncio.Task[None]) -> None:
             if refused:
                 await _abort(context, refused[0])
             try:
                 await reader_task
             except DLedgerError as e:
                 await _abort(context, e)
-        finally:
-            reader_task.cancel()
-            for f in list(pending):
-                f.cancel()
+
+        async with contextlib.aclosing(_queued_answers(reader(), out, pending, end)) as answers:
+            async for answer in answers:
+                yield answer
 
     async def Deliver(
         self, request: raft_pb2.DeliverRequest, context: _Context[raft_pb2.DeliverRequest, raft_pb2.PeerReply]
@@ -564,18 +593,9 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
             finally:
                 out.put_nowait(None)
 
-        reader_task = asyncio.create_task(reader())
-        try:
-            while True:
-                item = await out.get()
-                if item is None:
-                    break
-                yield item
-            await reader_task  # surfaces a reader failure (e.g. a broken stream) instead of hiding it
-        finally:
-            reader_task.cancel()
-            for t in list(pending):
-                t.cancel()
+        async with contextlib.aclosing(_queued_answers(reader(), out, pending)) as answers:
+            async for answer in answers:
+                yield answer
 
     async def Get(
         self, request: client_pb2.GetRequest, context: _Context[client_pb2.GetRequest, client_pb2.GetResponse]
@@ -640,9 +660,6 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
             size=info.size if info is not None else 0,
             first_index=first_index,
         )
-
-
-T = TypeVar("T")
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
