@@ -5,6 +5,7 @@ FAILED_PRECONDITION with the leader's id and address in the trailing metadata).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Sequence
 
@@ -75,8 +76,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 duplicates=[dup for _, dup in placed],
             )
 
-        async for r in answer_each(request_iterator, one):
-            yield r
+        async with contextlib.aclosing(answer_each(request_iterator, one)) as answers:
+            async for r in answers:
+                yield r
 
     def _error(self, err: DLedgerError) -> client_pb2.AppendError:
         """A batch's error inside the session, with the leader's address when a follower refused it."""

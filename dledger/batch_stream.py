@@ -13,8 +13,17 @@ as never sent when gRPC could not reach the node at all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Sequence,
+)
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 import grpc
@@ -173,11 +182,47 @@ Q = TypeVar("Q")
 A = TypeVar("A")
 
 
-async def answer_each(requests: AsyncIterator[Q], handle: Callable[[Q], Awaitable[A]]) -> AsyncIterator[A]:
-    """The server side of such a stream: each request is handled as it arrives (so concurrent ones share what
-    the node batches, its group commit), and each answer is sent as it is ready. ``handle`` answers a refused
-    request with its error rather than raising; what it raises ends the stream. When the client closes its
-    side, the answers still due are sent before the stream ends."""
+class Cancellable(Protocol):
+    """What a stream's reader leaves in flight: tasks, or futures of answers."""
+
+    def cancel(self) -> object: ...
+
+
+async def _await_reader(reader: asyncio.Task[None]) -> None:
+    await reader  # surfaces a reader failure (e.g. a broken stream) instead of hiding it
+
+
+async def queued_answers(
+    reader: Coroutine[Any, Any, None],
+    out: asyncio.Queue[A | None],
+    in_flight: Collection[Cancellable],
+    end: Callable[[asyncio.Task[None]], Awaitable[None]] = _await_reader,
+) -> AsyncGenerator[A, None]:
+    """The server side of a stream whose ``reader`` handles the requests and queues answers on ``out`` (None:
+    no more), in order; then ``end(reader task)``. However the call ends, the reader and the work it left
+    ``in_flight`` are cancelled. Iterate it under ``contextlib.aclosing`` so that happens when the call does."""
+    reader_task = asyncio.create_task(reader)
+    try:
+        while True:
+            item = await out.get()
+            if item is None:
+                break
+            yield item
+        await end(reader_task)
+    finally:
+        reader_task.cancel()
+        for f in list(in_flight):
+            f.cancel()
+
+
+async def answer_each(
+    requests: AsyncIterator[Q], handle: Callable[[Q], Awaitable[A]]
+) -> AsyncGenerator[A, None]:
+    """``queued_answers`` for a stream of independent requests: each is handled as it arrives (so concurrent
+    ones share what the node batches, its group commit), and each answer is sent as it is ready. ``handle``
+    answers a refused request with its error rather than raising; what it raises ends the stream. When the
+    client closes its side, the answers still due are sent before the stream ends. Iterate it under
+    ``contextlib.aclosing``."""
     out: asyncio.Queue[A | None] = asyncio.Queue()
     pending: set[asyncio.Task[None]] = set()
 
@@ -195,12 +240,6 @@ async def answer_each(requests: AsyncIterator[Q], handle: Callable[[Q], Awaitabl
         finally:
             out.put_nowait(None)
 
-    reader_task = asyncio.create_task(reader())
-    try:
-        while (item := await out.get()) is not None:
-            yield item
-        await reader_task  # surfaces a reader failure (a broken stream) instead of hiding it
-    finally:
-        reader_task.cancel()
-        for t in list(pending):
-            t.cancel()
+    async with contextlib.aclosing(queued_answers(reader(), out, pending)) as answers:
+        async for answer in answers:
+            yield answer

@@ -12,7 +12,8 @@ delegates to the role's step function.
 
 The handlers are split by concept into mixins of ``RaftCore``, so a call costs what a method call on one
 class costs: ``election.py`` (campaigns and votes), ``replication.py`` (appends, heartbeats, snapshots, commit),
-``read_index.py`` (linearizable reads). This module keeps the state, the inputs, the Ready cycle and the roles.
+``read_index.py`` (linearizable reads), ``reconfiguration.py`` (membership changes). This module keeps the state,
+the inputs, the Ready cycle and the roles.
 
 Rules from the Raft paper and thesis, and where they live:
 
@@ -34,11 +35,11 @@ Rules from the Raft paper and thesis, and where they live:
   meanwhile; the transfer is abandoned after an election timeout.
 - Linearizable reads (thesis §6.4, ReadIndex): the commit index is confirmed by a heartbeat round to a quorum
   (``read_index.py``).
-- Membership (thesis chapter 4, single-server changes; ``membership.py``, docs/decisions/0017-membership.md): a
-  configuration takes effect once its entry is in the log (``_on_conf_changed``); one change at a time, and only
-  after the leader committed an entry of its own term (``propose_conf_change``); learners replicate but never
-  vote, campaign or count toward a quorum; a leader that removed itself leads until that change commits, then
-  hands over (``_step_down_if_removed``). Messages are handled whoever sends them (thesis §4.1): a node that
+- Membership (thesis chapter 4, single-server changes; ``membership.py``, ``reconfiguration.py``,
+  docs/decisions/0017-membership.md): a configuration takes effect once its entry is in the log
+  (``_on_conf_changed``); one change at a time, and only after the leader committed an entry of its own term
+  (``propose_conf_change``); learners replicate but never vote, campaign or count toward a quorum; a leader that
+  removed itself leads until that change commits, then hands over (``_step_down_if_removed``). Messages are handled whoever sends them (thesis §4.1): a node that
   does not yet know a new member must still take its AppendEntries and vote requests.
 """
 
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 
 from dledger.core.config import RaftConfig
 from dledger.core.election import Election
-from dledger.core.membership import ConfChange, ConfChangeKind, Configuration
+from dledger.core.membership import Configuration
 from dledger.core.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -70,11 +71,11 @@ from dledger.core.messages import (
     TimeoutNow,
 )
 from dledger.core.progress import Progress
-from dledger.core.quorum import quorum_size
 from dledger.core.raft_log import LogConflictError, RaftLog
 from dledger.core.read_index import ReadIndex, ReadRequest
+from dledger.core.reconfiguration import Reconfiguration
 from dledger.core.replication import Replication
-from dledger.errors import InvalidRequestError, NotLeaderError, UnavailableError
+from dledger.errors import InvalidRequestError, NotLeaderError
 from storage import codec
 from storage.api import HardState, LogStore
 
@@ -113,11 +114,11 @@ class Status:
     conf_index: int = -1
 
 
-class RaftCore(Election, Replication, ReadIndex):
+class RaftCore(Election, Replication, ReadIndex, Reconfiguration):
     """One node's Raft state. Not thread-safe: the runtime calls it from one task (or the simulator's loop).
 
     The handlers of each concept live in a mixin next to this module (``election.py``, ``replication.py``,
-    ``read_index.py``); this class holds the state, the public inputs, the Ready cycle, the role transitions and
+    ``read_index.py``, ``reconfiguration.py``); this class holds the state, the public inputs, the Ready cycle, the role transitions and
     the role step and tick functions that dispatch to those handlers.
     """
 
@@ -317,13 +318,7 @@ class RaftCore(Election, Replication, ReadIndex):
 
         The entries are not committed yet: they commit once a quorum holds them (watch ``Ready.commit_index``).
         """
-        if self._role is not Role.LEADER:
-            raise NotLeaderError(leader_hint=self._leader)
-        if self._lead_transferee is not None:
-            raise NotLeaderError(
-                leader_hint=self._lead_transferee,
-                message=f"leadership is being transferred to {self._lead_transferee}; retry there",
-            )
+        self._check_proposing()
         if not bodies:
             raise InvalidRequestError("propose needs at least one body")
         if magic not in codec.ENTRY_MAGICS:
@@ -342,16 +337,8 @@ class RaftCore(Election, Replication, ReadIndex):
             self._maybe_commit()
         return Proposed(first, self._term, tuple(positions))
 
-    def propose_conf_change(self, change: ConfChange) -> Proposed:
-        """Append a config entry applying ``change`` to the configuration in effect (thesis §4.1: it takes effect
-        now, on this leader, and on each follower as it appends it).
-
-        Refused (``UnavailableError``, retriable) while an earlier change is uncommitted, before this leader
-        committed an entry of its term (the single-server-change bug Ongaro described in 2015: an uncommitted
-        change of a deposed leader could otherwise form a majority disjoint from this one), and when promoting a
-        learner that has not caught up with the commit index. ``InvalidRequestError`` when the change does not
-        apply (adding a member twice, removing the last voter...). Removing this leader is allowed: it leads
-        until the change commits, then steps down and hands over to the most up-to-date voter."""
+    def _check_proposing(self) -> None:
+        """Only a leader that is not handing over takes proposals; the error names whom to ask instead."""
         if self._role is not Role.LEADER:
             raise NotLeaderError(leader_hint=self._leader)
         if self._lead_transferee is not None:
@@ -359,33 +346,6 @@ class RaftCore(Election, Replication, ReadIndex):
                 leader_hint=self._lead_transferee,
                 message=f"leadership is being transferred to {self._lead_transferee}; retry there",
             )
-        log = self._raft_log
-        if log.conf_index > log.committed:
-            raise UnavailableError(
-                f"the configuration change at index {log.conf_index} ({self._conf.describe()}) is not committed "
-                "yet: one change at a time; retry once it commits"
-            )
-        if not self._committed_in_term():
-            raise UnavailableError(
-                f"leader {self._id} has not committed an entry of its term {self._term} yet; retry shortly"
-            )
-        new = self._conf.apply(change)
-        if change.kind is ConfChangeKind.PROMOTE:
-            pr = self._prs.get(change.node)
-            match = pr.match_index if pr is not None else -1
-            if match < log.committed:
-                raise UnavailableError(
-                    f"learner {change.node} has not caught up (it holds up to index {match}, the commit index is "
-                    f"{log.committed}); promote it once it has"
-                )
-        first, positions = log.append_new([new.encode()], self._term, codec.MAGIC_CONFIG)
-        self._event(f"{self._id} proposed {change} at index {first} term {self._term}")
-        self._on_conf_changed()
-        for p in self._peers:
-            self._send_append(p, False)
-        if self._role is Role.LEADER and self._id not in self._voter_set:
-            self._step_down_if_removed()
-        return Proposed(first, self._term, tuple(positions))
 
     def transfer_leadership(self, target: str) -> None:
         """Hand leadership to ``target`` once its log is caught up (TimeoutNow); abandoned after an election
@@ -654,66 +614,6 @@ class RaftCore(Election, Replication, ReadIndex):
             self._on_append_response(m)
         elif type(m) is HeartbeatResponse:
             self._on_heartbeat_response(m)
-
-    # -- membership -------------------------------------------------------------------------------------------------
-
-    def _set_conf(self, conf: Configuration) -> None:
-        self._conf = conf
-        self._voters = conf.voters
-        self._voter_set = frozenset(conf.voters)
-        self._peers = tuple(
-            n for n in conf.members if n != self._id
-        )  # everyone we replicate to, learners too
-        self._voter_peers = tuple(n for n in conf.voters if n != self._id)  # everyone we ask for votes
-        self._quorum = quorum_size(len(conf.voters)) if conf.voters else 1
-
-    def _may_campaign(self) -> bool:
-        """A voter campaigns; so does a voter whose removal is not committed yet (thesis §4.2.2: it may still be
-        needed, e.g. when it alone holds the entry that removes it; its own vote then does not count). Learners
-        and nodes outside the group never do."""
-        if self._id in self._voter_set:
-            return True
-        log = self._raft_log
-        return log.conf_index > log.committed and self._id in log.conf_before(log.conf_index)[1].voters
-
-    def _on_conf_changed(self) -> None:
-        """The log's configuration changed (appended, installed by a snapshot, or truncated away): use it now."""
-        conf = self._raft_log.configuration
-        self._set_conf(conf)
-        self._event(f"{self._id} uses configuration {conf.describe()} (index {self._raft_log.conf_index})")
-        if self._role is not Role.LEADER:
-            return
-        nxt = self._raft_log.last_index + 1
-        for p in self._peers:
-            if p not in self._prs:
-                pr = Progress(nxt, self._config.max_inflight)
-                pr.recent_active = True  # a newcomer gets an election timeout to answer before check-quorum
-                self._prs[p] = pr
-        for p in [p for p in self._prs if p not in conf.members]:
-            del self._prs[p]
-            if p == self._lead_transferee:
-                self._event(f"{self._id} abandoned leadership transfer to removed {p}")
-                self._lead_transferee = None
-        if self._maybe_commit():  # fewer voters may commit more
-            for p in self._peers:
-                self._send_append(p, True)
-
-    def _step_down_if_removed(self) -> None:
-        """A leader outside its configuration (it removed itself) leads until that change commits (thesis
-        §4.2.2), then steps down, handing over to the most up-to-date voter with TimeoutNow."""
-        log = self._raft_log
-        if log.committed < log.conf_index:
-            return
-        best, best_match = None, -1
-        for p in self._voter_peers:
-            pr = self._prs.get(p)
-            if pr is not None and pr.match_index > best_match:
-                best, best_match = p, pr.match_index
-        self._event(f"{self._id} steps down at term {self._term}: it is no longer a voter")
-        term = self._term
-        self._become_follower(term, None)
-        if best is not None and best_match == log.last_index:
-            self._send(TimeoutNow(term, self._id, best))
 
     # -- sending ------------------------------------------------------------------------------------------------------
 

@@ -62,6 +62,18 @@ class DataDir:
     def opened(self) -> bool:
         return self.log is not None and self.meta is not None
 
+    @property
+    def log_store(self) -> LogStore:
+        """The log, for what runs only once ``open`` ran (the node's start)."""
+        assert self.log is not None, "the log is read only once the data directory is open"
+        return self.log
+
+    @property
+    def meta_store(self) -> MetaStore:
+        """The metadata store, for what runs only once ``open`` ran (the node's start)."""
+        assert self.meta is not None, "the metadata is read only once the data directory is open"
+        return self.meta
+
     def open(self) -> None:
         from storage.filestore import FileLogStore
         from storage.meta_lmdb import LmdbMetaStore

@@ -17,7 +17,8 @@ import logging
 import os
 import random
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from dledger.core.membership import Configuration
 from dledger.core.messages import InstallSnapshot, Message, Prepare, Role
@@ -52,6 +53,9 @@ from storage.api import HardState, LogStore, MetaStore
 from storage.codec import Entry
 from storage.errors import Compacted, IndexOutOfRange
 
+if TYPE_CHECKING:
+    from dledger.security.node import SecuredPlugin
+
 log = logging.getLogger("dledger.runtime")
 
 _ROLE_NAMES = {
@@ -85,8 +89,8 @@ class Node:
         self._rng = rng or random.Random()
         self._serve = serve
         self._core: RaftCore | None = None
-        self._server = None
-        self._tasks: list[asyncio.Task] = []
+        self._server: NodeServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stopping = False
@@ -95,21 +99,23 @@ class Node:
         self._seen_role_term: tuple[Role, int] = (Role.FOLLOWER, -1)
         if plugin is None and config.state_machine:
             plugin = resolve_plugin(config.state_machine)(config)
+        self._secured: SecuredPlugin | None = None
         if config.security is not None:  # TLS, peer identity, users and permissions (docs/security.md)
             from dledger.security.node import SecuredPlugin
 
-            plugin = SecuredPlugin(config, plugin, state_machine)
-        self.plugin = plugin
-        unread = sorted(set(config.sections) - set(getattr(plugin, "config_sections", ())))
+            self._secured = SecuredPlugin(config, plugin, state_machine)
+        hosted = self._secured if self._secured is not None else plugin  # the secured one wraps the other
+        self.plugin: NodePlugin | SecuredPlugin | None = hosted
+        unread = sorted(set(config.sections) - set(getattr(hosted, "config_sections", ())))
         if unread:
             raise ConfigError(
                 f"node {config.node_id}: no part of it reads the table(s) {', '.join(f'[{t}]' for t in unread)} "
                 f"of its config (state_machine = {config.state_machine!r}); remove them or fix their names"
             )
-        self.state_machine = plugin.state_machine if plugin is not None else state_machine
+        self.state_machine = hosted.state_machine if hosted is not None else state_machine
         self._apply: ApplyLoop | None = None
         self.port = 0
-        self.stats = collections.Counter()
+        self.stats: collections.Counter[str] = collections.Counter()
         self.metrics = NodeMetrics()
         self.failure: BaseException | None = None  # why the node stopped on its own, if it did
         # The pieces (one concept each); they share the core through ``lambda: self._core`` (rebuilt after a
@@ -139,10 +145,10 @@ class Node:
         self._proposals = Proposals(
             self.id,
             config,
-            core=lambda: self._core,
+            core=self._started_core,
             wake=self._wake,
             not_leader=self._not_leader,
-            refusal=lambda: self._ready.refusal(),
+            refusal=lambda: self._started_ready().refusal(),
             stats=self.stats,
             metrics=self.metrics,
         )
@@ -180,19 +186,19 @@ class Node:
                 self._io.shutdown(wait=False)
                 self._snapshots.shutdown(wait=False)
                 raise
-        hard_state = data.meta.load_hard_state()
+        hard_state = data.meta_store.load_hard_state()
         applied = -1
         if self.state_machine is not None:
-            applied = await loop.run_in_executor(self._io.executor, self._snapshots.restore, data.log)
-            self._apply = ApplyLoop(self.state_machine, data.log, applied, on_applied=self._on_applied)
+            applied = await loop.run_in_executor(self._io.executor, self._snapshots.restore, data.log_store)
+            self._apply = ApplyLoop(self.state_machine, data.log_store, applied, on_applied=self._on_applied)
             self._proposals.waiters = ApplyWaiters(self._apply)
             self.add_commit_listener(self._apply.commit_advanced)
             self.add_role_listener(self._reads.on_role)
         self._snapshots.attach(
-            data.log,
+            data.log_store,
             self._apply,
-            conf_at=lambda index: self._core.configuration_at(index),
-            save_conf=lambda conf: data.meta.put(SNAPSHOT_CONF_KEY, conf.encode(), sync=True),
+            conf_at=lambda index: self._started_core().configuration_at(index),
+            save_conf=lambda conf: data.meta_store.put(SNAPSHOT_CONF_KEY, conf.encode(), sync=True),
         )
         self._proposals.log = data.log
         self._core = self._new_core(hard_state, applied)
@@ -218,20 +224,20 @@ class Node:
                 self.group,
                 {p: a for p, a in cfg.peers.items() if p != self.id},
                 control_timeout_s=control_timeout,
-                credentials=self.plugin.peer_credentials() if cfg.security is not None else None,
+                credentials=self._secured.peer_credentials() if self._secured is not None else None,
             )
         self.peers.after_step = self._ready.commit_acked
         self.peers.transport.set_reply_handler(self.peers.step_all)
         if self._serve:
-            attach = (lambda server: self.plugin.attach(self, server)) if self.plugin is not None else None
-            secure = cfg.security is not None
+            plugin, secured = self.plugin, self._secured
+            attach = (lambda server: plugin.attach(self, server)) if plugin is not None else None
             self._server = NodeServer(
                 self,
                 self,
                 cfg.bind,
                 attach,
-                credentials=self.plugin.server_credentials() if secure else None,
-                interceptors=(self.plugin.interceptor(self),) if secure else (),
+                credentials=secured.server_credentials() if secured is not None else None,
+                interceptors=(secured.interceptor(self),) if secured is not None else (),
             )
             self.port = self._server.port
             await self._server.start()
@@ -264,7 +270,7 @@ class Node:
             self.id,
             self.group,
             hard_state.term,
-            data.log.last_index,
+            data.log_store.last_index,
             cfg.bind,
             cfg.flush,
             type(loop).__module__,
@@ -277,7 +283,7 @@ class Node:
         return RaftCore(
             self.id,
             cfg.voters,
-            self._data.log,
+            self._data.log_store,
             hard_state,
             dataclasses.replace(cfg.raft, commit_at_tick=True),
             self._rng,
@@ -289,7 +295,7 @@ class Node:
         """The configuration at the log's compaction point: the one the last snapshot recorded; else the
         configured peers as voters, or none for a node started to join a group (``join``: it learns its
         configuration from the leader). Config entries in the log apply on top (docs/membership.md)."""
-        raw = self._data.meta.get(SNAPSHOT_CONF_KEY)
+        raw = self._data.meta_store.get(SNAPSHOT_CONF_KEY)
         if raw is not None:
             return Configuration.decode(raw)
         if self.config.join:
@@ -298,15 +304,24 @@ class Node:
 
     def _rebuild_core(self, applied: int) -> RaftCore:
         """A core rebuilt from what storage holds (after a refused write): the state a restart would find."""
-        self._core = self._new_core(self._data.meta.load_hard_state(), applied)
+        self._core = self._new_core(self._data.meta_store.load_hard_state(), applied)
         return self._core
+
+    def _started_core(self) -> RaftCore:
+        """The core, for what runs only once ``start`` built it (rebuilt after a full disk: read it each time)."""
+        assert self._core is not None, "the core exists once the node started"
+        return self._core
+
+    def _started_ready(self) -> ReadyLoop:
+        assert self._ready is not None, "the ready loop exists once the node started"
+        return self._ready
 
     def _fail(self, exc: BaseException) -> None:
         """Something the node cannot keep its promises after: record it and stop rather than limp on."""
         self.failure = self.failure or exc
         asyncio.get_running_loop().create_task(self.stop())
 
-    def _task_done(self, t: asyncio.Task) -> None:
+    def _task_done(self, t: asyncio.Task[None]) -> None:
         if t.cancelled() or self._stopping:
             return
         exc = t.exception()
@@ -399,7 +414,7 @@ class Node:
     def _watch_role(self) -> None:
         """After each Ready: appends of a lost leadership fail; listeners hear of a new role or term; a new
         configuration's members are dialed."""
-        core = self._core
+        core = self._started_core()
         self._proposals.on_role(core, self.commit_index)
         self._members.watch_conf_changed()
         if (core.role, core.term) != self._seen_role_term:
@@ -415,23 +430,29 @@ class Node:
 
     def _on_applied(self, chunk: list[Applied]) -> None:
         """The apply loop applied ``chunk``: resolve proposers and reads waiting for it; snapshot by policy."""
-        self._proposals.waiters.applied(chunk)
-        self._reads.resolve_applied(self._apply.applied_index)
+        waiters, apply = self._proposals.waiters, self._apply
+        assert waiters is not None and apply is not None, "only the apply loop applies, and it has waiters"
+        waiters.applied(chunk)
+        self._reads.resolve_applied(apply.applied_index)
         self._snapshots.maybe_snapshot()
 
     def _snapshot_installed(self, index: int) -> None:
-        self._proposals.waiters.covered(index)
+        waiters = self._proposals.waiters
+        assert waiters is not None, "only a node with a state machine installs snapshot data"
+        waiters.covered(index)
         self._reads.resolve_applied(index)
 
     # -- peers (PeerHandler; the pieces' methods, so tests can intercept them on the node) -------------------
 
-    def handle_message(self, msg: Message):
+    def handle_message(self, msg: Message) -> Coroutine[Any, Any, list[Message]]:
         return self.peers.handle_message(msg)
 
-    def handle_batch(self, messages: list[Message]):
+    def handle_batch(self, messages: list[Message]) -> asyncio.Future[list[Message]]:
         return self.peers.handle_batch(messages)
 
-    def handle_snapshot(self, msg: InstallSnapshot, chunks: AsyncIterator[SnapshotChunk]):
+    def handle_snapshot(
+        self, msg: InstallSnapshot, chunks: AsyncIterator[SnapshotChunk]
+    ) -> Coroutine[Any, Any, list[Message]]:
         return self.peers.handle_snapshot(msg, chunks)
 
     # -- clients (ClientHandler) -------------------------------------------------------------------------------
@@ -495,7 +516,7 @@ class Node:
                 f"index {index} is not committed on node {self.id} (commit index {commit}); "
                 "retry later or ask the leader"
             )
-        log_store = self._data.log
+        log_store = self._data.log_store
         try:
             return log_store.entry(index)
         except Compacted:
@@ -506,7 +527,7 @@ class Node:
             raise NotFoundError(f"index {index} is not held by node {self.id}: {e}") from None
 
     def metadata(self) -> NodeInfo:
-        st = self._core.status()
+        st = self._started_core().status()
         leader = st.leader
         return NodeInfo(
             group=self.group,
@@ -537,11 +558,11 @@ class Node:
         )
 
     async def transfer_leadership(self, target: str) -> str:
-        core = self._core
         if target not in self.peers.addresses:
             raise InvalidRequestError(
                 f"unknown node {target!r}; members: {', '.join(sorted(self.peers.addresses))}"
             )
+        core = self._started_core()
         if core.role is not Role.LEADER:
             raise self._not_leader()
         if target == self.id:
@@ -558,7 +579,9 @@ class Node:
             f"leadership transfer to {target} did not complete in time; {core.leader_id} leads"
         )
 
-    async def change_membership(self, kind: str, node_id: str, address: str) -> tuple[int, int, tuple, tuple]:
+    async def change_membership(
+        self, kind: str, node_id: str, address: str
+    ) -> tuple[int, int, tuple[str, ...], tuple[str, ...]]:
         """One membership change on the leader, answered once its config entry committed (``Membership.change``,
         docs/membership.md)."""
         return await self._members.change(kind, node_id, address)
@@ -606,7 +629,7 @@ class Node:
 
     @property
     def log_store(self) -> LogStore:
-        return self._data.log
+        return self._data.log_store
 
     # The typed handle plugins get (dledger.plugins.NodeHandle) reads the role through these, not the core.
     @property

@@ -40,7 +40,7 @@ from dledger.transport.base import PeerTransport, PeerUnreachableError, Snapshot
 log = logging.getLogger("dledger.runtime")
 
 # Which response type answers which request: the reply a peer's call waits for.
-RESPONSE_TO = {
+RESPONSE_TO: dict[type[Message], type[Message] | None] = {
     RequestVote: RequestVoteResponse,
     AppendEntries: AppendEntriesResponse,
     Heartbeat: HeartbeatResponse,
@@ -55,8 +55,8 @@ class ReplyWaiter:
     ``asyncio.Future`` or, for one message of a batch, a ``_Part`` of the batch's answer."""
 
     src: str
-    kind: type
-    future: asyncio.Future | _Part
+    kind: type[Message]
+    future: asyncio.Future[list[Message]] | _Part
     replies: list[Message] = field(default_factory=list)
 
 
@@ -65,7 +65,7 @@ class _BatchAnswer:
 
     __slots__ = ("future", "parts", "remaining")
 
-    def __init__(self, future: asyncio.Future, n: int):
+    def __init__(self, future: asyncio.Future[list[Message]], n: int):
         self.future = future
         self.parts: list[_Part] = []
         self.remaining = n
@@ -115,7 +115,7 @@ class Peers:
         core: Callable[[], RaftCore | None],
         wake: asyncio.Event,
         snapshots: Snapshots,
-        stats: collections.Counter,
+        stats: collections.Counter[str],
         on_failure: Callable[[BaseException], None],
     ):
         self.id = node_id
@@ -129,7 +129,9 @@ class Peers:
         self.transport: PeerTransport | None = None
         self.closing = False
         self.reply_waiters: list[ReplyWaiter] = []
-        self.queues: dict[str, asyncio.Queue] = {p: asyncio.Queue() for p in config.peers if p != node_id}
+        self.queues: dict[str, asyncio.Queue[Message]] = {
+            p: asyncio.Queue() for p in config.peers if p != node_id
+        }
         # Every node we know an address for: the configured peers, then members the log adds (docs/membership.md).
         self.addresses: dict[str, str] = dict(config.peers)
         self._unreachable_logged: dict[str, float] = {}
@@ -146,14 +148,14 @@ class Peers:
         for m in messages:
             self.step(m)
         self.after_step()
-        if self._core().has_ready():
+        if self._running_core().has_ready():
             self._wake.set()
 
     def step(self, m: Message) -> None:
         """Step one message. A core that raises anything but a refusal has found broken safety (e.g. a log
         conflict below the commit index): the node stops rather than diverge."""
         try:
-            self._core().step(m)
+            self._running_core().step(m)
         except DLedgerError:
             raise
         except Exception as e:
@@ -197,6 +199,17 @@ class Peers:
         self.queues[peer] = asyncio.Queue()
         return True
 
+    def _running_core(self) -> RaftCore:
+        """The core, for what runs only once the node started (``_check_open`` refuses calls before)."""
+        core = self._core()
+        assert core is not None, "the core exists once the node started"
+        return core
+
+    def _connected(self) -> PeerTransport:
+        """The transport, for the senders: the node sets it at start, before it starts them."""
+        assert self.transport is not None, "the transport is set at start, before the senders run"
+        return self.transport
+
     def _check_open(self) -> None:
         if self.closing:
             raise UnavailableError(f"node {self.id} is shutting down")
@@ -214,11 +227,11 @@ class Peers:
         self._wake.set()
         if kind is None:
             return []  # a response delivered one way: nothing answers it
-        w = ReplyWaiter(msg.src, kind, asyncio.get_running_loop().create_future())
-        self.reply_waiters.append(w)
-        return await w.future
+        answer: asyncio.Future[list[Message]] = asyncio.get_running_loop().create_future()
+        self.reply_waiters.append(ReplyWaiter(msg.src, kind, answer))
+        return await answer
 
-    def handle_batch(self, messages: list[Message]) -> asyncio.Future:
+    def handle_batch(self, messages: list[Message]) -> asyncio.Future[list[Message]]:
         """Step ``messages`` now (refusals raise at once) and return a future of their answers, resolved by the
         ready loop itself once they are persisted: no task and no gather per batch on the replication round
         trip (the Pipe servicer answers from the future's done callback)."""
@@ -226,14 +239,14 @@ class Peers:
         loop = asyncio.get_running_loop()
         for msg in messages:
             self.check_sender(msg)
-        kinds = []
+        kinds: list[tuple[str, type[Message]]] = []
         for msg in messages:
             self.step(msg)
             kind = RESPONSE_TO.get(type(msg))
             if kind is not None:
                 kinds.append((msg.src, kind))
         self._wake.set()
-        answer = loop.create_future()
+        answer: asyncio.Future[list[Message]] = loop.create_future()
         if not kinds:
             answer.set_result([])
         elif (
@@ -251,7 +264,7 @@ class Peers:
         """Install the snapshot's data into the state machine first (verified; nothing changes if the transfer
         breaks), then step the meta into the core, which restarts the log after it."""
         self._check_open()
-        await self._snapshots.install(msg, chunks.__aiter__(), self._core().term)
+        await self._snapshots.install(msg, chunks.__aiter__(), self._running_core().term)
         return await self.handle_message(msg)
 
     # -- answers to inbound calls (from the ready loop) --------------------------------------------------------
@@ -289,13 +302,13 @@ class Peers:
         goes out as one pipe write (AppendEntries, heartbeats, answers); answers come back through
         ``step_all``. Votes and TimeoutNow use their own unary calls, snapshots their own stream."""
         queue = self.queues[peer]
-        side: set[asyncio.Task] = set()
+        side: set[asyncio.Task[None]] = set()
         try:
             while True:
                 batch = [await queue.get()]
                 while not queue.empty():
                     batch.append(queue.get_nowait())
-                piped = []
+                piped: list[Message] = []
                 for m in batch:
                     if isinstance(m, RequestVote | TimeoutNow):
                         t = asyncio.create_task(self._call(m))
@@ -308,7 +321,7 @@ class Peers:
                     t.add_done_callback(side.discard)
                 if piped:
                     try:
-                        await self.transport.deliver(peer, piped)
+                        await self._connected().deliver(peer, piped)
                     except PeerUnreachableError as e:
                         self._note_unreachable(e)
                         continue
@@ -321,7 +334,7 @@ class Peers:
 
     async def _call(self, msg: Message) -> None:
         try:
-            replies = await self.transport.call(msg)
+            replies = await self._connected().call(msg)
         except PeerUnreachableError as e:
             self._note_unreachable(e)
             return
@@ -332,17 +345,21 @@ class Peers:
         """Stream the newest snapshot the log continues from; report the outcome to the core."""
         out = await self._snapshots.outgoing(msg)
         if out is None:
-            self.step_all([SnapshotStatus(term=self._core().term, src=msg.dst, dst=self.id, success=False)])
+            self.step_all(
+                [SnapshotStatus(term=self._running_core().term, src=msg.dst, dst=self.id, success=False)]
+            )
             return
         msg, chunks = out
         try:
-            replies = await self.transport.install_snapshot(msg, chunks)
+            replies = await self._connected().install_snapshot(msg, chunks)
         except PeerUnreachableError as e:
             self._note_unreachable(e)
-            self.step_all([SnapshotStatus(term=self._core().term, src=msg.dst, dst=self.id, success=False)])
+            self.step_all(
+                [SnapshotStatus(term=self._running_core().term, src=msg.dst, dst=self.id, success=False)]
+            )
             return
         self.step_all(
-            [*replies, SnapshotStatus(term=self._core().term, src=msg.dst, dst=self.id, success=True)]
+            [*replies, SnapshotStatus(term=self._running_core().term, src=msg.dst, dst=self.id, success=True)]
         )
 
     def _note_unreachable(self, e: PeerUnreachableError) -> None:

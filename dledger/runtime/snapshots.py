@@ -48,7 +48,7 @@ class Snapshots:
         state_machine: StateMachine | None,
         io_thread: IoThread,
         *,
-        stats: collections.Counter,
+        stats: collections.Counter[str],
         on_installed: Callable[[int], None],
         closing: Callable[[], bool],
     ):
@@ -68,7 +68,7 @@ class Snapshots:
         self._conf_at: Callable[[int], Configuration] | None = None
         self._save_conf: Callable[[Configuration], None] | None = None
         self._lock = asyncio.Lock()
-        self.task: asyncio.Task | None = None  # the policy snapshot in progress, if any
+        self.task: asyncio.Task[None] | None = None  # the policy snapshot in progress, if any
         self._install_in_progress = False
         self._last_index = -1  # applied index covered by the newest snapshot taken or installed
         self._last_bytes = 0  # ApplyLoop.applied_bytes at that snapshot
@@ -90,6 +90,27 @@ class Snapshots:
         if apply is not None:
             self._last_index = apply.applied_index
 
+    # The pieces below exist once the node started (``restore``, ``attach``); nothing here runs before that.
+    @property
+    def _machine(self) -> StateMachine:
+        assert self.state_machine is not None, "snapshots are taken only of a node that runs a state machine"
+        return self.state_machine
+
+    @property
+    def _files(self) -> SnapshotStore:
+        assert self.store is not None, "the snapshot files are opened by restore, at start"
+        return self.store
+
+    @property
+    def _attached_log(self) -> LogStore:
+        assert self._log is not None, "the log is attached at start"
+        return self._log
+
+    @property
+    def _attached_apply(self) -> ApplyLoop:
+        assert self._apply is not None, "the apply loop is attached at start (with a state machine)"
+        return self._apply
+
     # -- restore -----------------------------------------------------------------------------------------------
 
     def restore(self, log_store: LogStore) -> int:
@@ -97,18 +118,18 @@ class Snapshots:
 
         Runs in the I/O thread. The state machine's durable state is its snapshot, so the apply loop resumes at
         the entry after it and nothing is applied twice or skipped."""
-        sm = self.state_machine
+        sm = self._machine
         self.store = SnapshotStore(self.config.data_dir / "snapshot", keep=self.config.snapshot_keep)
         first = log_store.first_index
-        info = self.store.latest(usable=lambda s: s.state_machine == sm.name and s.index >= first - 1)
+        info = self._files.latest(usable=lambda s: s.state_machine == sm.name and s.index >= first - 1)
         if info is None:
             if first > 0:
                 raise UnavailableError(
                     f"node {self.id}: the log starts at index {first} but no snapshot of {sm.name!r} covers the "
-                    f"entries before it in {self.store.root}"
+                    f"entries before it in {self._files.root}"
                 )
             return -1
-        with self.store.open_data(info) as f:
+        with self._files.open_data(info) as f:
             sm.load_snapshot(f)
         if not _log_continues(log_store, info):
             # A crash between publishing an installed snapshot and resetting the log: the snapshot holds
@@ -131,7 +152,7 @@ class Snapshots:
         the last one (one at a time; a point passed meanwhile is picked up when the running one ends). With a
         retention floor (``retain_from``), also compact the log up to it: at once when a snapshot covers it,
         else after taking one."""
-        apply = self._apply
+        apply = self._attached_apply
         cfg = self.config
         due = (
             apply.applied_index - self._last_index >= cfg.snapshot_entries
@@ -146,7 +167,7 @@ class Snapshots:
             )
             return
         floor = self.retain_from()
-        if floor is None or floor <= self._log.first_index:
+        if floor is None or floor <= self._attached_log.first_index:
             return
         if floor - 1 <= self._last_index:
             self.task = asyncio.get_running_loop().create_task(
@@ -168,7 +189,7 @@ class Snapshots:
     def retain_from(self) -> int | None:
         """The state machine's retention floor: the first log index it wants kept (None: no policy, and a
         snapshot compacts the log up to itself). Optional: only a state machine with ``retain_from`` has one."""
-        f = getattr(self.state_machine, "retain_from", None)
+        f: Callable[[], int | None] | None = getattr(self.state_machine, "retain_from", None)
         return None if f is None else f()
 
     async def _retention_compaction(self, floor: int) -> None:
@@ -176,10 +197,12 @@ class Snapshots:
         try:
             async with self._lock:
                 cut = min(floor, self._last_index + 1)  # a snapshot covers every entry before the cut
-                if cut > self._log.first_index:
-                    await self._io.run(self._log.compact_prefix, cut)
+                if cut > self._attached_log.first_index:
+                    await self._io.run(self._attached_log.compact_prefix, cut)
                     self.stats["retention_compactions"] += 1
-                    log.info("%s: retention: the log now starts at %d", self.id, self._log.first_index)
+                    log.info(
+                        "%s: retention: the log now starts at %d", self.id, self._attached_log.first_index
+                    )
             ok = True
         except asyncio.CancelledError:
             raise
@@ -204,7 +227,7 @@ class Snapshots:
             # A failed snapshot loses nothing (the log still holds every entry); it is retried one policy
             # interval later (not at every apply chunk). Recorded, not swallowed: logged, and counted in stats.
             self.stats["snapshot_failures"] += 1
-            self._retry_after = self._apply.applied_index + self.config.snapshot_entries
+            self._retry_after = self._attached_apply.applied_index + self.config.snapshot_entries
             log.error("%s: taking a snapshot failed: %r", self.id, e, exc_info=e)
         finally:
             self.task = None
@@ -228,21 +251,21 @@ class Snapshots:
             index = apply.applied_index
             if index <= self._last_index:
                 return None
-            header = self._log.entries(index, index + 1)[0].header
+            header = self._attached_log.entries(index, index + 1)[0].header
             applied_bytes = apply.applied_bytes
             t0 = time.perf_counter()
             buf = io.BytesIO()
-            self.state_machine.save_snapshot(buf)
+            self._machine.save_snapshot(buf)
             data = buf.getbuffer()
             self.stats["snapshot_serialize_us"] += int((time.perf_counter() - t0) * 1e6)
             info = await loop.run_in_executor(
                 self._thread,
-                self.store.save,
+                self._files.save,
                 index,
                 header.term,
                 header.chain_crc,
                 header.end,
-                self.state_machine.name,
+                self._machine.name,
                 lambda f: f.write(data),
             )
             self._last_index = index
@@ -253,14 +276,14 @@ class Snapshots:
             if self._conf_at is not None and self._save_conf is not None:
                 # The configuration at the new compaction point: config entries from ``cut`` on stay in the log.
                 await self._io.run(self._save_conf, self._conf_at(cut - 1))
-            await self._io.run(self._log.compact_prefix, cut)
+            await self._io.run(self._attached_log.compact_prefix, cut)
             log.info(
                 "%s: snapshot of %s at index %d (%d bytes); the log now starts at %d",
                 self.id,
                 info.state_machine,
                 index,
                 info.size,
-                self._log.first_index,
+                self._attached_log.first_index,
             )
             return info
 
@@ -269,9 +292,9 @@ class Snapshots:
         info = await self.take()
         taken = info is not None
         if info is None:
-            infos = await asyncio.get_running_loop().run_in_executor(self._thread, self.store.infos)
+            infos = await asyncio.get_running_loop().run_in_executor(self._thread, self._files.infos)
             info = infos[-1] if infos else None
-        return taken, info, self._log.first_index
+        return taken, info, self._attached_log.first_index
 
     # -- sending -----------------------------------------------------------------------------------------------
 
@@ -284,11 +307,11 @@ class Snapshots:
         if self.state_machine is None:
             return msg, None
         sm_name = self.state_machine.name
-        first = self._log.first_index
+        first = self._attached_log.first_index
         try:
             info = await asyncio.get_running_loop().run_in_executor(
                 self._thread,
-                lambda: self.store.latest(
+                lambda: self._files.latest(
                     usable=lambda s: s.state_machine == sm_name and s.index >= first - 1
                 ),
             )
@@ -305,7 +328,7 @@ class Snapshots:
         """The snapshot's metadata, then its data in chunks read on the snapshot thread."""
         loop = asyncio.get_running_loop()
         yield SnapshotChunk(SNAPSHOT_META, 0, info.to_json(), False)
-        f = await loop.run_in_executor(self._thread, self.store.open_data, info)
+        f = await loop.run_in_executor(self._thread, self._files.open_data, info)
         try:
             offset = 0
             while True:
@@ -346,7 +369,7 @@ class Snapshots:
             raise InvalidRequestError(
                 f"the leader sends a snapshot of {info.state_machine!r}; node {self.id} runs {sm.name!r}"
             )
-        if msg.term < term or info.index <= self._apply.applied_index:
+        if msg.term < term or info.index <= self._attached_apply.applied_index:
             return False  # stale sender or nothing new: the core answers the meta as usual
         if self._install_in_progress:
             raise UnavailableError(f"node {self.id} is already installing a snapshot; retry later")
@@ -363,7 +386,7 @@ class Snapshots:
         self, msg: InstallSnapshot, info: SnapshotInfo, chunks: AsyncIterator[SnapshotChunk]
     ) -> bool:
         loop = asyncio.get_running_loop()
-        install = await loop.run_in_executor(self._thread, self.store.begin_install, info)
+        install = await loop.run_in_executor(self._thread, self._files.begin_install, info)
         try:
             complete = False
             async for c in chunks:
@@ -383,26 +406,26 @@ class Snapshots:
             raise
         raw = await loop.run_in_executor(self._thread, self._read_verified, info)
         # On the loop, between two apply chunks: the state machine is never loaded while applying.
-        if info.index <= self._apply.applied_index:
+        if info.index <= self._attached_apply.applied_index:
             return False
-        self.state_machine.load_snapshot(io.BytesIO(raw))
-        self._apply.reset_to_snapshot(info.index)
+        self._machine.load_snapshot(io.BytesIO(raw))
+        self._attached_apply.reset_to_snapshot(info.index)
         self._last_index = info.index
-        self._last_bytes = self._apply.applied_bytes
+        self._last_bytes = self._attached_apply.applied_bytes
         self.stats["snapshots_installed"] += 1
         self._on_installed(info.index)
         log.info(
             "%s installed snapshot of %s at index %d from %s",
             self.id,
-            self.state_machine.name,
+            self._machine.name,
             info.index,
             msg.src,
         )
         return True
 
     def _read_verified(self, info: SnapshotInfo) -> bytes:
-        self.store.verify(info)
-        with self.store.open_data(info) as f:
+        self._files.verify(info)
+        with self._files.open_data(info) as f:
             return f.read()
 
     # -- shutdown ----------------------------------------------------------------------------------------------

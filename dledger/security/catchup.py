@@ -48,7 +48,7 @@ def default_bound_s(election_timeout_max_ms: int) -> float:
     return max(1.0, 2 * election_timeout_max_ms / 1000)
 
 
-def _retrieve(fut: asyncio.Future) -> None:
+def _retrieve(fut: asyncio.Future[int]) -> None:
     if not fut.cancelled():
         fut.exception()
 
@@ -60,8 +60,8 @@ class CatchUp:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.bound_s = bound_s
         self._tick_s = max(0.005, node.config.raft.tick_ms / 1000)
-        self._queued: asyncio.Future | None = None  # the next question, not asked yet: callers join it
-        self._worker: asyncio.Task | None = None
+        self._queued: asyncio.Future[int] | None = None  # the next question (a read point), not asked yet
+        self._worker: asyncio.Task[None] | None = None
         self.stats = {"catch_ups": 0, "questions": 0, "timeouts": 0}
 
     # -- refusal direction -----------------------------------------------------------------------------------
@@ -173,9 +173,8 @@ class CatchUp:
         ch = self._channels.get(address)
         if ch is None:
             ch = self._channels[address] = open_channel(address, credentials=self._credentials)
-        raw = await ch.unary_unary(f"/{SERVICE_NAME}/{method}")(
-            json.dumps(request).encode(), timeout=max(0.05, timeout_s)
-        )
+        send: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = ch.unary_unary(f"/{SERVICE_NAME}/{method}")
+        raw = await send(json.dumps(request).encode(), timeout=max(0.05, timeout_s))
         return json.loads(raw)
 
     async def aclose(self) -> None:

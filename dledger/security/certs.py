@@ -15,10 +15,12 @@ import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, mldsa, rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 NODE_URI_PREFIX = "dledger:node:"
@@ -38,6 +40,37 @@ class Issued:
 
 def _key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
+
+
+# cryptography's CertificateIssuerPrivateKeyTypes as classes: the keys that can sign a certificate.
+_ISSUER_KEY_CLASSES: Final = (
+    ec.EllipticCurvePrivateKey,
+    rsa.RSAPrivateKey,
+    ed25519.Ed25519PrivateKey,
+    ed448.Ed448PrivateKey,
+    dsa.DSAPrivateKey,
+    mldsa.MLDSA44PrivateKey,
+    mldsa.MLDSA65PrivateKey,
+    mldsa.MLDSA87PrivateKey,
+)
+
+
+def load_issuer_key(key_pem: bytes) -> CertificateIssuerPrivateKeyTypes:
+    """A CA's key: ours are EC, but a CA found in a directory (``load_or_make_ca``) may have any key that signs
+    certificates; another kind fails as ``CertificateBuilder.sign`` would."""
+    key = serialization.load_pem_private_key(key_pem, None)
+    if not isinstance(key, _ISSUER_KEY_CLASSES):
+        raise TypeError(f"a {type(key).__name__} cannot sign certificates")
+    return key
+
+
+def load_ec_key(key_pem: bytes) -> ec.EllipticCurvePrivateKey:
+    """A node's key, which signs with ECDSA (peer proofs, user commands): this module makes only EC keys, and
+    another kind fails as its ECDSA ``sign`` would, only sooner."""
+    key = serialization.load_pem_private_key(key_pem, None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"a {type(key).__name__} cannot sign with ECDSA")
+    return key
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -88,7 +121,7 @@ def make_ca(name: str = "dledger local CA") -> Issued:
 
 def _issue(ca: Issued, cn: str, sans: list[x509.GeneralName], server: bool) -> Issued:
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
-    ca_key = serialization.load_pem_private_key(ca.key_pem, None)
+    ca_key = load_issuer_key(ca.key_pem)
     key = _key()
     now = dt.datetime.now(dt.UTC)
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])

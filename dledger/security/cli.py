@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, console, fail
 from dledger.errors import DLedgerError
+
+if TYPE_CHECKING:  # the commands import what they use when they run: the CLI starts without cryptography
+    from dledger.security.users import UserListing
 
 user_app = typer.Typer(no_args_is_help=True, help="Users and permissions of a secure group (replicated).")
 
@@ -46,7 +49,8 @@ def certs(
         console.print(f"{name:>8}  {path}")
 
 
-def _call(dir, addresses, method: str, request: dict) -> object:
+def _call(dir: Path | None, addresses: str | None, method: str, request: dict[str, Any]) -> Any:
+    """The method's JSON answer (its shape is the method's: ``users.UserListing`` for ListUsers)."""
     from dledger.security.client import call_once
 
     try:
@@ -101,7 +105,7 @@ def user_revoke(access_key: str, permission: str, dir: DirOpt = None, addresses:
 @user_app.command("list")
 def user_list(dir: DirOpt = None, addresses: AddressesOpt = None) -> None:
     """Every user and its permissions (never a secret)."""
-    out = _call(dir, addresses, "ListUsers", {})
+    out: UserListing = _call(dir, addresses, "ListUsers", {})
     console.print(f"bootstrap admin (from the nodes' config): {out['bootstrap_admin']}")
     for u in out["users"]:
         console.print(f"{u['access_key']:<24} {', '.join(u['permissions']) or '-'}")

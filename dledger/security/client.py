@@ -42,9 +42,10 @@ class SecurityClient:
             if ch is None:
                 ch = self._channels[address] = open_channel(address, credentials=self._credentials)
             try:
-                raw = await ch.unary_unary(f"/{SERVICE_NAME}/{method}")(
-                    body, timeout=max(0.1, min(5.0, deadline - loop.time()))
+                send: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = ch.unary_unary(
+                    f"/{SERVICE_NAME}/{method}"
                 )
+                raw = await send(body, timeout=max(0.1, min(5.0, deadline - loop.time())))
                 return json.loads(raw)
             except grpc.aio.AioRpcError as e:
                 err = convert.error_from_rpc(e, address, write=False)

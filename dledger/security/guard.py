@@ -25,7 +25,7 @@ import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import grpc
 
@@ -40,8 +40,19 @@ OPEN_SERVICES: Final = frozenset({"grpc.health.v1.Health", "grpc.reflection.v1al
 
 # A need: ("user",) any authenticated user; ("admin",); ("publish", topic); ("subscribe", topic, group or None
 # for any group). The raw log counts as admin's: it can hold anything, a broker's messages included.
-Need = tuple[str, ...]
+Need = tuple[str | None, ...]
 Rule = Callable[[Any], list[Need]]  # a request (None for a client stream) -> what the call needs
+
+if TYPE_CHECKING:  # grpc.RpcMethodHandler is generic in its stubs only
+    # The guard stands before every service, so requests and answers are any service's messages (or bytes).
+    Handler = grpc.RpcMethodHandler[Any, Any]
+    Context = grpc.aio.ServicerContext[Any, Any]
+    # On grpc.aio a handler's behaviours are coroutine functions and async generators; grpc-stubs type them as
+    # the synchronous server's (plain callables and iterators), so the guard reads them as these (``cast``).
+    UnaryBehavior = Callable[[Any, Context], Awaitable[Any]]
+    UnaryStreamBehavior = Callable[[Any, Context], AsyncIterator[Any]]
+    StreamUnaryBehavior = Callable[[AsyncIterator[Any], Context], Awaitable[Any]]
+    StreamStreamBehavior = Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]]
 KV_TOPIC: Final = "%KV"
 
 
@@ -76,7 +87,7 @@ def allowed(user: User, need: Need) -> bool:
         return "admin" in user.permissions or any(
             p.split(":")[1] in ("*", need[1]) for p in user.permissions if p.startswith("subscribe:")
         )
-    return user.allows(":".join(need))
+    return user.allows(describe(need))  # no None left here: only a group-less read has one
 
 
 def describe(need: Need) -> str:
@@ -125,7 +136,11 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         user = self._user_of(access_key)
         return user.secret_key if user is not None else None
 
-    async def intercept_service(self, continuation, details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
+        details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
         handler = await continuation(details)
         method = details.method
         service = method.split("/")[1] if method.count("/") == 2 else ""
@@ -139,6 +154,7 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
                 log.warning("%s: refused %s: %s", self._id, method, e)
                 return _refused(handler, grpc.StatusCode.UNAUTHENTICATED, str(e), None)
             return _peer_checked(handler, node, self._id)
+        access_key: str | auth.AuthenticationError
         try:
             access_key = auth.verify(md, self._secret_of, skew_s=self._skew)
         except auth.UnknownCredentials as e:
@@ -150,6 +166,7 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             why = f"unauthenticated: {access_key}"
             return _refused(handler, grpc.StatusCode.UNAUTHENTICATED, why, self._own_answers(method)[1])
         user = self._user_of(access_key)
+        assert user is not None, "verified just now (no await since): the access key names a user"
         rule = self._rules.get(method)
         if handler.request_streaming:
             needs = _ADMIN if rule is None else rule(None)
@@ -157,7 +174,7 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         return self._authorized(handler, method, user, rule or (lambda r: _ADMIN))
 
     async def _authenticate_after_catch_up(
-        self, md, first: auth.AuthenticationError
+        self, md: Sequence[tuple[str, str | bytes]], first: auth.AuthenticationError
     ) -> str | auth.AuthenticationError:
         """The access key once this node has caught up with the leader, or why the call is still refused."""
         if self._catch_up is None:
@@ -187,13 +204,13 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             why = f"unauthenticated: unknown access key {access_key!r}"
             log.warning("%s: refused %s: %s", self._id, method, why)
             return grpc.StatusCode.UNAUTHENTICATED, why
-        why = self._forbidden(user, method, needs, access_key)
-        if why is None:
+        forbidden = self._forbidden(user, method, needs, access_key)
+        if forbidden is None:
             return None
-        log.warning("%s: refused %s", self._id, why)
-        return grpc.StatusCode.PERMISSION_DENIED, why
+        log.warning("%s: refused %s", self._id, forbidden)
+        return grpc.StatusCode.PERMISSION_DENIED, forbidden
 
-    async def _check_streaming(self, handler, method: str, user: User, needs: list[Need]):
+    async def _check_streaming(self, handler: Handler, method: str, user: User, needs: list[Need]) -> Handler:
         if self._forbidden(user, method, needs, user.access_key) is not None:
             refusal = await self._refusal_after_catch_up(user.access_key, method, needs)
             if refusal is not None:
@@ -201,10 +218,10 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         if handler.stream_stream is not None and method != "/dledger.v1.DLedger/AppendStream":
             return self._with_stream_check(handler, method, user.access_key)
         if method == "/dledger.v1.DLedger/AppendStream":
-            inner = handler.stream_stream
+            inner = cast("StreamStreamBehavior", handler.stream_stream)
 
-            async def guarded(requests: AsyncIterator[Any], context):
-                async def checked():
+            async def guarded(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+                async def checked() -> AsyncIterator[Any]:
                     async for r in requests:
                         if any(is_user_command(b) for b in r.bodies):
                             await context.abort(grpc.StatusCode.PERMISSION_DENIED, _USER_COMMAND)
@@ -216,11 +233,11 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             return _same_kind(handler, guarded)
         return handler
 
-    def _with_stream_check(self, handler, method: str, access_key: str):
+    def _with_stream_check(self, handler: Handler, method: str, access_key: str) -> Handler:
         """A request stream's later requests may each need more than the call's start did (a producer
         session's batches, each to its own topics): the service asks ``stream_refusal`` for each, answered
         here as a unary call would be (a grant on its way is waited for)."""
-        inner = handler.stream_stream
+        inner = cast("StreamStreamBehavior", handler.stream_stream)  # async under grpc.aio (see Handler)
 
         async def check(needs: list[Need]) -> str | None:
             if self._forbidden(self._user_of(access_key), method, needs, access_key) is None:
@@ -228,14 +245,14 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             refusal = await self._refusal_after_catch_up(access_key, method, needs)
             return None if refusal is None else refusal[1]
 
-        async def checked(requests: AsyncIterator[Any], context):
+        async def checked(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
             _STREAM_CHECK.set(check)  # this call's task, and the tasks the service starts for it
             async for out in inner(requests, context):
                 yield out
 
         return _same_kind(handler, checked)
 
-    def _authorized(self, handler, method: str, user: User, rule: Callable[[Any], list[Need]]):
+    def _authorized(self, handler: Handler, method: str, user: User, rule: Rule) -> Handler:
         request_class, answer = self._own_answers(method)
         raw_append = method == "/dledger.v1.DLedger/Append"
 
@@ -271,30 +288,30 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             return r if r is not None else (grpc.StatusCode.OK, None)
 
         if handler.unary_unary is not None:
-            inner = handler.unary_unary
+            inner = cast("UnaryBehavior", handler.unary_unary)
 
-            async def unary(request, context):
+            async def unary(request: Any, context: Context) -> Any:
                 why = check(request)
                 if why is not None:
-                    code, why = await refusal(why)
-                    if why is not None:
+                    code, refused = await refusal(why)
+                    if refused is not None:
                         if answer is not None:
-                            return answer(code, why)
-                        await context.abort(code, why)
+                            return answer(code, refused)
+                        await context.abort(code, refused)
                 return await inner(request, context)
 
             return _same_kind(handler, unary)
-        inner_stream = handler.unary_stream
+        inner_stream = cast("UnaryStreamBehavior", handler.unary_stream)
 
-        async def unary_stream(request, context):
+        async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
             why = check(request)
             if why is not None:
-                code, why = await refusal(why)
-                if why is not None:
+                code, refused = await refusal(why)
+                if refused is not None:
                     if answer is not None:
-                        yield answer(code, why)
+                        yield answer(code, refused)
                         return
-                    await context.abort(code, why)
+                    await context.abort(code, refused)
             async for out in inner_stream(request, context):
                 yield out
 
@@ -320,51 +337,55 @@ _USER_COMMAND: Final = (
 )
 
 
-def _same_kind(handler, behavior):
+def _same_kind(handler: Handler, behavior: Callable[..., object]) -> Handler:
     """A method handler like ``handler`` (same streaming kind and (de)serializers) running ``behavior``."""
-    kw = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(behavior, **kw)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(behavior, **kw)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(behavior, **kw)
-    return grpc.unary_unary_rpc_method_handler(behavior, **kw)
+        make = grpc.stream_stream_rpc_method_handler
+    elif handler.request_streaming:
+        make = grpc.stream_unary_rpc_method_handler
+    elif handler.response_streaming:
+        make = grpc.unary_stream_rpc_method_handler
+    else:
+        make = grpc.unary_unary_rpc_method_handler
+    return make(
+        behavior,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
-def _refused(handler, code: grpc.StatusCode, why: str, answer: Callable[[grpc.StatusCode, str], Any] | None):
+def _refused(
+    handler: Handler, code: grpc.StatusCode, why: str, answer: Callable[[grpc.StatusCode, str], Any] | None
+) -> Handler:
     """A handler that answers the refusal without running the servicer: a gRPC error, or the service's own
     answer (``ServiceRules.refusal``) for a call that does not stream requests."""
     if handler.request_streaming or answer is None:
         if handler.response_streaming:
 
-            async def refuse_stream(request, context):
+            async def refuse_stream(request: Any, context: Context) -> AsyncIterator[None]:
                 await context.abort(code, why)
                 yield  # pragma: no cover  (makes this an async generator)
 
             return _same_kind(handler, refuse_stream)
 
-        async def refuse(request, context):
+        async def refuse(request: Any, context: Context) -> None:
             await context.abort(code, why)
 
         return _same_kind(handler, refuse)
     if handler.response_streaming:
 
-        async def status_stream(request, context):
+        async def status_stream(request: Any, context: Context) -> AsyncIterator[Any]:
             yield answer(code, why)
 
         return _same_kind(handler, status_stream)
 
-    async def status_unary(request, context):
+    async def status_unary(request: Any, context: Context) -> Any:
         return answer(code, why)
 
     return _same_kind(handler, status_unary)
 
 
-def _peer_checked(handler, node: str, me: str):
+def _peer_checked(handler: Handler, node: str, me: str) -> Handler:
     """Every Raft message of the call must come from the node the caller proved to be."""
 
     def sources(request: Any) -> list[str]:
@@ -381,9 +402,8 @@ def _peer_checked(handler, node: str, me: str):
         return None
 
     if handler.request_streaming:
-        inner = handler.stream_stream or handler.stream_unary
 
-        async def checked(requests):
+        async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
             async for r in requests:
                 why = check(r)
                 if why is not None:
@@ -391,8 +411,9 @@ def _peer_checked(handler, node: str, me: str):
                 yield r
 
         if handler.response_streaming:
+            inner = cast("StreamStreamBehavior", handler.stream_stream)
 
-            async def stream_stream(requests, context):
+            async def stream_stream(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
                 try:
                     async for out in inner(checked(requests), context):
                         yield out
@@ -401,16 +422,18 @@ def _peer_checked(handler, node: str, me: str):
 
             return _same_kind(handler, stream_stream)
 
-        async def stream_unary(requests, context):
+        inner_unary_reply = cast("StreamUnaryBehavior", handler.stream_unary)
+
+        async def stream_unary(requests: AsyncIterator[Any], context: Context) -> Any:
             try:
-                return await inner(checked(requests), context)
+                return await inner_unary_reply(checked(requests), context)
             except PeerIdentityError as e:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
 
         return _same_kind(handler, stream_unary)
-    inner_unary = handler.unary_unary
+    inner_unary = cast("UnaryBehavior", handler.unary_unary)
 
-    async def unary(request, context):
+    async def unary(request: Any, context: Context) -> Any:
         why = check(request)
         if why is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)

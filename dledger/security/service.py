@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import grpc
@@ -24,6 +24,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError
+from dledger.plugins import NodeHandle
 from dledger.security import users as u
 from dledger.transport.grpc import abort_rpc
 
@@ -106,7 +107,7 @@ class SecurityServicer:
             raise InvalidRequestError(f"index must be a non-negative integer, got {index!r}")
         return {"applied": await self._catch_up.wait_applied(index)}
 
-    async def list(self, req: dict[str, Any]) -> Any:
+    async def list(self, req: dict[str, Any]) -> u.UserListing:
         if not self._node.is_leader():  # the leader's view includes every acknowledged change
             raise NotLeaderError(self._node.leader_id)
         return {
@@ -115,8 +116,14 @@ class SecurityServicer:
         }
 
 
-def _method(node: Any, fn: Callable) -> Callable:
-    async def call(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+# A method of the JSON service: the request's JSON object -> the answer's JSON value.
+JsonMethod = Callable[[dict[str, Any]], Awaitable[Any]]
+# Its gRPC behaviour: the request's bytes -> the answer's bytes (the service has no protobuf messages).
+BytesBehavior = Callable[[bytes, grpc.aio.ServicerContext[bytes, bytes]], Awaitable[bytes]]
+
+
+def _method(node: NodeHandle, fn: JsonMethod) -> BytesBehavior:
+    async def call(raw: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         try:
             return json.dumps(await fn(_request(raw))).encode()
         except u.UserError as e:
@@ -145,6 +152,8 @@ def attach(
         "ReadIndex": s.read_index,
         "WaitApplied": s.wait_applied,
     }
-    handlers = {name: grpc.unary_unary_rpc_method_handler(_method(node, fn)) for name, fn in table.items()}
+    handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
+        name: grpc.unary_unary_rpc_method_handler(_method(node, fn)) for name, fn in table.items()
+    }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     return (SERVICE_NAME,)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 
 import grpc
 from cryptography import x509
@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from dledger.security import auth
-from dledger.security.certs import node_group, node_identity
+from dledger.security.certs import load_ec_key, node_group, node_identity
 from dledger.security.config import ClientSecurity
 
 log = logging.getLogger("dledger.security")
@@ -38,6 +38,8 @@ NODE = "x-dledger-node"
 NODE_CERT = "x-dledger-node-cert-bin"
 NODE_SIG = "x-dledger-node-sig-bin"
 # The CA names nodes 'localhost'/127.0.0.1; a channel to 127.0.0.1 checks the certificate against that.
+
+Metadata = tuple[tuple[str, str | bytes], ...]  # a call's metadata: "-bin" keys carry bytes, the others text
 
 
 class PeerIdentityError(Exception):
@@ -60,10 +62,10 @@ class PeerProofPlugin(grpc.AuthMetadataPlugin):
         self._group = group
         self._id = node_id
         self._der = x509.load_pem_x509_certificate(cert_pem).public_bytes(serialization.Encoding.DER)
-        self._key = serialization.load_pem_private_key(key_pem, None)
-        self._cached: tuple[str, tuple] = ("", ())
+        self._key = load_ec_key(key_pem)
+        self._cached: tuple[str, Metadata] = ("", ())
 
-    def metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+    def metadata(self) -> Metadata:
         when = auth.date_time()
         if self._cached[0] != when:
             sig = self._key.sign(_proof_payload(self._group, self._id, when), ec.ECDSA(hashes.SHA256()))
@@ -73,11 +75,13 @@ class PeerProofPlugin(grpc.AuthMetadataPlugin):
             )
         return self._cached[1]
 
-    def __call__(self, context, callback) -> None:
+    def __call__(self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback) -> None:
         callback(self.metadata(), None)
 
 
-def peer_channel_credentials(group: str, node_id: str, cert_pem: bytes, key_pem: bytes, ca_pem: bytes):
+def peer_channel_credentials(
+    group: str, node_id: str, cert_pem: bytes, key_pem: bytes, ca_pem: bytes
+) -> grpc.ChannelCredentials:
     """TLS trusting only the group's CA, presenting the node's certificate, with the peer proof on every call."""
     tls = grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
     return grpc.composite_channel_credentials(
@@ -102,7 +106,7 @@ class PeerVerifier:
         self,
         group: str,
         ca_pem: bytes,
-        members: Callable[[], Iterable[str]],
+        members: Callable[[], Container[str]],
         skew_s: int = auth.DEFAULT_SKEW_S,
     ):
         """``members()`` is asked on every new proof, so a membership change is seen at once."""
@@ -110,10 +114,10 @@ class PeerVerifier:
         self._ca = x509.load_pem_x509_certificate(ca_pem)
         self._members = members
         self._skew = skew_s
-        self._certs: dict[bytes, tuple[str, object]] = {}  # DER -> (node id it names, public key)
+        self._certs: dict[bytes, tuple[str, ec.EllipticCurvePublicKey]] = {}  # DER -> (node id it names, key)
         self._proofs: dict[bytes, tuple[str, bytes]] = {}  # signatures verified: (node id, certificate)
 
-    def _certificate(self, der: bytes, claimed: str) -> tuple[str, object]:
+    def _certificate(self, der: bytes, claimed: str) -> tuple[str, ec.EllipticCurvePublicKey]:
         hit = self._certs.get(der)
         if hit is not None:
             return hit
@@ -144,13 +148,19 @@ class PeerVerifier:
                 f"peer claiming to be {claimed!r} presented the certificate of {identity!r} of group {bound!r}, "
                 f"not of this group ({self._group!r}): refused"
             )
-        hit = self._certs[der] = (identity, cert.public_key())
+        key = cert.public_key()
+        if not isinstance(key, ec.EllipticCurvePublicKey):  # a proof is an ECDSA signature
+            raise PeerIdentityError(
+                f"peer claiming to be {claimed!r} presented a certificate whose key cannot check an ECDSA proof"
+            )
+        hit = self._certs[der] = (identity, key)
         return hit
 
     def verify(self, metadata: Iterable[tuple[str, str | bytes]]) -> str:
         """The node id a call's metadata proves; PeerIdentityError saying who and why otherwise."""
         md = dict(metadata)
-        claimed, der, sig, when = md.get(NODE), md.get(NODE_CERT), md.get(NODE_SIG), md.get(auth.DATE_TIME)
+        claimed, when = _text(md.get(NODE)), _text(md.get(auth.DATE_TIME))
+        der, sig = _binary(md.get(NODE_CERT)), _binary(md.get(NODE_SIG))
         if not claimed or not der or not sig or not when:
             raise PeerIdentityError(
                 f"a peer call without a node proof (node {claimed!r}): only members with the group's "
@@ -183,6 +193,14 @@ class PeerVerifier:
             self._proofs.clear()
         self._proofs[sig] = (claimed, der)
         return claimed
+
+
+def _text(value: str | bytes | None) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _binary(value: str | bytes | None) -> bytes | None:
+    return value if isinstance(value, bytes) else None
 
 
 class _AnyNode:
@@ -239,7 +257,9 @@ def client_credentials(security: ClientSecurity | None = None) -> grpc.ChannelCr
     return client_channel_credentials(security) if security is not None else None
 
 
-def sync_channel(address: str, credentials: grpc.ChannelCredentials | None, options) -> grpc.Channel:
+def sync_channel(
+    address: str, credentials: grpc.ChannelCredentials | None, options: Sequence[tuple[str, int | str]]
+) -> grpc.Channel:
     """A blocking channel: TLS with ``credentials``, else plaintext."""
     if credentials is not None:
         return grpc.secure_channel(address, credentials, options=options)

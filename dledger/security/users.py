@@ -30,15 +30,16 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO, Final, TypedDict
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 
-from dledger.security.certs import node_identity
+from dledger.core.messages import Prepare
+from dledger.security.certs import load_ec_key, node_identity
 from statemachine.api import CommittedEntry, StateMachine
 
 USER_MAGIC: Final = 0x444C5343  # b"DLSC"
@@ -71,6 +72,20 @@ def parse_permission(text: str) -> str:
     return ":".join(parts)
 
 
+class PublicUser(TypedDict):
+    """A user as ``user list`` shows it: never the secret."""
+
+    access_key: str
+    permissions: list[str]
+
+
+class UserListing(TypedDict):
+    """The answer of ListUsers (``dledger user list``)."""
+
+    users: list[PublicUser]
+    bootstrap_admin: str
+
+
 @dataclass
 class User:
     access_key: str
@@ -93,7 +108,7 @@ class User:
                 return True
         return False
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> PublicUser:
         """What ``user list`` shows: never the secret."""
         return {"access_key": self.access_key, "permissions": sorted(self.permissions)}
 
@@ -111,14 +126,14 @@ def encode(op: int, payload: dict[str, Any], cert_der: bytes) -> bytes:
     return _HEAD.pack(_HEAD.size + len(body), USER_MAGIC, op) + body
 
 
-def _signed_bytes(group: str, body: bytes | memoryview) -> bytes:
+def _signed_bytes(group: str, body: bytes | bytearray | memoryview) -> bytes:
     b = bytes(body)
     return b"DLSC1|" + group.encode() + b"|" + b[_HEAD.size : _SIG_AT] + b[8:9] + b[_SIG_AT + _SIG_SIZE :]
 
 
-def signer(group: str, key_pem: bytes):
+def signer(group: str, key_pem: bytes) -> Prepare:
     """The leader's ``prepare`` for user commands: writes the entry's index and signs it (same length)."""
-    key = serialization.load_pem_private_key(key_pem, None)
+    key = load_ec_key(key_pem)
 
     def prepare(index: int, pos: int, body: bytes) -> bytes:
         b = bytearray(body)

@@ -15,6 +15,7 @@ The servicers only convert and map errors; every decision is the node's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
@@ -23,6 +24,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 
+from dledger.batch_stream import answer_each, queued_answers
 from dledger.core.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -258,6 +260,7 @@ class GrpcPeerTransport:
             await p.control.close()
 
 
+T = TypeVar("T")
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 _Context = grpc.aio.ServicerContext  # of any call: ServicerContext[its request, its response]
@@ -400,23 +403,17 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
             finally:
                 out.put_nowait(None)
 
-        reader_task = asyncio.create_task(reader())
-        try:
-            while True:
-                item = await out.get()
-                if item is None:
-                    break
-                yield item
+        async def end(reader_task: asyncio.Task[None]) -> None:
             if refused:
                 await _abort(context, refused[0])
             try:
                 await reader_task
             except DLedgerError as e:
                 await _abort(context, e)
-        finally:
-            reader_task.cancel()
-            for f in list(pending):
-                f.cancel()
+
+        async with contextlib.aclosing(queued_answers(reader(), out, pending, end)) as answers:
+            async for answer in answers:
+                yield answer
 
     async def Deliver(
         self, request: raft_pb2.DeliverRequest, context: _Context[raft_pb2.DeliverRequest, raft_pb2.PeerReply]
@@ -536,46 +533,20 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
         context: _Context[client_pb2.AppendRequest, client_pb2.AppendResponse],
     ) -> AsyncIterator[client_pb2.AppendResponse]:
         """Many appends over one stream: each request is handled as it arrives, answered as it commits."""
-        out: asyncio.Queue[client_pb2.AppendResponse | None] = asyncio.Queue()
-        pending: set[asyncio.Task[None]] = set()
 
-        async def one(req: client_pb2.AppendRequest) -> None:
+        async def one(req: client_pb2.AppendRequest) -> client_pb2.AppendResponse:
             try:
                 if req.group and req.group != self._group:
                     raise _unknown_group(req.group, self._group)
-                results = await self._handler.append(list(req.bodies))
-                out.put_nowait(_appended(results, req.request_id))
+                return _appended(await self._handler.append(list(req.bodies)), req.request_id)
             except DLedgerError as e:
-                out.put_nowait(
-                    client_pb2.AppendResponse(
-                        request_id=req.request_id,
-                        error=convert.error_to_append_error(e, self._hint_address(e)),
-                    )
+                return client_pb2.AppendResponse(
+                    request_id=req.request_id, error=convert.error_to_append_error(e, self._hint_address(e))
                 )
 
-        async def reader() -> None:
-            try:
-                async for req in request_iterator:
-                    t = asyncio.create_task(one(req))
-                    pending.add(t)
-                    t.add_done_callback(pending.discard)
-                while pending:
-                    await asyncio.gather(*list(pending))
-            finally:
-                out.put_nowait(None)
-
-        reader_task = asyncio.create_task(reader())
-        try:
-            while True:
-                item = await out.get()
-                if item is None:
-                    break
-                yield item
-            await reader_task  # surfaces a reader failure (e.g. a broken stream) instead of hiding it
-        finally:
-            reader_task.cancel()
-            for t in list(pending):
-                t.cancel()
+        async with contextlib.aclosing(answer_each(request_iterator, one)) as answers:
+            async for answer in answers:
+                yield answer
 
     async def Get(
         self, request: client_pb2.GetRequest, context: _Context[client_pb2.GetRequest, client_pb2.GetResponse]
@@ -640,9 +611,6 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
             size=info.size if info is not None else 0,
             first_index=first_index,
         )
-
-
-T = TypeVar("T")
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
