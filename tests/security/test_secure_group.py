@@ -22,6 +22,7 @@ from broker_adapter.client import BrokerConnection
 from broker_adapter.client import Consumer as OurConsumer
 from broker_adapter.client import Producer as OurProducer
 from dledger import group as grp
+from dledger.errors import PermissionDeniedError
 from dledger.security import auth, certs, tls
 from dledger.security.client import call_once
 from dledger.security.config import ClientSecurity
@@ -159,6 +160,21 @@ def test_wrong_secret_missing_header_stale_date_and_another_users_topic_are_refu
     for address in g.addresses:
         assert _raw_send(address, ca, "sec-b", client_id + auth.headers(BOB, BOB_SK)).code == Code.OK, address
     assert sum(_offsets(g)["sec-b"]) == sum(before["sec-b"]) + len(g.addresses)
+
+
+def test_a_producer_session_checks_each_batch_against_its_users_topics(secure):
+    """A session is opened by any signed user; each batch is checked for its own topics (guard.stream_refusal):
+    a batch to a topic the user may not publish to is refused, writes nothing, and the session goes on."""
+    g = secure
+    with OurProducer(g.addresses, security=_as(g, BOB, BOB_SK), timeout_s=3, retry_for_s=2) as p:
+        first = p.send("sec-b", b"bob's own")
+        before = _offsets(g)
+        with pytest.raises(PermissionDeniedError, match=r"PERMISSION_DENIED.*publish:sec-a"):
+            p.send("sec-a", b"not bob's")
+        assert _offsets(g) == before, "the refused batch wrote nothing"
+        again = p.send("sec-b", b"bob's again")
+    assert (again.queue_id, again.queue_offset) != (first.queue_id, first.queue_offset)
+    assert sum(_offsets(g)["sec-b"]) == sum(before["sec-b"]) + 1
 
 
 def _vote(address: str, credentials, src: str) -> grpc.RpcError | raft_pb2.PeerReply:
