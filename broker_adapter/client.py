@@ -9,7 +9,8 @@ numbers its messages (producer id + sequence) once, before the first attempt, so
 lost leader is recognised by the leader and answered with the first attempt's result instead of being stored
 twice.
 
-A producer sends over a session (docs/broker.md, "Producer sessions"): one ``SendStream`` to the leader, shared
+A producer sends over a session (``broker_adapter.producing``; docs/broker.md, "Producer sessions"): one
+``SendStream`` to the leader, shared
 by every concurrent send of the producer, whatever their topics. The client encodes each message in its stored
 form (``core.message.encode_send``), so the leader checks and appends the bytes without re-encoding them; sends
 queued while a batch is being written go out together in the next one, and each caller gets its own results.
@@ -23,27 +24,24 @@ the producer's event-loop thread (``dledger.loop_thread``).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import threading
 import time
-import uuid
-import zlib
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
 
-from broker_adapter.core import message, topics
+from broker_adapter.core import topics
 from broker_adapter.core.model import SendResult
 from broker_adapter.core.sqlfilter import compile_filter
+from broker_adapter.producing import MAX_PACK, Numbering, Placed, Sessions, results, stored_of
 from broker_adapter.pulled import PulledMessage
 from broker_adapter.pulled import decode as decode_pulled
 from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
-from dledger.batch_stream import Answer, BatchStream
 from dledger.combiner import Combiner
-from dledger.errors import DLedgerError, InvalidRequestError, OutcomeUnknownError
+from dledger.errors import DLedgerError
 from dledger.loop_thread import LoopThread
 from dledger.routing import Router
 from dledger.security.config import ClientSecurity
@@ -51,7 +49,6 @@ from dledger.security.tls import client_credentials, sync_channel
 from dledger.transport import convert
 from dledger.transport.grpc import CHANNEL_OPTIONS, open_channel
 
-MAX_PACK = 1024  # messages in one Send: the broker's MAX_SEND_BATCH
 # Calls that change the broker's state; the others are reads, which never have an "unknown outcome".
 _WRITES = frozenset({"Send", "CreateTopic", "CommitOffset"})
 
@@ -61,61 +58,6 @@ class TopicInfo:
     topic: str
     queues: int
     max_offsets: tuple[int, ...]
-
-
-class _Numbering:
-    """What a producer stamps on a message before its first attempt: its id, a sequence, a queue."""
-
-    def __init__(self, producer_id: str | None):
-        self.producer_id = producer_id or uuid.uuid4().hex
-        self._id_prefix = uuid.uuid4().hex.upper()[:22]
-        self._seq = itertools.count()  # thread-safe in CPython: one producer may be shared by threads
-        self._queues: dict[str, int] = {}
-        self._rr = itertools.count(1)
-
-    def _number(
-        self, queues: int, body: bytes, tags: str | None, keys: Sequence[str] | None
-    ) -> broker_pb2.OutgoingMessage:
-        seq = next(self._seq)
-        queue_id = zlib.crc32(keys[0].encode()) % queues if keys else next(self._rr) % queues
-        return broker_pb2.OutgoingMessage(
-            queue_id=queue_id,
-            body=body,
-            tags=tags or "",
-            keys=list(keys or ()),
-            msg_id=f"{self._id_prefix}{seq:010X}",  # unique: a random prefix per producer, then the sequence
-            producer_id=self.producer_id,
-            sequence=seq,
-            born_timestamp=int(time.time() * 1000),
-        )
-
-    def _stored(
-        self, topic: str, queues: int, body: bytes, tags: str | None, keys: Sequence[str] | None
-    ) -> _Stored:
-        """A numbered message in its stored form, for a session (no ``OutgoingMessage`` in between)."""
-        seq = next(self._seq)
-        queue_id = zlib.crc32(keys[0].encode()) % queues if keys else next(self._rr) % queues
-        msg_id = f"{self._id_prefix}{seq:010X}"
-        raw, _ = message.encode_send(
-            topic,
-            body,
-            queue_id,
-            msg_id,
-            tags=tags or "",
-            keys=keys or (),
-            producer_id=self.producer_id,
-            sequence=seq,
-            born_timestamp=int(time.time() * 1000),
-        )
-        return raw, msg_id, queue_id
-
-    def _learn_topics(self, topics: list[TopicInfo], topic: str) -> int:
-        for t in topics:
-            self._queues[t.topic] = t.queues
-        n = self._queues.get(topic)
-        if n is None:
-            raise DLedgerError(f"NOT_FOUND: unknown topic {topic!r}")
-        return n
 
 
 def _items(items: Sequence[bytes | tuple[bytes, str | None, Sequence[str] | None]]):
@@ -129,99 +71,6 @@ def _send_results(r: broker_pb2.SendResponse, msgs: list[broker_pb2.OutgoingMess
         SendResult(x.msg_id or m.msg_id, x.topic, x.queue_id, x.queue_offset, x.commitlog_offset, x.duplicate)
         for x, m in zip(r.results, msgs, strict=True)
     ]
-
-
-# (stored bytes, message id, queue id) of one message a producer numbered and encoded
-_Stored = tuple[bytes, str, int]
-# (queue offset, CommitLog offset, duplicate) of one message a session stored
-_Placed = tuple[int, int, bool]
-
-
-def _stored_of(topic: str, m: broker_pb2.OutgoingMessage) -> bytes:
-    """An ``OutgoingMessage`` a caller built (``outgoing``), in its stored form for a session."""
-    try:
-        raw, _ = message.encode_send(
-            topic,
-            m.body,
-            m.queue_id,
-            m.msg_id,
-            tags=m.tags,
-            keys=m.keys,
-            producer_id=m.producer_id,
-            sequence=m.sequence,
-            properties=m.properties,
-            born_timestamp=m.born_timestamp,
-        )
-    except message.MessageFormatError as e:
-        raise InvalidRequestError(str(e)) from None
-    return raw
-
-
-def _session_request(batch_id: int, raws: list[bytes]) -> broker_pb2.SendBatch:
-    return broker_pb2.SendBatch(batch_id=batch_id, messages=raws)
-
-
-def _session_answer(r: broker_pb2.SendBatchResult) -> Answer[_Placed]:
-    if r.HasField("error"):
-        return r.batch_id, convert.append_error_from_pb(r.error), ()
-    return r.batch_id, None, list(zip(r.queue_offsets, r.commitlog_offsets, r.duplicates, strict=True))
-
-
-def _results(topic: str, sent: Sequence[tuple[str, int]], placed: Sequence[_Placed]) -> list[SendResult]:
-    """``SendResult``s of messages ((message id, queue id) each) of one topic from what their session answered."""
-    return [SendResult(i, topic, q, qo, co, dup) for (i, q), (qo, co, dup) in zip(sent, placed, strict=True)]
-
-
-class _Sessions:
-    """A producer's sessions: one ``SendStream`` per node it sends to (the leader, normally), shared by every
-    concurrent send of the producer. Follows the leader like any call (``dledger.routing``); a batch whose
-    outcome is unknown (the leader died under it) is sent again, which is safe: the leader recognises each
-    message by its producer id and sequence, so nothing is stored twice or lost."""
-
-    def __init__(
-        self,
-        router: Router,
-        timeout_s: float,
-        retry_for_s: float,
-        stub: Callable[[str], broker_pb2_grpc.BrokerStub],
-    ):
-        self._router = router
-        self._timeout_s = timeout_s
-        self._retry_for_s = retry_for_s
-        self._stub = stub  # an asyncio stub of the node at an address
-        self._streams: dict[str, BatchStream[bytes, _Placed]] = {}
-
-    async def send(self, raws: list[bytes]) -> Sequence[_Placed]:
-        attempts = self._router.attempts(self._retry_for_s, "SendStream", retry_unknown=True)
-        while True:
-            address = attempts.target()
-            try:
-                async with asyncio.timeout(self._timeout_s):
-                    placed = await (await self._stream(address)).submit(raws)
-            except TimeoutError:
-                why = OutcomeUnknownError(f"no answer from {address} within {self._timeout_s:.3g} s")
-                await asyncio.sleep(attempts.failed(why, address))
-                continue
-            except DLedgerError as e:
-                await asyncio.sleep(attempts.failed(e, address))
-                continue
-            attempts.succeeded(address)
-            return placed
-
-    async def _stream(self, address: str) -> BatchStream[bytes, _Placed]:
-        s = self._streams.get(address)
-        if s is None or s.broken is not None:
-            if s is not None:
-                await s.close()
-            s = self._streams[address] = BatchStream(
-                self._stub(address).SendStream(), address, MAX_PACK, _session_request, _session_answer
-            )
-        return s
-
-    async def close(self) -> None:
-        streams, self._streams = list(self._streams.values()), {}
-        for s in streams:
-            await s.close()
 
 
 def _topics(r: broker_pb2.ListTopicsResponse) -> list[TopicInfo]:
@@ -351,17 +200,17 @@ class BrokerConnection:
         return json.loads(r.settings_json)
 
 
-class Producer(BrokerConnection, _Numbering):
+class Producer(BrokerConnection, Numbering):
     """Sends messages; queue selection round robin, or by key hash when a message has keys. Thread-safe:
     concurrent sends, to any topics, are packed together onto the producer's session."""
 
     def __init__(self, servers: Sequence[str], producer_id: str | None = None, **kw):
         BrokerConnection.__init__(self, servers, **kw)
-        _Numbering.__init__(self, producer_id)
+        Numbering.__init__(self, producer_id)
         self._loop = LoopThread(f"producer-{self.producer_id[:8]}")
         self._aio_channels: dict[str, grpc.aio.Channel] = {}
-        self._sessions = _Sessions(self._router, self.timeout_s, self.retry_for_s, self._aio_stub)
-        self._packer: Combiner[bytes, _Placed] = Combiner(self._send_now, max_items=MAX_PACK)
+        self._sessions = Sessions(self._router, self.timeout_s, self.retry_for_s, self._aio_stub)
+        self._packer: Combiner[bytes, Placed] = Combiner(self._send_now, max_items=MAX_PACK)
 
     def _aio_stub(self, address: str) -> broker_pb2_grpc.BrokerStub:
         """A stub on the loop thread's own channel (asyncio channels belong to one loop)."""
@@ -372,7 +221,11 @@ class Producer(BrokerConnection, _Numbering):
 
     def _queue_count(self, topic: str) -> int:
         n = self._queues.get(topic)
-        return n if n is not None else self._learn_topics(self.list_topics(), topic)
+        return (
+            n
+            if n is not None
+            else self._learn_topics(((t.topic, t.queues) for t in self.list_topics()), topic)
+        )
 
     def outgoing(
         self,
@@ -404,7 +257,7 @@ class Producer(BrokerConnection, _Numbering):
             m.delivery_timestamp = deliver_at_ms
             return self.send_messages(topic, [m])[0]
         raw, msg_id, queue_id = self._stored(topic, self._queue_count(topic), bytes(body), tags, keys)
-        return _results(topic, [(msg_id, queue_id)], self._packer.submit([raw]))[0]
+        return results(topic, [(msg_id, queue_id)], self._packer.submit([raw]))[0]
 
     def send_batch(
         self, topic: str, items: Sequence[bytes | tuple[bytes, str | None, Sequence[str] | None]]
@@ -413,17 +266,17 @@ class Producer(BrokerConnection, _Numbering):
         queues = self._queue_count(topic)
         stored = [self._stored(topic, queues, *item) for item in _items(items)]
         placed = self._packer.submit([raw for raw, _, _ in stored])
-        return _results(topic, [(i, q) for _, i, q in stored], placed)
+        return results(topic, [(i, q) for _, i, q in stored], placed)
 
     def send_messages(self, topic: str, msgs: list[broker_pb2.OutgoingMessage]) -> list[SendResult]:
         """Send messages built with ``outgoing``; those with a delivery time through the unary ``Send``."""
         if any(m.delivery_timestamp for m in msgs):
             r = self.call("Send", broker_pb2.SendRequest(topic=topic, messages=msgs), retry_unknown=True)
             return _send_results(r, msgs)
-        placed = self._packer.submit([_stored_of(topic, m) for m in msgs])
-        return _results(topic, [(m.msg_id, m.queue_id) for m in msgs], placed)
+        placed = self._packer.submit([stored_of(topic, m) for m in msgs])
+        return results(topic, [(m.msg_id, m.queue_id) for m in msgs], placed)
 
-    def _send_now(self, raws: list[bytes]) -> Sequence[_Placed]:
+    def _send_now(self, raws: list[bytes]) -> Sequence[Placed]:
         return self._loop.run(self._sessions.send(raws))
 
     def close(self) -> None:
@@ -631,17 +484,21 @@ class AsyncBrokerConnection:
         return json.loads(r.settings_json)
 
 
-class AsyncProducer(AsyncBrokerConnection, _Numbering):
+class AsyncProducer(AsyncBrokerConnection, Numbering):
     """``Producer`` for asyncio: concurrent sends, to any topics, share the producer's session."""
 
     def __init__(self, servers: Sequence[str], producer_id: str | None = None, **kw):
         AsyncBrokerConnection.__init__(self, servers, **kw)
-        _Numbering.__init__(self, producer_id)
-        self._sessions = _Sessions(self._router, self.timeout_s, self.retry_for_s, self.stub)
+        Numbering.__init__(self, producer_id)
+        self._sessions = Sessions(self._router, self.timeout_s, self.retry_for_s, self.stub)
 
     async def _queue_count(self, topic: str) -> int:
         n = self._queues.get(topic)
-        return n if n is not None else self._learn_topics(await self.list_topics(), topic)
+        return (
+            n
+            if n is not None
+            else self._learn_topics(((t.topic, t.queues) for t in await self.list_topics()), topic)
+        )
 
     async def outgoing(
         self, topic: str, body: bytes, tags: str | None = None, keys: Sequence[str] | None = None
@@ -663,7 +520,7 @@ class AsyncProducer(AsyncBrokerConnection, _Numbering):
             return (await self.send_messages(topic, [m]))[0]
         queues = self._queues.get(topic) or await self._queue_count(topic)
         raw, msg_id, queue_id = self._stored(topic, queues, bytes(body), tags, keys)
-        return _results(topic, [(msg_id, queue_id)], await self._sessions.send([raw]))[0]
+        return results(topic, [(msg_id, queue_id)], await self._sessions.send([raw]))[0]
 
     async def send_batch(
         self, topic: str, items: Sequence[bytes | tuple[bytes, str | None, Sequence[str] | None]]
@@ -671,15 +528,15 @@ class AsyncProducer(AsyncBrokerConnection, _Numbering):
         queues = await self._queue_count(topic)
         stored = [self._stored(topic, queues, *item) for item in _items(items)]
         placed = await self._sessions.send([raw for raw, _, _ in stored])
-        return _results(topic, [(i, q) for _, i, q in stored], placed)
+        return results(topic, [(i, q) for _, i, q in stored], placed)
 
     async def send_messages(self, topic: str, msgs: list[broker_pb2.OutgoingMessage]) -> list[SendResult]:
         """Send messages built with ``outgoing``; those with a delivery time through the unary ``Send``."""
         if any(m.delivery_timestamp for m in msgs):
             req = broker_pb2.SendRequest(topic=topic, messages=msgs)
             return _send_results(await self.call("Send", req, retry_unknown=True), msgs)
-        placed = await self._sessions.send([_stored_of(topic, m) for m in msgs])
-        return _results(topic, [(m.msg_id, m.queue_id) for m in msgs], placed)
+        placed = await self._sessions.send([stored_of(topic, m) for m in msgs])
+        return results(topic, [(m.msg_id, m.queue_id) for m in msgs], placed)
 
     async def close(self) -> None:
         await self._sessions.close()

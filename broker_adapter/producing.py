@@ -1,0 +1,173 @@
+"""What a producer does around the wire (docs/broker.md, "Producer sessions"): number its messages (producer
+id, sequence, queue) and encode them in their stored form before the first attempt, and send them over its
+sessions, one ``SendStream`` per node, shared by every concurrent send. ``broker_adapter.client``'s producers
+are built on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+
+from broker_adapter.core import message
+from broker_adapter.core.model import SendResult
+from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
+from dledger.batch_stream import Answer, BatchStream
+from dledger.errors import DLedgerError, InvalidRequestError, OutcomeUnknownError
+from dledger.routing import Router
+from dledger.transport import convert
+
+MAX_PACK = 1024  # messages in one batch: the broker's MAX_SEND_BATCH
+
+
+class Numbering:
+    """What a producer stamps on a message before its first attempt: its id, a sequence, a queue."""
+
+    def __init__(self, producer_id: str | None):
+        self.producer_id = producer_id or uuid.uuid4().hex
+        self._id_prefix = uuid.uuid4().hex.upper()[:22]
+        self._seq = itertools.count()  # thread-safe in CPython: one producer may be shared by threads
+        self._queues: dict[str, int] = {}
+        self._rr = itertools.count(1)
+
+    def _number(
+        self, queues: int, body: bytes, tags: str | None, keys: Sequence[str] | None
+    ) -> broker_pb2.OutgoingMessage:
+        seq = next(self._seq)
+        queue_id = zlib.crc32(keys[0].encode()) % queues if keys else next(self._rr) % queues
+        return broker_pb2.OutgoingMessage(
+            queue_id=queue_id,
+            body=body,
+            tags=tags or "",
+            keys=list(keys or ()),
+            msg_id=f"{self._id_prefix}{seq:010X}",  # unique: a random prefix per producer, then the sequence
+            producer_id=self.producer_id,
+            sequence=seq,
+            born_timestamp=int(time.time() * 1000),
+        )
+
+    def _stored(
+        self, topic: str, queues: int, body: bytes, tags: str | None, keys: Sequence[str] | None
+    ) -> Stored:
+        """A numbered message in its stored form, for a session (no ``OutgoingMessage`` in between)."""
+        seq = next(self._seq)
+        queue_id = zlib.crc32(keys[0].encode()) % queues if keys else next(self._rr) % queues
+        msg_id = f"{self._id_prefix}{seq:010X}"
+        raw, _ = message.encode_send(
+            topic,
+            body,
+            queue_id,
+            msg_id,
+            tags=tags or "",
+            keys=keys or (),
+            producer_id=self.producer_id,
+            sequence=seq,
+            born_timestamp=int(time.time() * 1000),
+        )
+        return raw, msg_id, queue_id
+
+    def _learn_topics(self, topics: Iterable[tuple[str, int]], topic: str) -> int:
+        """Remember the group's topics ((name, queues) each); the queues of ``topic``, or NOT_FOUND."""
+        for name, queues in topics:
+            self._queues[name] = queues
+        n = self._queues.get(topic)
+        if n is None:
+            raise DLedgerError(f"NOT_FOUND: unknown topic {topic!r}")
+        return n
+
+
+# (stored bytes, message id, queue id) of one message a producer numbered and encoded
+Stored = tuple[bytes, str, int]
+# (queue offset, CommitLog offset, duplicate) of one message a session stored
+Placed = tuple[int, int, bool]
+
+
+def stored_of(topic: str, m: broker_pb2.OutgoingMessage) -> bytes:
+    """An ``OutgoingMessage`` a caller built (``outgoing``), in its stored form for a session."""
+    try:
+        raw, _ = message.encode_send(
+            topic,
+            m.body,
+            m.queue_id,
+            m.msg_id,
+            tags=m.tags,
+            keys=m.keys,
+            producer_id=m.producer_id,
+            sequence=m.sequence,
+            properties=m.properties,
+            born_timestamp=m.born_timestamp,
+        )
+    except message.MessageFormatError as e:
+        raise InvalidRequestError(str(e)) from None
+    return raw
+
+
+def _session_request(batch_id: int, raws: list[bytes]) -> broker_pb2.SendBatch:
+    return broker_pb2.SendBatch(batch_id=batch_id, messages=raws)
+
+
+def _session_answer(r: broker_pb2.SendBatchResult) -> Answer[Placed]:
+    if r.HasField("error"):
+        return r.batch_id, convert.append_error_from_pb(r.error), ()
+    return r.batch_id, None, list(zip(r.queue_offsets, r.commitlog_offsets, r.duplicates, strict=True))
+
+
+def results(topic: str, sent: Sequence[tuple[str, int]], placed: Sequence[Placed]) -> list[SendResult]:
+    """``SendResult``s of messages ((message id, queue id) each) of one topic from what their session answered."""
+    return [SendResult(i, topic, q, qo, co, dup) for (i, q), (qo, co, dup) in zip(sent, placed, strict=True)]
+
+
+class Sessions:
+    """A producer's sessions: one ``SendStream`` per node it sends to (the leader, normally), shared by every
+    concurrent send of the producer. Follows the leader like any call (``dledger.routing``); a batch whose
+    outcome is unknown (the leader died under it) is sent again, which is safe: the leader recognises each
+    message by its producer id and sequence, so nothing is stored twice or lost."""
+
+    def __init__(
+        self,
+        router: Router,
+        timeout_s: float,
+        retry_for_s: float,
+        stub: Callable[[str], broker_pb2_grpc.BrokerStub],
+    ):
+        self._router = router
+        self._timeout_s = timeout_s
+        self._retry_for_s = retry_for_s
+        self._stub = stub  # an asyncio stub of the node at an address
+        self._streams: dict[str, BatchStream[bytes, Placed]] = {}
+
+    async def send(self, raws: list[bytes]) -> Sequence[Placed]:
+        attempts = self._router.attempts(self._retry_for_s, "SendStream", retry_unknown=True)
+        while True:
+            address = attempts.target()
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    placed = await (await self._stream(address)).submit(raws)
+            except TimeoutError:
+                why = OutcomeUnknownError(f"no answer from {address} within {self._timeout_s:.3g} s")
+                await asyncio.sleep(attempts.failed(why, address))
+                continue
+            except DLedgerError as e:
+                await asyncio.sleep(attempts.failed(e, address))
+                continue
+            attempts.succeeded(address)
+            return placed
+
+    async def _stream(self, address: str) -> BatchStream[bytes, Placed]:
+        s = self._streams.get(address)
+        if s is None or s.broken is not None:
+            if s is not None:
+                await s.close()
+            s = self._streams[address] = BatchStream(
+                self._stub(address).SendStream(), address, MAX_PACK, _session_request, _session_answer
+            )
+        return s
+
+    async def close(self) -> None:
+        streams, self._streams = list(self._streams.values()), {}
+        for s in streams:
+            await s.close()
