@@ -267,6 +267,36 @@ def test_the_log_layer_names_no_tenant() -> None:
     )
 
 
+# The log library apart from its tooling (issue 26): what a program embedding a node or a client imports never
+# pulls in the local-group runner, the CLI, chaos, membership scripts or certificate issuing.
+TOOLING: tuple[str, ...] = (
+    "dledger.__main__",
+    "dledger.chaos",
+    "dledger.cli",
+    "dledger.cliutil",
+    "dledger.group",
+    "dledger.group_members",
+    "dledger.kv.cli",
+    "dledger.member",
+    "dledger.protogen",
+    "dledger.security.bootstrap",
+    "dledger.security.certs",
+    "dledger.security.cli",
+)
+
+
+def test_the_log_library_imports_no_tooling() -> None:
+    bad = []
+    for f in sorted((ROOT / "dledger").rglob("*.py")):
+        module = module_name(f)
+        if any(_under(module, t) for t in TOOLING):
+            continue
+        for line, name in imports(module, f.read_text(), f.name == "__init__.py"):
+            if any(_under(name, t) for t in TOOLING):
+                bad.append(f"{f.relative_to(ROOT)}:{line}: {module} imports {name}")
+    assert not bad, "the library imports its tooling:\n" + "\n".join(bad)
+
+
 def test_the_tenant_check_sees_code_not_prose() -> None:
     source = (
         '"""A module about the broker."""\nRULES = {"/dledger.v1.Broker/Send": 1}\ndef f(nameservers): pass\n'

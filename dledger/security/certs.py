@@ -23,11 +23,9 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, m
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-NODE_URI_PREFIX = "dledger:node:"
-# A cluster's node certificates also name their group (one CA signs every group's nodes, and node ids repeat
-# across groups: g0's n0 must not pass for g1's n0), and name servers carry their own kind of name, which names
-# no node (docs/cluster.md, "Security").
-GROUP_URI_PREFIX = "dledger:group:"
+from dledger.security.identity import GROUP_URI_PREFIX, NODE_URI_PREFIX
+
+# Name servers carry their own kind of name, which names no node (docs/cluster.md, "Security").
 NAMESERVER_URI_PREFIX = "dledger:nameserver:"
 VALIDITY = dt.timedelta(days=825)
 
@@ -61,15 +59,6 @@ def load_issuer_key(key_pem: bytes) -> CertificateIssuerPrivateKeyTypes:
     key = serialization.load_pem_private_key(key_pem, None)
     if not isinstance(key, _ISSUER_KEY_CLASSES):
         raise TypeError(f"a {type(key).__name__} cannot sign certificates")
-    return key
-
-
-def load_ec_key(key_pem: bytes) -> ec.EllipticCurvePrivateKey:
-    """A node's key, which signs with ECDSA (peer proofs, user commands): this module makes only EC keys, and
-    another kind fails as its ECDSA ``sign`` would, only sooner."""
-    key = serialization.load_pem_private_key(key_pem, None)
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise TypeError(f"a {type(key).__name__} cannot sign with ECDSA")
     return key
 
 
@@ -177,35 +166,6 @@ def make_nameserver_cert(
 def make_client_cert(ca: Issued, name: str) -> Issued:
     """A client certificate (for tools that want one; clients authenticate with access keys, docs/security.md)."""
     return _issue(ca, name, [x509.DNSName(name)], server=False)
-
-
-def node_identity(cert: x509.Certificate) -> str | None:
-    """The node id a certificate names (its ``URI:dledger:node:<id>``), or None for a non-node certificate."""
-    try:
-        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return None
-    ids = [
-        u.removeprefix(NODE_URI_PREFIX)
-        for u in sans.get_values_for_type(x509.UniformResourceIdentifier)
-        if u.startswith(NODE_URI_PREFIX)
-    ]
-    return ids[0] if len(ids) == 1 else None
-
-
-def node_group(cert: x509.Certificate) -> str | None:
-    """The group a node certificate is bound to (its ``URI:dledger:group:<group>``), or None when it names none
-    (a single group's certificates, ``write_group``) or several."""
-    try:
-        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return None
-    groups = [
-        u.removeprefix(GROUP_URI_PREFIX)
-        for u in sans.get_values_for_type(x509.UniformResourceIdentifier)
-        if u.startswith(GROUP_URI_PREFIX)
-    ]
-    return groups[0] if len(groups) == 1 else None
 
 
 def write_issued(directory: Path, name: str, issued: Issued) -> Path:

@@ -29,8 +29,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from dledger.security import auth
-from dledger.security.certs import load_ec_key, node_group, node_identity
 from dledger.security.config import ClientSecurity
+from dledger.security.identity import load_ec_key, node_group, node_identity
 
 log = logging.getLogger("dledger.security")
 
@@ -213,7 +213,7 @@ class _AnyNode:
 class NodeProofVerifier:
     """Checks the same per-call proof as ``PeerVerifier``, outside any group: a cluster's name servers accept a
     registration from any node of any group whose certificate chains to the cluster's CA and names its group
-    (``certs.node_group``). Membership is each group's business; what the caller may do with the proven
+    (``identity.node_group``). Membership is each group's business; what the caller may do with the proven
     (group, node id) is the name server's (broker_adapter/nameserver/guard.py)."""
 
     def __init__(self, ca_pem: bytes, skew_s: int = auth.DEFAULT_SKEW_S):

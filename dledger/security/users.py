@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 
 from dledger.core.messages import Prepare
-from dledger.security.certs import load_ec_key, node_identity
+from dledger.security.identity import load_ec_key, node_identity
 from statemachine.api import CommittedEntry, StateMachine
 
 USER_MAGIC: Final = 0x444C5343  # b"DLSC"

@@ -8,7 +8,7 @@ import io
 import pytest
 from cryptography import x509
 
-from dledger.security import auth, certs, tls
+from dledger.security import auth, certs, identity, tls
 from dledger.security.users import (
     OP_ADD,
     OP_GRANT,
@@ -109,7 +109,7 @@ def _verifier(pki, members=("n0", "n1", "n2")):
 
 def test_a_member_proves_its_node_id_with_its_certificate(pki):
     cert = x509.load_pem_x509_certificate((pki / "group" / "n1.pem").read_bytes())
-    assert certs.node_identity(cert) == "n1"
+    assert identity.node_identity(cert) == "n1"
     v = _verifier(pki)
     assert v.verify(_proof(pki, "group", "n1", "n1")) == "n1"
     assert v.verify(_proof(pki, "group", "n1", "n1")) == "n1"  # the cached path checks the same things
