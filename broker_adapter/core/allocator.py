@@ -53,10 +53,11 @@ class QueueOffsetAllocator:
         self, term: int, index: int, pos: int, body: bytes, route: message.Route | None = None
     ) -> tuple[bytes, Dispatched | None]:
         """The core's ``prepare`` for a broker entry placed at (index, pos) in ``term``: a message gets its
-        QUEUEOFFSET, PHYSICALOFFSET (= pos + 48) and STORETIMESTAMP (now), a command passes unchanged; and where a message will be
-        dispatched (None for a command): known as soon as the entry is placed, so a send can be answered at
-        commit. ``route``: the message's ``peek_route``, when
-        the caller that encoded it already knows it (the send path), so the bytes need not be parsed again."""
+        QUEUEOFFSET, PHYSICALOFFSET (= pos + 48) and STORETIMESTAMP (now), a command passes unchanged; and where
+        a message will be dispatched (None for a command): known as soon as the entry is placed, so a send can
+        be answered at commit. ``route``: the message's ``peek_route``, when the caller that encoded or checked
+        it already knows it (the send path), so the bytes need not be parsed again, here nor when this node
+        dispatches the entry (``BrokerStateMachine.placed``)."""
         if index != self._last_index + 1 or term != self._term:
             self.rebuild(term, index - 1)
         self._last_index = index
@@ -67,6 +68,10 @@ class QueueOffsetAllocator:
         q = self.next_offset(*key)
         buf = bytearray(body)
         message.patch_placement(buf, q, pos + HEADER_SIZE, now_ms())
+        self._sm.placed[index] = (
+            term,
+            message.Route(r.topic, r.queue_id, q, pos + HEADER_SIZE, len(buf), r.tags, r.producer, r.origin),
+        )
         self._next[key] = q + 1
         if r.producer is not None:
             self._pending[r.producer] = index
@@ -84,6 +89,7 @@ class QueueOffsetAllocator:
     def rebuild(self, term: int, upto: int) -> None:
         """Recompute the tail's view from the log entries after the applied point up to ``upto``."""
         self.rebuilds += 1
+        self._sm.placed.clear()  # routes of entries that may never commit (a failed proposal, an older term)
         self._next.clear()
         self._pending.clear()
         self._kept = 0

@@ -97,6 +97,10 @@ class BrokerStateMachine:
             tuple[str, int], int
         ] = {}  # per queue: the offset the next message must carry
         self.producers: dict[str, ProducerState] = {}
+        # On the leader, the route of each message its allocator placed, by index: (term, route with its
+        # offsets), so dispatching the entry reads nothing of it again. The same (index, term) is the same entry
+        # on every node (Raft's log matching); any other entry at that index is read from its bytes.
+        self.placed: dict[int, tuple[int, message.Route]] = {}
         # RocketMQ 5 consumption (receive / ack / change invisible duration): replicated like everything else.
         self.pops = PopStates()
         self.groups: dict[str, groups.GroupSettings] = {}
@@ -205,10 +209,14 @@ class BrokerStateMachine:
         return results
 
     def _dispatch(self, e: CommittedEntry) -> Dispatched | message.MessageFormatError:
-        try:
-            r = message.peek_route(e.body)
-        except message.MessageFormatError as err:
-            return message.MessageFormatError(f"entry {e.index}: {err}; not dispatched")
+        placed = self.placed.pop(e.index, None) if self.placed else None
+        if placed is not None and placed[0] == e.term:
+            r = placed[1]
+        else:
+            try:
+                r = message.peek_route(e.body)
+            except message.MessageFormatError as err:
+                return message.MessageFormatError(f"entry {e.index}: {err}; not dispatched")
         commitlog_offset = e.pos + HEADER_SIZE
         if r.physical_offset != commitlog_offset:
             # Not placed by the broker's allocator (which always writes PHYSICALOFFSET): e.g. bytes appended
@@ -420,6 +428,7 @@ class BrokerStateMachine:
 
     def load_snapshot(self, reader: BinaryIO) -> None:
         state = json.loads(reader.read())
+        self.placed.clear()
         self.topics = {str(t): int(n) for t, n in state["topics"].items()}
         self.offsets = {(g, t, int(q)): int(o) for g, t, q, o in state["offsets"]}
         self.next_offsets = {(t, int(q)): int(n) for t, q, n in state["queues"]}

@@ -118,3 +118,21 @@ def test_applied_sends_are_forgotten_by_the_leader_and_still_found(tmp_path, mon
     assert len(log.alloc._pending) <= 2 * 8 + 1  # not one entry per message ever placed
     assert log.alloc.find_send("p", 199) == len(log.entries) - 1  # in the tail: its index
     assert isinstance(log.alloc.find_send("p", 150), Dispatched)  # applied: from the dispatcher's table
+
+
+def test_the_leader_dispatches_the_route_it_placed_as_a_follower_reads_it(tmp_path):
+    leader = BrokerStateMachine(tmp_path / "leader")
+    log = FakeLog(leader)
+    log.append(1, [commands.encode(commands.CreateTopic("t", 2))])
+    log.append(1, [msg("t", i % 2, "p", i) for i in range(6)])
+    assert sorted(leader.placed) == list(range(1, 7)), "a route per placed message, by index"
+    stale_topic = message.Route("elsewhere", 0, 0, 0, 1, None)
+    leader.placed[6] = (99, stale_topic)  # of another term: not this entry, never trusted
+    on_leader = log.apply(len(log.entries) - 1)
+    assert not leader.placed, "each route is used once, and none is kept"
+    follower = BrokerStateMachine(tmp_path / "follower")
+    on_follower = follower.apply([CommittedEntry(i, 1, p, b) for i, p, b in log.entries])
+    assert on_leader == on_follower and on_leader[-1] == Dispatched(
+        "t", 1, 2, 6000 + 48, len(log.entries[6][2])
+    )
+    assert leader.next_offsets == follower.next_offsets == {("t", 0): 3, ("t", 1): 3}
