@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 
 from broker_adapter.core import message
-from broker_adapter.core.model import SendResult
+from broker_adapter.core.model import SendResult, encode_outgoing
 from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger.batch_stream import Answer, BatchStream
 from dledger.errors import DLedgerError, InvalidRequestError, OutcomeUnknownError
@@ -34,17 +34,26 @@ class Numbering:
         self._queues: dict[str, int] = {}
         self._rr = itertools.count(1)
 
+    def _next(self, queues: int, keys: Sequence[str] | None) -> tuple[int, int, str]:
+        """(sequence, queue id, message id) of the next message: fixed before its first attempt."""
+        seq = next(self._seq)
+        queue_id = zlib.crc32(keys[0].encode()) % queues if keys else next(self._rr) % queues
+        return (
+            seq,
+            queue_id,
+            f"{self._id_prefix}{seq:010X}",
+        )  # unique: a prefix per producer, then the sequence
+
     def _number(
         self, queues: int, body: bytes, tags: str | None, keys: Sequence[str] | None
     ) -> broker_pb2.OutgoingMessage:
-        seq = next(self._seq)
-        queue_id = zlib.crc32(keys[0].encode()) % queues if keys else next(self._rr) % queues
+        seq, queue_id, msg_id = self._next(queues, keys)
         return broker_pb2.OutgoingMessage(
             queue_id=queue_id,
             body=body,
             tags=tags or "",
             keys=list(keys or ()),
-            msg_id=f"{self._id_prefix}{seq:010X}",  # unique: a random prefix per producer, then the sequence
+            msg_id=msg_id,
             producer_id=self.producer_id,
             sequence=seq,
             born_timestamp=int(time.time() * 1000),
@@ -54,9 +63,7 @@ class Numbering:
         self, topic: str, queues: int, body: bytes, tags: str | None, keys: Sequence[str] | None
     ) -> Stored:
         """A numbered message in its stored form, for a session (no ``OutgoingMessage`` in between)."""
-        seq = next(self._seq)
-        queue_id = zlib.crc32(keys[0].encode()) % queues if keys else next(self._rr) % queues
-        msg_id = f"{self._id_prefix}{seq:010X}"
+        seq, queue_id, msg_id = self._next(queues, keys)
         raw, _ = message.encode_send(
             topic,
             body,
@@ -89,21 +96,9 @@ Placed = tuple[int, int, bool]
 def stored_of(topic: str, m: broker_pb2.OutgoingMessage) -> bytes:
     """An ``OutgoingMessage`` a caller built (``outgoing``), in its stored form for a session."""
     try:
-        raw, _ = message.encode_send(
-            topic,
-            m.body,
-            m.queue_id,
-            m.msg_id,
-            tags=m.tags,
-            keys=m.keys,
-            producer_id=m.producer_id,
-            sequence=m.sequence,
-            properties=m.properties,
-            born_timestamp=m.born_timestamp,
-        )
+        return encode_outgoing(topic, m, m.msg_id, m.born_timestamp)[0]
     except message.MessageFormatError as e:
         raise InvalidRequestError(str(e)) from None
-    return raw
 
 
 def _session_request(batch_id: int, raws: list[bytes]) -> broker_pb2.SendBatch:

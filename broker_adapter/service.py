@@ -19,9 +19,10 @@ from broker_adapter.core.model import DELAY, NORMAL
 from broker_adapter.core.sqlfilter import FilterSyntaxError
 from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger.batch_stream import answer_each
-from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError, PermissionDeniedError
+from dledger.errors import DLedgerError, InvalidRequestError, PermissionDeniedError
 from dledger.security.guard import stream_refusal
 from dledger.transport import convert
+from dledger.transport.grpc import abort_rpc, leader_address
 from dledger.v1 import client_pb2
 
 
@@ -30,11 +31,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._broker = broker
 
     async def _abort(self, context: grpc.aio.ServicerContext, err: DLedgerError) -> None:
-        addr = None
-        if isinstance(err, NotLeaderError) and err.leader_hint:
-            addr = self._broker.node.address_of(err.leader_hint)
-        context.set_trailing_metadata(convert.error_metadata(err, addr))
-        await context.abort(convert.status_code(err), str(err))
+        await abort_rpc(context, err, self._broker.node.address_of)
 
     async def Send(self, request, context):
         try:
@@ -82,10 +79,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     def _error(self, err: DLedgerError) -> client_pb2.AppendError:
         """A batch's error inside the session, with the leader's address when a follower refused it."""
-        addr = None
-        if isinstance(err, NotLeaderError) and err.leader_hint:
-            addr = self._broker.node.address_of(err.leader_hint)
-        return convert.error_to_append_error(err, addr)
+        return convert.error_to_append_error(err, leader_address(err, self._broker.node.address_of))
 
     async def _send_timed(self, topic: str, msgs) -> list:
         """Messages with a delivery time: the due ones at once, the others through the timer topic; all of them

@@ -100,6 +100,25 @@ class Outgoing(Protocol):
     def sequence(self) -> int: ...
 
 
+def encode_outgoing(
+    topic: str, m: Outgoing, msg_id: str, born_timestamp: int
+) -> tuple[bytes, dict[str, str]]:
+    """An ``Outgoing`` in its stored form and the properties stamped in (``message.encode_send``): the leader's
+    for a ``Send``, the client's for a producer session's message built with ``outgoing``."""
+    return message.encode_send(
+        topic,
+        m.body,
+        m.queue_id,
+        msg_id,
+        tags=m.tags,
+        keys=m.keys,
+        producer_id=m.producer_id,
+        sequence=m.sequence,
+        properties=m.properties,
+        born_timestamp=born_timestamp,
+    )
+
+
 @dataclass(slots=True)
 class OutgoingMessage:
     """An ``Outgoing`` built by a face that does not speak ``dledger.v1`` (RocketMQ 5)."""

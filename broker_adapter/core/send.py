@@ -17,7 +17,14 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from broker_adapter.core import message
-from broker_adapter.core.model import Outgoing, SendResult, UnknownQueueError, check_topic, check_user_topic
+from broker_adapter.core.model import (
+    Outgoing,
+    SendResult,
+    UnknownQueueError,
+    check_topic,
+    check_user_topic,
+    encode_outgoing,
+)
 from broker_adapter.core.statemachine import Dispatched
 from dledger.errors import DLedgerError, InvalidRequestError, OutcomeUnknownError
 
@@ -219,18 +226,7 @@ class Sender:
                 )
             msg_id = m.msg_id or f"{self._id_prefix}{next(self._ids):012X}"
             try:
-                raw, props = message.encode_send(
-                    topic,
-                    m.body,
-                    m.queue_id,
-                    msg_id,
-                    tags=m.tags,
-                    keys=m.keys,
-                    producer_id=m.producer_id,
-                    sequence=m.sequence,
-                    properties=m.properties,
-                    born_timestamp=m.born_timestamp or now,
-                )
+                raw, props = encode_outgoing(topic, m, msg_id, m.born_timestamp or now)
             except message.MessageFormatError as e:
                 raise InvalidRequestError(f"message {i}: {e}") from None
             if len(raw) > limit:

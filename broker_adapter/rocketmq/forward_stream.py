@@ -31,6 +31,8 @@ from typing import Any, Final
 
 import grpc
 
+from dledger.batch_stream import queued_answers
+
 log = logging.getLogger(__name__)
 
 SERVICE_NAME: Final = "dledger.rocketmq.v1.Forwarding"
@@ -261,13 +263,8 @@ def serve_calls(
             finally:
                 outbox.put_nowait(None)
 
-        reader = asyncio.ensure_future(read())
-        try:
-            while (frame := await outbox.get()) is not None:
+        async with contextlib.aclosing(queued_answers(read(), outbox, running.values())) as answers:
+            async for frame in answers:
                 yield frame
-        finally:
-            reader.cancel()
-            for task in list(running.values()):
-                task.cancel()
 
     return calls

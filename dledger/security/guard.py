@@ -215,8 +215,6 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             refusal = await self._refusal_after_catch_up(user.access_key, method, needs)
             if refusal is not None:
                 return _refused(handler, *refusal, self._own_answers(method)[1])
-        if handler.stream_stream is not None and method != "/dledger.v1.DLedger/AppendStream":
-            return self._with_stream_check(handler, method, user.access_key)
         if method == "/dledger.v1.DLedger/AppendStream":
             inner = cast("StreamStreamBehavior", handler.stream_stream)
 
@@ -231,6 +229,8 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
                     yield out
 
             return _same_kind(handler, guarded)
+        if handler.stream_stream is not None:
+            return self._with_stream_check(handler, method, user.access_key)
         return handler
 
     def _with_stream_check(self, handler: Handler, method: str, access_key: str) -> Handler:

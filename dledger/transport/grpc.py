@@ -288,8 +288,12 @@ async def abort_rpc(
 ) -> NoReturn:
     """End a call of a service stacked on a node (a plugin's) with ``err``'s status, and for a not-leader
     error the leader's address in the trailing metadata, exactly as the client service does."""
-    hint = address_of(err.leader_hint) if isinstance(err, NotLeaderError) and err.leader_hint else None
-    await _abort(context, err, hint)
+    await _abort(context, err, leader_address(err, address_of))
+
+
+def leader_address(err: DLedgerError, address_of: Callable[[str], str | None]) -> str | None:
+    """The address of the node a not-leader error points at (the leader, or a transfer's target), else None."""
+    return address_of(err.leader_hint) if isinstance(err, NotLeaderError) and err.leader_hint else None
 
 
 async def check_group(context: grpc.aio.ServicerContext[_Req, _Resp], got: str, mine: str) -> None:
@@ -505,10 +509,7 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
         self._group = handler.group
 
     def _hint_address(self, err: DLedgerError) -> str | None:
-        """The address of the node a not-leader error points at (the leader, or a transfer's target)."""
-        if isinstance(err, NotLeaderError) and err.leader_hint:
-            return self._handler.address_of(err.leader_hint)
-        return None
+        return leader_address(err, self._handler.address_of)
 
     async def _check_group(self, group: str, context: grpc.aio.ServicerContext[_Req, _Resp]) -> None:
         # An empty group means "whatever this node serves" so that ad-hoc tools need not know it.
