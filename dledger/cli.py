@@ -99,7 +99,10 @@ def node(
     election_timeout_max_ms: Annotated[int | None, typer.Option()] = None,
     heartbeat_interval_ms: Annotated[int | None, typer.Option()] = None,
     state_machine: Annotated[
-        str | None, typer.Option(help="node plugin: kv, counter, broker or module:factory")
+        str | None,
+        typer.Option(
+            help="node plugin: an installed alias (kv, counter, or one a package adds) or module:factory"
+        ),
     ] = None,
     metrics_listen: Annotated[
         str | None, typer.Option(help="serve Prometheus /metrics on host:port (port 0: any free one)")
@@ -248,7 +251,7 @@ def group_up(
     ] = grp.DEFAULT_BASE_PORT,
     flush: Annotated[str, typer.Option(help="sync or async")] = "sync",
     state_machine: Annotated[
-        str, typer.Option(help="node plugin for a new group: kv, counter, broker or module:factory")
+        str, typer.Option(help="node plugin for a new group: an installed alias or module:factory")
     ] = "",
     secure: Annotated[
         bool, typer.Option("--secure", help="a new group with TLS, peer identity, users and permissions")

@@ -214,16 +214,8 @@ def test_relative_imports_and_the_most_specific_rule() -> None:
 # Nothing under dledger/ names a broker, RocketMQ or name-server key, method or message in its code (names and
 # string constants: comments and docstrings are prose): the broker brings those itself (its [broker] table,
 # broker_adapter/settings.py; its permission rules, broker_adapter/security_rules.py; its protos,
-# proto/broker_adapter/v1). The modules below still do, and only they: the name servers' certificates and the
-# CLI's help texts. The list only shrinks.
-TENANT_AWARE: tuple[str, ...] = (
-    "dledger/chaos/cli.py",
-    "dledger/chaos/runner.py",
-    "dledger/cli.py",
-    "dledger/security/certs.py",
-    "dledger/security/cli.py",
-    "dledger/security/tls.py",
-)
+# proto/broker_adapter/v1; its name servers' certificates, `dledger cluster certs`; its chaos workload, an entry
+# point). No module is exempt.
 _TENANT = re.compile(r"broker|rocketmq|nameserver|name_server|MessagingService|SHARDINGKEY", re.IGNORECASE)
 
 
@@ -258,13 +250,8 @@ def test_the_log_layer_names_no_tenant() -> None:
     bad = []
     for f in sorted((ROOT / "dledger").rglob("*.py")):
         rel = f.relative_to(ROOT).as_posix()
-        if rel not in TENANT_AWARE:
-            bad += [f"{rel}:{line}: {text!r}" for line, text in tenant_knowledge(f.read_text(), rel)]
+        bad += [f"{rel}:{line}: {text!r}" for line, text in tenant_knowledge(f.read_text(), rel)]
     assert not bad, "tenant knowledge under dledger/ (it belongs to the plugin):\n" + "\n".join(bad)
-    still = [rel for rel in TENANT_AWARE if tenant_knowledge((ROOT / rel).read_text(), rel)]
-    assert still == list(TENANT_AWARE), "clean now: take these off TENANT_AWARE: " + ", ".join(
-        sorted(set(TENANT_AWARE) - set(still))
-    )
 
 
 # The log library apart from its tooling (issue 26): what a program embedding a node or a client imports never

@@ -1,4 +1,4 @@
-"""``dledger nameserver`` and ``dledger cluster up|status|watch|down|topic`` (registered by ``dledger.cli``).
+"""``dledger nameserver`` and ``dledger cluster up|status|watch|down|topic|certs`` (registered by ``dledger.cli``).
 
 A cluster is name servers plus broker groups (``broker_adapter.cluster.local``); see docs/cluster.md.
 """
@@ -37,7 +37,8 @@ def nameserver(
         int, typer.Option(help="drop a consumer silent for this long; its queues move to the others")
     ] = 10_000,
     cert: Annotated[
-        Path | None, typer.Option(help="TLS: this name server's certificate (`dledger certs --nameservers`)")
+        Path | None,
+        typer.Option(help="TLS: this name server's certificate (`dledger cluster certs --nameservers`)"),
     ] = None,
     key: Annotated[Path | None, typer.Option(help="TLS: its private key")] = None,
     ca: Annotated[
@@ -221,6 +222,27 @@ def cluster_topic(
     except DLedgerError as e:
         fail(str(e))
     console.print(f"topic {topic}: {queues} queues in each of {len(c.groups)} groups")
+
+
+@cluster_app.command("certs")
+def cluster_certs(
+    dir: Annotated[
+        Path, typer.Option("--dir", help="the CA's directory (`dledger certs --dir`): ca.pem, ca.key")
+    ],
+    nameservers: Annotated[str, typer.Option(help="name server certificate names, comma separated")],
+    hosts: Annotated[
+        str, typer.Option(help="host names and addresses the certificates name, comma separated")
+    ] = "localhost,127.0.0.1",
+) -> None:
+    """Certificates for a cluster's name servers from the CA in --dir (made there first if absent): they name a
+    name server, never a node, so their keys can neither register as a broker node nor speak Raft."""
+    from dledger.security.certs import load_or_make_ca, make_service_cert, write_issued
+
+    ca = load_or_make_ca(dir)
+    names = tuple(h.strip() for h in hosts.split(",") if h.strip())
+    for name in [n.strip() for n in nameservers.split(",") if n.strip()]:
+        path = write_issued(dir, name, make_service_cert(ca, "nameserver", name, names))
+        console.print(f"{name:>8}  {path}")
 
 
 def register(app: typer.Typer) -> None:

@@ -177,7 +177,7 @@ def _secure_cluster(directory: Path, ns: tuple[NameServerSpec, ...]) -> Path:
     for n in ns:
         host = n.address.rsplit(":", 1)[0]
         hosts = tuple(dict.fromkeys(("localhost", "127.0.0.1", host)))
-        certs.write_issued(directory / "tls", n.id, certs.make_nameserver_cert(ca, n.id, hosts))
+        certs.write_issued(directory / "tls", n.id, certs.make_service_cert(ca, "nameserver", n.id, hosts))
     return client
 
 
@@ -188,7 +188,7 @@ def _join_cluster_ca(directory: Path, g: grp.GroupSpec) -> None:
     ca = certs.load_or_make_ca(directory / "tls")
     group_dir = directory / g.name
     tls_dir = group_dir / "tls"
-    hosts = ("localhost", "127.0.0.1", certs.rocketmq_host(list(g.addresses)))
+    hosts = ("localhost", "127.0.0.1", certs.multi_address_authority(list(g.addresses)))
     for spec in g.nodes:
         certs.write_issued(tls_dir, spec.id, certs.make_node_cert(ca, spec.id, hosts, group=g.name))
     shutil.copyfile(directory / "tls" / "ca.pem", tls_dir / "ca.pem")

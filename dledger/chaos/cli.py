@@ -30,10 +30,10 @@ def run_chaos(
     steps: Annotated[int, typer.Option(help="faults to inject (0: as many as fit in --duration)")] = 0,
     seed: Annotated[int | None, typer.Option(help="schedule seed (default: random, printed)")] = None,
     workload: Annotated[
-        str, typer.Option(help="an installed workload: broker (producers + consumer group) or kv (registers)")
-    ] = "broker",
+        str, typer.Option(help="an installed workload (default: the installed tenant's, else kv registers)")
+    ] = "",
     audit: Annotated[
-        bool, typer.Option(help="broker: run the Spark audit of the final files (checker 4)")
+        bool, typer.Option(help="workloads that have one: run the Spark audit of the final files")
     ] = True,
     flush: Annotated[
         str,
@@ -49,7 +49,7 @@ def run_chaos(
 
     from dledger.chaos.nemesis import FAULT_KINDS
     from dledger.chaos.runner import RunConfig, run
-    from dledger.chaos.workload import workload_names
+    from dledger.chaos.workload import default_workload, workload_names
 
     console = Console()
     # A run stopped with SIGTERM (or by a job runner's timeout) still stops its nodes and proxies on the way out.
@@ -59,6 +59,7 @@ def run_chaos(
     if unknown or not kinds:
         console.print(f"[red]error:[/red] unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
         raise typer.Exit(2)
+    workload = workload or default_workload()
     if workload not in workload_names():
         console.print(f"[red]error:[/red] --workload must be one of: {', '.join(workload_names())}")
         raise typer.Exit(2)

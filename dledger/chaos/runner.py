@@ -40,7 +40,7 @@ from dledger.chaos.nemesis import (
     wait_healthy,
 )
 from dledger.chaos.proxy import LinkSpec, Network
-from dledger.chaos.workload import Workload, load_workload
+from dledger.chaos.workload import Workload, default_workload, load_workload
 from dledger.errors import DLedgerError, UnavailableError
 from storage import powerloss
 
@@ -62,10 +62,10 @@ class RunConfig:
     consumers: int = 2
     queues: int = 4
     body_size: int = 128
-    workload: str = "broker"  # a dledger.chaos_workloads entry point: "broker" (producers + consumers), "kv"
+    workload: str = ""  # a dledger.chaos_workloads entry point; "": workload.default_workload()
     registers: int = 3  # KV: client threads
     keys: int = 3  # KV: registers
-    audit: bool = False  # broker: run the Spark audit of the final files (starts a JVM)
+    audit: bool = False  # workloads that have one: run the audit of the final files (starts a JVM)
     proxied: bool = True
     flush: str = "sync"  # the nodes' flush policy; power cuts show what "async" gives up
     flush_interval_ms: int = 0  # async: the nodes' flush interval (0: the node's default, 10 ms)
@@ -76,6 +76,10 @@ class RunConfig:
         "drop",
         "torn",
     )  # what a power cut does to unsynced data, drawn per node
+
+    def __post_init__(self) -> None:
+        if not self.workload:  # the schedule and its repro line name the workload that ran
+            object.__setattr__(self, "workload", default_workload())
 
     def to_json(self) -> dict[str, Any]:
         return {

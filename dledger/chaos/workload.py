@@ -115,6 +115,13 @@ def workload_names() -> list[str]:
     return sorted({ep.name for ep in entry_points(group=ENTRY_POINTS)})
 
 
+def default_workload() -> str:
+    """The workload of the tenant installed above the log, if one is: a run exercises what users run; the log's
+    own KV registers otherwise."""
+    tenants = [n for n in workload_names() if n != "kv"]
+    return tenants[0] if tenants else "kv"
+
+
 def load_workload(name: str) -> WorkloadFactory:
     """The factory of the workload ``name``; ``ValueError`` naming the installed ones if there is none."""
     for ep in entry_points(group=ENTRY_POINTS):
@@ -123,4 +130,4 @@ def load_workload(name: str) -> WorkloadFactory:
     raise ValueError(f"unknown workload {name!r}; installed: {', '.join(workload_names()) or 'none'}")
 
 
-__all__ = ["ENTRY_POINTS", "Workers", "Workload", "load_workload", "workload_names"]
+__all__ = ["ENTRY_POINTS", "Workers", "Workload", "default_workload", "load_workload", "workload_names"]

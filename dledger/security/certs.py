@@ -25,8 +25,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dledger.security.identity import GROUP_URI_PREFIX, NODE_URI_PREFIX
 
-# Name servers carry their own kind of name, which names no node (docs/cluster.md, "Security").
-NAMESERVER_URI_PREFIX = "dledger:nameserver:"
+# A service that is no node (a tenant's name server, say) carries a name of its own kind,
+# ``URI:dledger:<kind>:<name>``, which names no node: its key cannot speak Raft (docs/cluster.md, "Security").
+SERVICE_URI_PREFIX = "dledger:"
 VALIDITY = dt.timedelta(days=825)
 
 
@@ -154,12 +155,16 @@ def make_node_cert(
     return _issue(ca, node_id, sans + _host_sans(hosts), server=True)
 
 
-def make_nameserver_cert(
-    ca: Issued, name: str, hosts: tuple[str, ...] = ("localhost", "127.0.0.1")
+def make_service_cert(
+    ca: Issued, kind: str, name: str, hosts: tuple[str, ...] = ("localhost", "127.0.0.1")
 ) -> Issued:
-    """A name server's TLS certificate: ``URI:dledger:nameserver:<name>``, and no node id, so its key cannot
-    register as a broker node or speak Raft."""
-    sans = [x509.UniformResourceIdentifier(NAMESERVER_URI_PREFIX + name), *_host_sans(hosts)]
+    """A server certificate for a service that is no node: ``URI:dledger:<kind>:<name>`` and no node id, so its
+    key can neither speak Raft nor register as a node of a group."""
+    if kind in ("node", "group") or not kind.isidentifier():
+        raise ValueError(
+            f"a service certificate's kind must be a plain word other than node and group: {kind!r}"
+        )
+    sans = [x509.UniformResourceIdentifier(f"{SERVICE_URI_PREFIX}{kind}:{name}"), *_host_sans(hosts)]
     return _issue(ca, name, sans, server=True)
 
 
@@ -194,10 +199,10 @@ def _write(path: Path, data: bytes, private: bool) -> None:
         os.chmod(path, 0o600)
 
 
-def rocketmq_host(addresses: list[str]) -> str:
-    """The host name the official RocketMQ 5 clients check a node's certificate against when their target (or a
-    route's endpoints) names several addresses: gRPC's ``ipv4:a:p,b:q`` target has the sorted list, joined by
-    ',', as its authority. A node certificate that names it lets those clients verify TLS against a group."""
+def multi_address_authority(addresses: list[str]) -> str:
+    """The host name a gRPC client checks a node's certificate against when its target names several addresses
+    (as the official RocketMQ 5 clients' targets and routes do): an ``ipv4:a:p,b:q`` target has the sorted list,
+    joined by ',', as its authority. A node certificate that names it lets such clients verify TLS."""
     return ",".join(sorted(addresses))
 
 
@@ -209,7 +214,7 @@ def write_group(
     group: str | None = None,
 ) -> dict[str, Path]:
     """``ca.pem``/``ca.key``, ``<id>.pem``/``<id>.key`` per node and per client name, under ``directory``.
-    ``addresses`` (the group's client addresses) adds ``rocketmq_host`` to the node certificates. An existing
+    ``addresses`` (the group's client addresses) adds ``multi_address_authority`` to the node certificates. An existing
     CA there is reused (so certificates can be added to a group later); returns the file map. ``group`` binds the
     node certificates to their group (a cluster under one CA, docs/cluster.md)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -221,7 +226,7 @@ def write_group(
         _write(ca_cert, ca.cert_pem, False)
         _write(ca_key, ca.key_pem, True)
     out = {"ca": ca_cert}
-    hosts = ("localhost", "127.0.0.1", *([rocketmq_host(addresses)] if addresses else []))
+    hosts = ("localhost", "127.0.0.1", *([multi_address_authority(addresses)] if addresses else []))
     for name, issued in [(n, make_node_cert(ca, n, hosts, group)) for n in node_ids] + [
         (c, make_client_cert(ca, c)) for c in clients
     ]:

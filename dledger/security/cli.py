@@ -25,26 +25,22 @@ def certs(
     clients: Annotated[str, typer.Option(help="client certificate names, comma separated")] = "",
     addresses: Annotated[
         str,
-        typer.Option(help="the nodes' client addresses, comma separated (for the official RocketMQ clients)"),
+        typer.Option(
+            help="the nodes' client addresses, comma separated (for clients dialling all in one target)"
+        ),
     ] = "",
     group: Annotated[
         str,
         typer.Option(help="bind the node certificates to this group (a cluster's groups under one CA)"),
     ] = "",
-    nameservers: Annotated[
-        str, typer.Option(help="name server certificate names, comma separated (a cluster's name servers)")
-    ] = "",
 ) -> None:
     """Create a CA (or reuse the one in --dir) and certificates for nodes and clients of a local group."""
-    from dledger.security.certs import load_or_make_ca, make_nameserver_cert, write_group, write_issued
+    from dledger.security.certs import write_group
 
     node_ids = [n.strip() for n in nodes.split(",") if n.strip()]
     addrs = [a.strip() for a in addresses.split(",") if a.strip()] or None
     clients_ = tuple(c.strip() for c in clients.split(",") if c.strip())
     out = write_group(dir, node_ids, clients_, addrs, group.strip() or None)
-    ca = load_or_make_ca(dir)
-    for name in [n.strip() for n in nameservers.split(",") if n.strip()]:
-        out[name] = write_issued(dir, name, make_nameserver_cert(ca, name))
     for name, path in out.items():
         console.print(f"{name:>8}  {path}")
 

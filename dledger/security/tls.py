@@ -228,7 +228,7 @@ class NodeProofVerifier:
         claimed, der = fields.get(NODE), fields.get(NODE_CERT)
         if not claimed or not isinstance(der, bytes):
             raise PeerIdentityError(
-                f"a call without a node proof (node {claimed!r}): only broker nodes with a certificate from "
+                f"a call without a node proof (node {claimed!r}): only nodes with a certificate from "
                 "the cluster's CA may do this"
             )
         try:

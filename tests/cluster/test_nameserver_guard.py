@@ -60,7 +60,9 @@ def test_bad_node_proofs_are_refused(ca, case, why):
         "stale": lambda: _proof(
             n0, "g0", "n0", auth.date_time(dt.datetime.now(dt.UTC) - dt.timedelta(hours=1))
         ),
-        "a name server's certificate": lambda: _proof(certs.make_nameserver_cert(ca, "ns0"), "g0", "ns0"),
+        "a name server's certificate": lambda: _proof(
+            certs.make_service_cert(ca, "nameserver", "ns0"), "g0", "ns0"
+        ),
         "no proof at all": lambda: auth.headers("admin", "secret"),
     }[case]()
     with pytest.raises(tls.PeerIdentityError, match=why):
@@ -114,3 +116,29 @@ def test_a_users_file_names_the_consumer_groups_each_user_may_join(tmp_path: Pat
         users.write_text(f'[[user]]\naccess_key = "alice"\nsecret_key = "s1"\nconsumer_groups = {bad}\n')
         with pytest.raises(ConfigError, match=r"#1 \(alice\): consumer_groups must be a list"):
             read_consumer_groups(users)
+
+
+def test_cluster_certs_issues_name_server_certificates_that_name_no_node(tmp_path):
+    from typer.testing import CliRunner
+
+    from broker_adapter.cluster.cli import cluster_app
+    from dledger.security.identity import node_identity
+
+    done = CliRunner().invoke(cluster_app, ["certs", "--dir", str(tmp_path), "--nameservers", "ns0, ns1"])
+    assert done.exit_code == 0, done.output
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "ca.pem",
+        "ca.key",
+        "ns0.pem",
+        "ns0.key",
+        "ns1.pem",
+        "ns1.key",
+    }
+    cert = x509.load_pem_x509_certificate((tmp_path / "ns0.pem").read_bytes())
+    uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.UniformResourceIdentifier
+    )
+    assert uris == ["dledger:nameserver:ns0"]
+    assert node_identity(cert) is None
+    with pytest.raises(ValueError, match="other than node and group"):
+        certs.make_service_cert(certs.load_or_make_ca(tmp_path), "node", "n9")
