@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-
-import grpc
 
 from broker_adapter.core import topics
 from broker_adapter.core.model import SendResult
@@ -41,13 +38,12 @@ from broker_adapter.pulled import PulledMessage
 from broker_adapter.pulled import decode as decode_pulled
 from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger.combiner import Combiner
+from dledger.connections import AsyncChannels, Channels
 from dledger.errors import DLedgerError
 from dledger.loop_thread import LoopThread
 from dledger.routing import Router
 from dledger.security.config import ClientSecurity
-from dledger.security.tls import client_credentials, sync_channel
-from dledger.transport import convert
-from dledger.transport.grpc import CHANNEL_OPTIONS, open_channel
+from dledger.security.tls import client_credentials
 
 # Calls that change the broker's state; the others are reads, which never have an "unknown outcome".
 _WRITES = frozenset({"Send", "CreateTopic", "CommitOffset"})
@@ -133,44 +129,27 @@ class BrokerConnection:
         self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
         self._router = Router(self.servers)
-        self._lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[str, broker_pb2_grpc.BrokerStub] = {}
+        self._channels = Channels(self._credentials)
 
     def stub(self, address: str) -> broker_pb2_grpc.BrokerStub:
-        s = self._stubs.get(address)
-        if s is None:
-            with self._lock:
-                s = self._stubs.get(address)
-                if s is None:
-                    ch = self._channels[address] = sync_channel(address, self._credentials, CHANNEL_OPTIONS)
-                    s = self._stubs[address] = broker_pb2_grpc.BrokerStub(ch)
-        return s
+        return self._channels.stub(address, broker_pb2_grpc.BrokerStub)
 
     def call(self, method: str, request, *, retry_unknown: bool, address: str | None = None):
         """Call ``method`` on the leader (or only on ``address``), following redirects; ``retry_unknown`` says
         whether a write whose outcome is unknown may be sent again (true for idempotent requests)."""
-        attempts = self._router.attempts(
-            self.retry_for_s, method, retry_unknown=retry_unknown, address=address, retry_pinned=True
-        )
         write = method in _WRITES
-        while True:
-            target = attempts.target()
-            try:
-                result = getattr(self.stub(target), method)(request, timeout=self.timeout_s)
-            except grpc.RpcError as e:
-                time.sleep(attempts.failed(convert.error_from_rpc(e, target, write=write), target))
-                continue
-            if write:
-                attempts.succeeded(target)
-            return result
+        return self._channels.call(
+            self._router.attempts(
+                self.retry_for_s, method, retry_unknown=retry_unknown, address=address, retry_pinned=True
+            ),
+            lambda target, _: getattr(self.stub(target), method)(request, timeout=self.timeout_s),
+            write=write,
+            rpc_timeout_s=self.timeout_s,
+            remember_leader=write,
+        )
 
     def close(self) -> None:
-        with self._lock:
-            for ch in self._channels.values():
-                ch.close()
-            self._channels.clear()
-            self._stubs.clear()
+        self._channels.close()
 
     def __enter__(self):
         return self
@@ -208,16 +187,16 @@ class Producer(BrokerConnection, Numbering):
         BrokerConnection.__init__(self, servers, **kw)
         Numbering.__init__(self, producer_id)
         self._loop = LoopThread(f"producer-{self.producer_id[:8]}")
-        self._aio_channels: dict[str, grpc.aio.Channel] = {}
-        self._sessions = Sessions(self._router, self.timeout_s, self.retry_for_s, self._aio_stub)
+        self._aio_channels = AsyncChannels(
+            self._credentials
+        )  # the loop thread's own (aio channels are per loop)
+        self._sessions = Sessions(
+            self._router,
+            self.timeout_s,
+            self.retry_for_s,
+            lambda address: self._aio_channels.stub(address, broker_pb2_grpc.BrokerStub),
+        )
         self._packer: Combiner[bytes, Placed] = Combiner(self._send_now, max_items=MAX_PACK)
-
-    def _aio_stub(self, address: str) -> broker_pb2_grpc.BrokerStub:
-        """A stub on the loop thread's own channel (asyncio channels belong to one loop)."""
-        ch = self._aio_channels.get(address)
-        if ch is None:
-            ch = self._aio_channels[address] = open_channel(address, credentials=self._credentials)
-        return broker_pb2_grpc.BrokerStub(ch)
 
     def _queue_count(self, topic: str) -> int:
         n = self._queues.get(topic)
@@ -287,9 +266,7 @@ class Producer(BrokerConnection, Numbering):
 
     async def _close_sessions(self) -> None:
         await self._sessions.close()
-        for ch in self._aio_channels.values():
-            await ch.close()
-        self._aio_channels.clear()
+        await self._aio_channels.close()
 
 
 class Consumer(BrokerConnection):
@@ -426,38 +403,26 @@ class AsyncBrokerConnection:
         self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
         self._router = Router(self.servers)
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, broker_pb2_grpc.BrokerStub] = {}
+        self._channels = AsyncChannels(self._credentials)
 
     def stub(self, address: str) -> broker_pb2_grpc.BrokerStub:
-        s = self._stubs.get(address)
-        if s is None:
-            ch = self._channels[address] = open_channel(address, credentials=self._credentials)
-            s = self._stubs[address] = broker_pb2_grpc.BrokerStub(ch)
-        return s
+        return self._channels.stub(address, broker_pb2_grpc.BrokerStub)
 
     async def call(self, method: str, request, *, retry_unknown: bool, address: str | None = None):
         """As ``BrokerConnection.call``."""
-        attempts = self._router.attempts(
-            self.retry_for_s, method, retry_unknown=retry_unknown, address=address, retry_pinned=True
-        )
         write = method in _WRITES
-        while True:
-            target = attempts.target()
-            try:
-                result = await getattr(self.stub(target), method)(request, timeout=self.timeout_s)
-            except grpc.aio.AioRpcError as e:
-                await asyncio.sleep(attempts.failed(convert.error_from_rpc(e, target, write=write), target))
-                continue
-            if write:
-                attempts.succeeded(target)
-            return result
+        return await self._channels.call(
+            self._router.attempts(
+                self.retry_for_s, method, retry_unknown=retry_unknown, address=address, retry_pinned=True
+            ),
+            lambda target, _: getattr(self.stub(target), method)(request, timeout=self.timeout_s),
+            write=write,
+            rpc_timeout_s=self.timeout_s,
+            remember_leader=write,
+        )
 
     async def close(self) -> None:
-        for ch in self._channels.values():
-            await ch.close()
-        self._channels.clear()
-        self._stubs.clear()
+        await self._channels.close()
 
     async def __aenter__(self):
         return self

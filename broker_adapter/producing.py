@@ -6,7 +6,6 @@ are built on it.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 import uuid
@@ -17,7 +16,8 @@ from broker_adapter.core import message
 from broker_adapter.core.model import SendResult, encode_outgoing
 from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger.batch_stream import Answer, BatchStream
-from dledger.errors import DLedgerError, InvalidRequestError, OutcomeUnknownError
+from dledger.connections import Streams
+from dledger.errors import DLedgerError, InvalidRequestError
 from dledger.routing import Router
 from dledger.transport import convert
 
@@ -132,37 +132,16 @@ class Sessions:
         self._router = router
         self._timeout_s = timeout_s
         self._retry_for_s = retry_for_s
-        self._stub = stub  # an asyncio stub of the node at an address
-        self._streams: dict[str, BatchStream[bytes, Placed]] = {}
+        # stub: an asyncio stub of the node at an address
+        self._streams: Streams[bytes, Placed] = Streams(
+            lambda address: BatchStream(
+                stub(address).SendStream(), address, MAX_PACK, _session_request, _session_answer
+            )
+        )
 
     async def send(self, raws: list[bytes]) -> Sequence[Placed]:
         attempts = self._router.attempts(self._retry_for_s, "SendStream", retry_unknown=True)
-        while True:
-            address = attempts.target()
-            try:
-                async with asyncio.timeout(self._timeout_s):
-                    placed = await (await self._stream(address)).submit(raws)
-            except TimeoutError:
-                why = OutcomeUnknownError(f"no answer from {address} within {self._timeout_s:.3g} s")
-                await asyncio.sleep(attempts.failed(why, address))
-                continue
-            except DLedgerError as e:
-                await asyncio.sleep(attempts.failed(e, address))
-                continue
-            attempts.succeeded(address)
-            return placed
-
-    async def _stream(self, address: str) -> BatchStream[bytes, Placed]:
-        s = self._streams.get(address)
-        if s is None or s.broken is not None:
-            if s is not None:
-                await s.close()
-            s = self._streams[address] = BatchStream(
-                self._stub(address).SendStream(), address, MAX_PACK, _session_request, _session_answer
-            )
-        return s
+        return await self._streams.submit(attempts, raws, self._timeout_s)
 
     async def close(self) -> None:
-        streams, self._streams = list(self._streams.values()), {}
-        for s in streams:
-            await s.close()
+        await self._streams.close()

@@ -24,23 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from dledger.batch_stream import Answer, BatchStream
 from dledger.combiner import Combiner
-from dledger.errors import DLedgerError, OutcomeUnknownError, UnavailableError
+from dledger.connections import AsyncChannels, Channels, Streams
+from dledger.errors import DLedgerError, UnavailableError
 from dledger.routing import DEFAULT_BACKOFF_S, Router
 from dledger.security.config import ClientSecurity
-from dledger.security.tls import client_credentials, sync_channel
+from dledger.security.tls import client_credentials
 from dledger.transport import convert
 from dledger.transport.base import AppendedRun, AppendResult, NodeInfo, PeerInfo
-from dledger.transport.grpc import CHANNEL_OPTIONS, open_channel
 from dledger.v1 import client_pb2, client_pb2_grpc
 
 __all__ = ["AppendResult", "AsyncDLedgerClient", "DLedgerClient", "GetResult", "NodeInfo"]
@@ -111,10 +108,16 @@ class AsyncDLedgerClient:
         self.rpc_timeout_s = rpc_timeout_s
         self._use_stream = use_stream
         self._max_pack = max_pack
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, client_pb2_grpc.DLedgerStub] = {}
-        self._other_stubs: dict[tuple[str, type], Any] = {}
-        self._streams: dict[str, BatchStream[bytes, AppendResult]] = {}
+        self._channels = AsyncChannels(self._credentials)
+        self._streams: Streams[bytes, AppendResult] = Streams(
+            lambda address: BatchStream(
+                self._stub(address).AppendStream(),
+                address,
+                self._max_pack,
+                _append_request(self.group),
+                _append_answer,
+            )
+        )
 
     @property
     def addresses(self) -> list[str]:
@@ -129,56 +132,24 @@ class AsyncDLedgerClient:
         return self._router.stats
 
     def _stub(self, address: str) -> client_pb2_grpc.DLedgerStub:
-        stub = self._stubs.get(address)
-        if stub is None:
-            ch = open_channel(address, credentials=self._credentials)
-            self._channels[address] = ch
-            stub = self._stubs[address] = client_pb2_grpc.DLedgerStub(ch)
-        return stub
+        return self._channels.stub(address, client_pb2_grpc.DLedgerStub)
 
     async def append(self, body: bytes) -> AppendResult:
         return (await self.append_batch([body]))[0]
 
     async def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
+        """Appended as one batch; not retried once it may have reached a leader (appends are not idempotent)."""
         bodies = [bytes(b) for b in bodies]
         attempts = self._router.attempts(self.timeout_s, "append")
-        while True:
-            address = attempts.target()
-            wait_s = max(0.001, min(self.rpc_timeout_s, attempts.remaining()))
-            try:
-                async with asyncio.timeout(wait_s):
-                    results = await self._append_once(address, bodies)
-            except TimeoutError:
-                self._router.learn(UnavailableError("no answer"), address)
-                raise OutcomeUnknownError(
-                    f"no answer from {address} within {wait_s:.3g} s: the append may or may not commit"
-                ) from None
-            except DLedgerError as e:
-                await asyncio.sleep(attempts.failed(e, address))
-                continue
-            attempts.succeeded(address)
-            return list(results)
-
-    async def _append_once(self, address: str, bodies: list[bytes]) -> Sequence[AppendResult]:
         if self._use_stream:
-            s = self._streams.get(address)
-            if s is None or s.broken is not None:
-                if s is not None:
-                    await s.close()
-                s = self._streams[address] = BatchStream(
-                    self._stub(address).AppendStream(),
-                    address,
-                    self._max_pack,
-                    _append_request(self.group),
-                    _append_answer,
-                )
-            return await s.submit(bodies)
-        try:
-            resp = await self._stub(address).Append(
-                client_pb2.AppendRequest(group=self.group, bodies=bodies), timeout=self.rpc_timeout_s
-            )
-        except grpc.aio.AioRpcError as e:
-            raise convert.error_from_rpc(e, address, write=True) from e
+            return list(await self._streams.submit(attempts, bodies, self.rpc_timeout_s))
+        req = client_pb2.AppendRequest(group=self.group, bodies=bodies)
+        resp = await self._channels.call(
+            attempts,
+            lambda address, t: self._stub(address).Append(req, timeout=t),
+            write=True,
+            rpc_timeout_s=self.rpc_timeout_s,
+        )
         return AppendedRun(resp.first_index, resp.term, tuple(resp.pos)).results()
 
     async def get(self, index: int, address: str | None = None) -> GetResult:
@@ -233,12 +204,7 @@ class AsyncDLedgerClient:
     def stub(self, address: str, stub_type: type) -> Any:
         """A stub of another service served by the nodes (e.g. ``kv_pb2_grpc.KVStub``), on this client's
         channel to ``address``."""
-        self._stub(address)
-        key = (address, stub_type)
-        stub = self._other_stubs.get(key)
-        if stub is None:
-            stub = self._other_stubs[key] = stub_type(self._channels[address])
-        return stub
+        return self._channels.stub(address, stub_type)
 
     async def call(self, fn, *, stub_type: type, write: bool, address: str | None = None):
         """``await fn(stub)`` on the leader (or on ``address``), following not-leader hints and retrying what
@@ -256,27 +222,17 @@ class AsyncDLedgerClient:
         stub_type: type | None = None,
         write: bool = False,
     ):
-        attempts = self._router.attempts(self.timeout_s, "the request", address=address)
-        while True:
-            target = attempts.target()
-            try:
-                result = await fn(self._stub(target) if stub_type is None else self.stub(target, stub_type))
-            except grpc.aio.AioRpcError as e:
-                await asyncio.sleep(attempts.failed(convert.error_from_rpc(e, target, write=write), target))
-                continue
-            if leader_only:
-                attempts.succeeded(target)
-            return result
+        return await self._channels.call(
+            self._router.attempts(self.timeout_s, "the request", address=address),
+            lambda target, _: fn(self.stub(target, stub_type or client_pb2_grpc.DLedgerStub)),
+            write=write,
+            rpc_timeout_s=self.rpc_timeout_s,
+            remember_leader=leader_only,
+        )
 
     async def close(self) -> None:
-        for s in self._streams.values():
-            await s.close()
-        self._streams.clear()
-        for ch in self._channels.values():
-            await ch.close()
-        self._channels.clear()
-        self._stubs.clear()
-        self._other_stubs.clear()
+        await self._streams.close()
+        await self._channels.close()
 
     async def __aenter__(self) -> AsyncDLedgerClient:
         return self
@@ -308,9 +264,7 @@ class DLedgerClient:
         self.group = group
         self.timeout_s = timeout_s
         self.rpc_timeout_s = rpc_timeout_s
-        self._lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[str, client_pb2_grpc.DLedgerStub] = {}
+        self._channels = Channels(self._credentials)
         self._appends: Combiner[bytes, AppendResult] = Combiner(
             self._append_now, max_inflight=max_inflight, max_items=max_pack
         )
@@ -328,14 +282,7 @@ class DLedgerClient:
         return self._router.stats
 
     def _stub(self, address: str) -> client_pb2_grpc.DLedgerStub:
-        stub = self._stubs.get(address)
-        if stub is None:
-            with self._lock:
-                stub = self._stubs.get(address)
-                if stub is None:
-                    ch = self._channels[address] = sync_channel(address, self._credentials, CHANNEL_OPTIONS)
-                    stub = self._stubs[address] = client_pb2_grpc.DLedgerStub(ch)
-        return stub
+        return self._channels.stub(address, client_pb2_grpc.DLedgerStub)
 
     def append(self, body: bytes) -> AppendResult:
         return self._appends.submit([body if type(body) is bytes else bytes(body)])[0]
@@ -404,25 +351,16 @@ class DLedgerClient:
         write: bool = False,
         leader_only: bool = False,
     ):
-        what = "append" if write else "the request"
-        attempts = self._router.attempts(self.timeout_s, what, address=address)
-        while True:
-            target = attempts.target()
-            try:
-                result = fn(self._stub(target), max(0.001, min(self.rpc_timeout_s, attempts.remaining())))
-            except grpc.RpcError as e:
-                time.sleep(attempts.failed(convert.error_from_rpc(e, target, write=write), target))
-                continue
-            if leader_only:
-                attempts.succeeded(target)
-            return result
+        return self._channels.call(
+            self._router.attempts(self.timeout_s, "append" if write else "the request", address=address),
+            lambda target, t: fn(self._stub(target), t),
+            write=write,
+            rpc_timeout_s=self.rpc_timeout_s,
+            remember_leader=leader_only,
+        )
 
     def close(self) -> None:
-        with self._lock:
-            for ch in self._channels.values():
-                ch.close()
-            self._channels.clear()
-            self._stubs.clear()
+        self._channels.close()
 
     def __enter__(self) -> DLedgerClient:
         return self

@@ -70,7 +70,7 @@ class Router:
 
     def backoff(self, attempt: int) -> float:
         lo, hi = self._backoff
-        return min(hi, lo * (2**attempt)) * (0.5 + self._rng.random())
+        return float(min(hi, lo * (2**attempt)) * (0.5 + self._rng.random()))
 
     def attempts(
         self,

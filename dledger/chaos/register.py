@@ -21,6 +21,7 @@ import grpc
 from dledger.chaos import checkers
 from dledger.chaos.history import FAIL, INFO, INVOKE, OK, Event, History, operations
 from dledger.chaos.workload import Workers, Workload
+from dledger.connections import Channels
 from dledger.errors import (
     DLedgerError,
     InvalidRequestError,
@@ -41,15 +42,12 @@ class RegisterClient:
     def __init__(self, servers: Sequence[str], timeout_s: float = 1.0):
         self.servers = list(servers)
         self.timeout_s = timeout_s
-        self._channels: dict[str, grpc.Channel] = {}
+        self._channels = Channels(None)
         self._router = Router(self.servers)
 
     def _call(self, fn: Callable[[kv_pb2_grpc.KVStub], Any], address: str, write: bool) -> Any:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = grpc.insecure_channel(address)
         try:
-            return fn(kv_pb2_grpc.KVStub(ch))
+            return fn(self._channels.stub(address, kv_pb2_grpc.KVStub))
         except grpc.RpcError as e:
             raise convert.error_from_rpc(e, address, write=write) from None
 
@@ -78,9 +76,7 @@ class RegisterClient:
         return r.value.decode() if r.found else None
 
     def close(self) -> None:
-        for ch in self._channels.values():
-            ch.close()
-        self._channels.clear()
+        self._channels.close()
 
 
 class Registers(Workers):

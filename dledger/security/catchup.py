@@ -30,12 +30,12 @@ from typing import Any
 
 import grpc
 
+from dledger.connections import AsyncChannels
 from dledger.errors import DLedgerError
 from dledger.plugins import NodeHandle
 from dledger.security.config import ClientSecurity
 from dledger.security.service import SERVICE_NAME
 from dledger.security.tls import client_channel_credentials
-from dledger.transport.grpc import open_channel
 
 log = logging.getLogger("dledger.security")
 
@@ -57,7 +57,7 @@ class CatchUp:
     def __init__(self, node: NodeHandle, ca_file: Path, access_key: str, secret_key: str, bound_s: float):
         self._node = node
         self._credentials = client_channel_credentials(ClientSecurity(ca_file, access_key, secret_key))
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = AsyncChannels(self._credentials)
         self.bound_s = bound_s
         self._tick_s = max(0.005, node.config.raft.tick_ms / 1000)
         self._queued: asyncio.Future[int] | None = None  # the next question (a read point), not asked yet
@@ -170,10 +170,9 @@ class CatchUp:
     # -- plumbing --------------------------------------------------------------------------------------------
 
     async def _call(self, address: str, method: str, request: dict[str, Any], timeout_s: float) -> Any:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = open_channel(address, credentials=self._credentials)
-        send: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = ch.unary_unary(f"/{SERVICE_NAME}/{method}")
+        send: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = self._channels.channel(address).unary_unary(
+            f"/{SERVICE_NAME}/{method}"
+        )
         raw = await send(json.dumps(request).encode(), timeout=max(0.05, timeout_s))
         return json.loads(raw)
 
@@ -181,6 +180,4 @@ class CatchUp:
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
-        for ch in self._channels.values():
-            await ch.close()
-        self._channels.clear()
+        await self._channels.close()

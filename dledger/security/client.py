@@ -1,73 +1,50 @@
 """The client of the Security service (``dledger user ...``): finds the leader and calls it.
 
 A follower answers FAILED_PRECONDITION with the leader's address in the trailing metadata (``convert``); the
-client goes there, and polls the other nodes while an election is running, until ``timeout_s``.
+client goes there, and tries the other nodes while an election is running, until ``timeout_s``
+(``dledger/connections.py``, ``dledger/routing.py``: the rules of every client).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import grpc
 
-from dledger.errors import DLedgerError, NotLeaderError, UnavailableError
+from dledger.connections import AsyncChannels
+from dledger.routing import Router
 from dledger.security.config import ClientSecurity
 from dledger.security.service import SERVICE_NAME
 from dledger.security.tls import client_credentials
-from dledger.transport import convert
-from dledger.transport.grpc import open_channel, run_sync
+from dledger.transport.grpc import run_sync
+
+RPC_TIMEOUT_S = 5.0
 
 
 class SecurityClient:
     def __init__(
         self, addresses: Sequence[str], security: ClientSecurity | None = None, timeout_s: float = 10.0
     ):
-        self._addresses = list(addresses)
-        self._credentials = client_credentials(security)
+        self._router = Router(addresses)
+        self._channels = AsyncChannels(client_credentials(security))
         self._timeout = timeout_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def call(self, method: str, request: dict[str, Any]) -> Any:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout
         body = json.dumps(request).encode()
-        order = list(self._addresses)
-        last: DLedgerError | None = None
-        while loop.time() < deadline:
-            address = order[0]
-            ch = self._channels.get(address)
-            if ch is None:
-                ch = self._channels[address] = open_channel(address, credentials=self._credentials)
-            try:
-                send: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = ch.unary_unary(
-                    f"/{SERVICE_NAME}/{method}"
-                )
-                raw = await send(body, timeout=max(0.1, min(5.0, deadline - loop.time())))
-                return json.loads(raw)
-            except grpc.aio.AioRpcError as e:
-                err = convert.error_from_rpc(e, address, write=False)
-                if not getattr(err, "retriable", False):
-                    raise err from None
-                last = err
-                md = {k: v for k, v in (e.trailing_metadata() or ()) if isinstance(v, str)}
-                hint = md.get(convert.LEADER_ADDRESS_KEY)
-                order.remove(address)
-                order.append(address)
-                if isinstance(err, NotLeaderError) and hint and hint != address:
-                    if hint in order:
-                        order.remove(hint)
-                    order.insert(0, hint)
-                else:
-                    await asyncio.sleep(0.05)
-        raise UnavailableError(f"no leader answered {SERVICE_NAME}/{method} within {self._timeout} s: {last}")
+
+        def once(address: str, timeout_s: float) -> Awaitable[bytes]:
+            send: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = self._channels.channel(
+                address
+            ).unary_unary(f"/{SERVICE_NAME}/{method}")
+            return send(body, timeout=timeout_s)
+
+        attempts = self._router.attempts(self._timeout, f"{SERVICE_NAME}/{method}")
+        return json.loads(await self._channels.call(attempts, once, write=False, rpc_timeout_s=RPC_TIMEOUT_S))
 
     async def close(self) -> None:
-        for ch in self._channels.values():
-            await ch.close()
-        self._channels.clear()
+        await self._channels.close()
 
 
 def call_once(
