@@ -41,7 +41,7 @@ from dledger.combiner import Combiner
 from dledger.connections import AsyncChannels, Channels
 from dledger.errors import DLedgerError
 from dledger.loop_thread import LoopThread
-from dledger.routing import Router
+from dledger.routing import Attempts, Router
 from dledger.security.config import ClientSecurity
 from dledger.security.tls import client_credentials
 
@@ -111,8 +111,9 @@ def _start_offsets(info: TopicInfo | None, topic: str, committed: list[int | Non
     }
 
 
-class BrokerConnection:
-    """Channels to the group's nodes and the retry rules every broker call shares; thread-safe."""
+class _Calls:
+    """What the blocking and asyncio connections share: the group's addresses, the leader of the moment, and
+    how one broker method is tried (``dledger/connections.py`` runs the tries)."""
 
     def __init__(
         self,
@@ -129,6 +130,25 @@ class BrokerConnection:
         self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
         self._router = Router(self.servers)
+
+    def _attempts(self, method: str, retry_unknown: bool, address: str | None) -> Attempts:
+        return self._router.attempts(
+            self.retry_for_s, method, retry_unknown=retry_unknown, address=address, retry_pinned=True
+        )
+
+    def _invoke(self, method: str, request):
+        """One try of ``method`` on the node at an address (what ``Channels.call`` runs)."""
+        return lambda target, _: getattr(self.stub(target), method)(request, timeout=self.timeout_s)
+
+    def stub(self, address: str) -> broker_pb2_grpc.BrokerStub:
+        raise NotImplementedError
+
+
+class BrokerConnection(_Calls):
+    """Channels to the group's nodes and the retry rules every broker call shares; thread-safe."""
+
+    def __init__(self, servers: Sequence[str], **kw):
+        super().__init__(servers, **kw)
         self._channels = Channels(self._credentials)
 
     def stub(self, address: str) -> broker_pb2_grpc.BrokerStub:
@@ -138,14 +158,10 @@ class BrokerConnection:
         """Call ``method`` on the leader (or only on ``address``), following redirects; ``retry_unknown`` says
         whether a write whose outcome is unknown may be sent again (true for idempotent requests)."""
         write = method in _WRITES
+        attempts = self._attempts(method, retry_unknown, address)
+        invoke = self._invoke(method, request)
         return self._channels.call(
-            self._router.attempts(
-                self.retry_for_s, method, retry_unknown=retry_unknown, address=address, retry_pinned=True
-            ),
-            lambda target, _: getattr(self.stub(target), method)(request, timeout=self.timeout_s),
-            write=write,
-            rpc_timeout_s=self.timeout_s,
-            remember_leader=write,
+            attempts, invoke, write=write, rpc_timeout_s=self.timeout_s, remember_leader=write
         )
 
     def close(self) -> None:
@@ -385,24 +401,11 @@ class Consumer(BrokerConnection):
             ahead.shutdown(wait=False, cancel_futures=True)
 
 
-class AsyncBrokerConnection:
+class AsyncBrokerConnection(_Calls):
     """asyncio: one channel per node, concurrent calls multiplexed over it; the same retry rules."""
 
-    def __init__(
-        self,
-        servers: Sequence[str],
-        timeout_s: float = 10.0,
-        retry_for_s: float = 20.0,
-        security: ClientSecurity | None = None,
-    ):
-        """``security``: CA and access keys of a secure group (default: from the environment, docs/security.md)."""
-        if not servers:
-            raise ValueError("at least one server address is needed")
-        self._credentials = client_credentials(security)
-        self.servers = list(servers)
-        self.timeout_s = timeout_s
-        self.retry_for_s = retry_for_s
-        self._router = Router(self.servers)
+    def __init__(self, servers: Sequence[str], **kw):
+        super().__init__(servers, **kw)
         self._channels = AsyncChannels(self._credentials)
 
     def stub(self, address: str) -> broker_pb2_grpc.BrokerStub:
@@ -411,14 +414,10 @@ class AsyncBrokerConnection:
     async def call(self, method: str, request, *, retry_unknown: bool, address: str | None = None):
         """As ``BrokerConnection.call``."""
         write = method in _WRITES
+        attempts = self._attempts(method, retry_unknown, address)
+        invoke = self._invoke(method, request)
         return await self._channels.call(
-            self._router.attempts(
-                self.retry_for_s, method, retry_unknown=retry_unknown, address=address, retry_pinned=True
-            ),
-            lambda target, _: getattr(self.stub(target), method)(request, timeout=self.timeout_s),
-            write=write,
-            rpc_timeout_s=self.timeout_s,
-            remember_leader=write,
+            attempts, invoke, write=write, rpc_timeout_s=self.timeout_s, remember_leader=write
         )
 
     async def close(self) -> None:
