@@ -21,11 +21,13 @@ from dledger.group import (
     client_security,
     configuration,
     free_ports,
+    is_running,
     load,
     start_node,
     stop_node,
     wait_caught_up,
 )
+from dledger.recovery import Recovered
 
 
 def _client(group: GroupSpec, timeout_s: float = 15.0):
@@ -171,3 +173,32 @@ def replace_node(
     promote_member(directory, spec.id, timeout_s)
     remove_member(directory, dead)
     return Replacement(dead, spec.id, spec.address, index, time.monotonic() - t0)
+
+
+def recover_group(directory: Path, survivor: str, start: bool = True) -> Recovered:
+    """A group whose majority is lost for good becomes a one-node group of ``survivor``, with its whole log
+    (``dledger.recovery``): its other members leave group.json, and the survivor is started again (``start``),
+    ready for ``add_member``. Refused while any other member runs: recovering beside a live majority would make
+    two groups out of one."""
+    from dledger.nodeconfig import load as load_config
+    from dledger.recovery import make_sole_voter
+
+    directory = Path(directory).resolve()
+    group = load(directory)
+    spec = group.node(survivor)
+    if group.links:
+        raise ConfigError("recovery is not supported on a proxied (chaos) group")
+    running = [n.id for n in group.nodes if n.id != survivor and is_running(n)]
+    if running:
+        raise ConfigError(
+            f"{', '.join(running)} still running: `group recover` is for a group that lost its majority for good; "
+            "a group with a live majority elects a leader by itself (`member remove` the dead nodes instead)"
+        )
+    stop_node(spec)  # a survivor left running waits for votes that never come; its log is taken offline
+    recovered = make_sole_voter(load_config(Path(spec.config)), spec.address)
+    alone = GroupSpec(group.name, group.flush, (spec,), group.state_machine, security=group.security)
+    Path(spec.config).write_text(_node_toml(spec, alone, _raft_of(group)))
+    _write_manifest(directory, alone)
+    if start:
+        start_node(spec)
+    return recovered

@@ -6,6 +6,7 @@ group (docs/membership.md). The work is in ``dledger.group``; this module only p
     dledger member promote --dir D n3            make a caught-up learner a voter
     dledger member remove --dir D n1             remove a member (the leader hands over first if it is the one)
     dledger group replace-node --dir D n1        all of it for a dead node: add, catch up, promote, remove
+    dledger group recover --dir D --from n0      a majority lost for good: n0 alone, with its log, then add
 """
 
 from __future__ import annotations
@@ -129,7 +130,26 @@ def replace_node(
     )
 
 
+def recover(
+    dir: DirOption,
+    from_node: Annotated[str, typer.Option("--from", help="the surviving node whose log the group keeps")],
+    start: Annotated[bool, typer.Option(help="start the survivor once recovered")] = True,
+) -> None:
+    """When a majority of the group is gone for good: make FROM a one-node group with its whole log and
+    configuration, ready for `member add`. Only what FROM never received is lost (docs/membership.md)."""
+    try:
+        r = members.recover_group(dir, from_node, start)
+        if start:
+            leader = grp.wait_for_leader(grp.load(dir))
+            console.print(f"{r.describe()}\n{leader.id} leads the group again at {leader.address}")
+        else:
+            console.print(r.describe())
+    except DLedgerError as e:
+        fail(str(e))
+
+
 def register(app: typer.Typer, group_app: typer.Typer) -> None:
     """Add ``member ...`` to ``app`` and ``replace-node`` to ``group_app`` (called by ``dledger.cli``)."""
     app.add_typer(member_app, name="member")
     group_app.command("replace-node")(replace_node)
+    group_app.command("recover")(recover)

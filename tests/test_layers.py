@@ -266,6 +266,7 @@ TOOLING: tuple[str, ...] = (
     "dledger.kv.cli",
     "dledger.member",
     "dledger.protogen",
+    "dledger.recovery",
     "dledger.security.bootstrap",
     "dledger.security.certs",
     "dledger.security.cli",

@@ -12,6 +12,7 @@ import fcntl
 import os
 from pathlib import Path
 
+from dledger.core.membership import Configuration
 from dledger.errors import DirectoryInUseError
 from dledger.nodeconfig import NodeConfig
 from statemachine.api import StateMachine
@@ -43,6 +44,18 @@ def lock_data_dir(data_dir: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def base_configuration(meta: MetaStore, config: NodeConfig) -> Configuration:
+    """The configuration at the log's compaction point: the one the last snapshot recorded; else the configured
+    peers as voters, or none for a node started to join a group (``join``: it learns its configuration from the
+    leader). Config entries in the log apply on top (docs/membership.md)."""
+    raw = meta.get(SNAPSHOT_CONF_KEY)
+    if raw is not None:
+        return Configuration.decode(raw)
+    if config.join:
+        return Configuration(())
+    return Configuration.of(config.voters, addresses=config.peers)
 
 
 class DataDir:

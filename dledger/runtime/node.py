@@ -34,7 +34,7 @@ from dledger.metrics import NodeMetrics
 from dledger.nodeconfig import NodeConfig
 from dledger.plugins import NodePlugin
 from dledger.plugins import resolve as resolve_plugin
-from dledger.runtime.datadir import SNAPSHOT_CONF_KEY, DataDir
+from dledger.runtime.datadir import SNAPSHOT_CONF_KEY, DataDir, base_configuration
 from dledger.runtime.futures import retrieve
 from dledger.runtime.iothread import IoThread
 from dledger.runtime.membership import Membership
@@ -295,12 +295,7 @@ class Node:
         """The configuration at the log's compaction point: the one the last snapshot recorded; else the
         configured peers as voters, or none for a node started to join a group (``join``: it learns its
         configuration from the leader). Config entries in the log apply on top (docs/membership.md)."""
-        raw = self._data.meta_store.get(SNAPSHOT_CONF_KEY)
-        if raw is not None:
-            return Configuration.decode(raw)
-        if self.config.join:
-            return Configuration(())
-        return Configuration.of(self.config.voters, addresses=self.config.peers)
+        return base_configuration(self._data.meta_store, self.config)
 
     def _rebuild_core(self, applied: int) -> RaftCore:
         """A core rebuilt from what storage holds (after a refused write): the state a restart would find."""

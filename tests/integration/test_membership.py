@@ -303,3 +303,64 @@ def test_member_cli_lists_and_refuses_with_a_message(make_group):
     assert bad.returncode == 1 and "error:" in bad.stderr and "no node 'n7'" in bad.stderr, bad.stderr
     status = cli("group", "status")
     assert "configuration: voters n0, n1, n2 (the initial members)" in status.stdout, status.stdout
+
+
+def test_a_group_that_lost_its_majority_for_good_is_recovered_from_a_survivor(make_group):
+    """Two of three nodes killed for good: the survivor alone can never commit. `dledger group recover --from`
+    makes it a one-node group with its whole log; every entry it held is still there (the acknowledged ones
+    with their bodies), it takes writes again, and `member add` grows it back."""
+    g = make_group(3)
+    d = Path(g.nodes[0].data_dir).parent
+    try:
+        _recover_from_a_survivor(g, d)
+    finally:
+        grp.stop_group(grp.load(d))
+
+
+def _recover_from_a_survivor(g: grp.GroupSpec, d: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dledger.cli import app
+    from dledger.errors import ConfigError
+
+    p = Producer(g).start()
+    try:
+        p.wait_for(300, "300 appends before losing the majority")
+    finally:
+        p.stop()
+    leader = grp.wait_for_leader(g)
+    survivor = next(n for n in g.nodes if n.id != leader.id)
+    top = max(p.acked)
+    assert grp.wait_caught_up(g, survivor.id, top) is not None, "the survivor holds every acknowledged entry"
+    with pytest.raises(ConfigError, match="still running"):  # a live majority: nothing to recover
+        members.recover_group(d, survivor.id)
+    lost = [n for n in g.nodes if n.id != survivor.id]
+    for n in lost:
+        assert grp.kill_node(n) is not None
+    held = {e.index: bytes(e.body) for e in read_log(survivor.data_dir)}
+    with DLedgerClient([survivor.address], g.name, timeout_s=1.5) as c:
+        with pytest.raises(DLedgerError):  # one node of three: no quorum, no write
+            c.append(b"refused")
+    for n in lost:  # gone for good: their machines and disks
+        grp.kill_node(n)
+
+    done = CliRunner().invoke(app, ["group", "recover", "--dir", str(d), "--from", survivor.id])
+    assert done.exit_code == 0, done.output
+    assert f"node {survivor.id} is now the only voter" in done.output and "leads the group again" in done.output
+
+    alone = grp.load(d)
+    assert [n.id for n in alone.nodes] == [survivor.id]
+    with DLedgerClient(alone.addresses, g.name, timeout_s=30) as c:
+        info = c.metadata()
+        assert info.voters == (survivor.id,) and info.role == "leader"
+        for index, body in held.items():  # everything it held, committed then or not
+            assert c.get(index).body == body, f"entry {index} lost or changed"
+        assert set(p.acked) <= set(held)
+        after = c.append(b"after recovery")
+        assert after.index > max(held)
+    spec = members.add_member(d)  # and it grows back
+    members.promote_member(d, spec.id, timeout_s=60)
+    final = grp.load(d)
+    lead = grp.configuration(final)
+    assert lead is not None and sorted(lead.voters) == sorted([survivor.id, spec.id])
+    check_nothing_lost(final, p.acked)
