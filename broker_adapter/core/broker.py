@@ -184,7 +184,7 @@ class Broker:
         """One request's messages, each stored by its kind: NORMAL in ``topic``, DELAY in the timer topic until
         its ``due_ms``, TRANSACTION as a half message. Each kind is one send, and every send is checked before
         the first is written, so a request refused for any of its messages leaves nothing in the log."""
-        parts: list[tuple[list[int], str, list, bool]] = []
+        parts: list[tuple[list[int], str, Sequence[Outgoing], bool]] = []
         for kind in (NORMAL, DELAY, TRANSACTION):
             idx = [i for i, k in enumerate(kinds) if k == kind]
             if not idx:
@@ -197,13 +197,13 @@ class Broker:
                 parts.append((idx, HALF_TOPIC, await self.delivery.half(topic, part, ""), True))
             else:
                 parts.append((idx, topic, part, False))
-        for _, to, part, system in parts:
-            await self._sender.check(to, part, system)
-        sent: list[Any] = [None] * len(msgs)
-        for idx, to, part, system in parts:
-            for i, r in zip(idx, await self.send(to, part, system), strict=True):
+        for _, to, batch, system in parts:
+            await self._sender.check(to, batch, system)
+        sent: dict[int, SendResult] = {}
+        for idx, to, batch, system in parts:
+            for i, r in zip(idx, await self.send(to, batch, system), strict=True):
                 sent[i] = r
-        return sent
+        return [sent[i] for i in range(len(msgs))]  # each message has one of the three kinds
 
     async def applied_through(self, index: int, timeout_s: float = 10.0) -> None:
         """Until this node's state machine applied entry ``index``."""
@@ -239,7 +239,10 @@ class Broker:
             raise InvalidRequestError(str(result))
         if isinstance(result, BaseException):
             raise result
-        return result
+        created: commands.CreateTopic = (
+            result  # what applying a CreateTopic answers when it did not refuse it
+        )
+        return created
 
     async def list_topics(self, allow_follower: bool = False) -> list[tuple[str, int, list[int]]]:
         """(topic, queues, each queue's end) for every topic, by name."""
@@ -254,6 +257,7 @@ class Broker:
         (``broker_commit``); each one's applied result, or the error the state machine returned for it."""
         bodies = [c if isinstance(c, bytes) else commands.encode(c) for c in cmds]
         _, results = await self.group_commit.propose(bodies, True)
+        assert results is not None  # asked for (want_results): one applied outcome per body
         return results
 
     # -- pull ----------------------------------------------------------------------------------------------

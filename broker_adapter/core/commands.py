@@ -117,7 +117,7 @@ class GroupSettingsCmd:
     """Replace a consumer group's delivery settings (``broker_adapter.core.groups.GroupSettings`` as JSON)."""
 
     group: str
-    settings: dict
+    settings: dict[str, object]  # GroupSettings.to_json(): JSON values
 
 
 @dataclass(frozen=True, slots=True)

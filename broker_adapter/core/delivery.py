@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Final
 from broker_adapter.core import commands, message
 from broker_adapter.core.clock import now_ms
 from broker_adapter.core.model import (
+    Outgoing,
     OutgoingMessage,
     SendResult,
     UnknownQueueError,
@@ -98,7 +99,7 @@ def copy_of(
 class Delivery:
     def __init__(self, broker: Broker):
         self._broker = broker
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._term = -1
         self._next_revive = 0
         self._tick_lock = asyncio.Lock()
@@ -176,13 +177,13 @@ class Delivery:
             )
 
     async def send_timed(
-        self, topic: str, msgs: Sequence[OutgoingMessage], due_ms: Sequence[int]
+        self, topic: str, msgs: Sequence[Outgoing], due_ms: Sequence[int]
     ) -> list[SendResult]:
         """Store messages to be delivered to ``topic`` at their due times (in the timer topic until then)."""
         return await self._broker.send(TIMER_TOPIC, await self.timed(topic, msgs, due_ms), system=True)
 
     async def timed(
-        self, topic: str, msgs: Sequence[OutgoingMessage], due_ms: Sequence[int]
+        self, topic: str, msgs: Sequence[Outgoing], due_ms: Sequence[int]
     ) -> list[OutgoingMessage]:
         """The timer topic's messages for ``send_timed`` (checked: delivery times, queues)."""
         b = self._broker
@@ -251,15 +252,11 @@ class Delivery:
             return True
 
     # -- transactions --------------------------------------------------------------------------------------
-    async def send_half(
-        self, topic: str, msgs: Sequence[OutgoingMessage], producer_group: str
-    ) -> list[SendResult]:
+    async def send_half(self, topic: str, msgs: Sequence[Outgoing], producer_group: str) -> list[SendResult]:
         """Store transactional messages for ``topic``; each one's message id is its transaction id."""
         return await self._broker.send(HALF_TOPIC, await self.half(topic, msgs, producer_group), system=True)
 
-    async def half(
-        self, topic: str, msgs: Sequence[OutgoingMessage], producer_group: str
-    ) -> list[OutgoingMessage]:
+    async def half(self, topic: str, msgs: Sequence[Outgoing], producer_group: str) -> list[OutgoingMessage]:
         """The half topic's messages for ``send_half`` (checked: queues)."""
         b = self._broker
         check_user_topic(topic)
@@ -404,7 +401,7 @@ class Delivery:
         return q is None or offset not in q.inflight or q.inflight[offset].epoch != epoch
 
 
-def _with(m: OutgoingMessage, queue_id: int, props: dict[str, str]) -> OutgoingMessage:
+def _with(m: Outgoing, queue_id: int, props: dict[str, str]) -> OutgoingMessage:
     return OutgoingMessage(
         queue_id=queue_id,
         body=m.body,

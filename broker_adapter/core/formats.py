@@ -72,7 +72,7 @@ def tags_code(tags: str | None) -> int:
     return java_string_hash(tags) if tags else 0
 
 
-def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
+def decode_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
     """``name \\x01 value \\x02 ...`` as RocketMQ's MessageDecoder writes it."""
     props: dict[str, str] = {}
     for item in bytes(raw).decode().split(PROPERTY_SEPARATOR):

@@ -71,7 +71,8 @@ def peek_property(buf: bytes | bytearray | memoryview, name: str) -> str | None:
 
 def peek_store_timestamp(buf: bytes | bytearray | memoryview) -> int:
     """STORETIMESTAMP of an encoded message (the leader's clock when it placed it)."""
-    return struct.unpack_from(">q", buf, _STORE_TIMESTAMP_AT)[0]
+    stamp: int = struct.unpack_from(">q", buf, _STORE_TIMESTAMP_AT)[0]
+    return stamp
 
 
 _STORE_TIMESTAMP_AT: Final = 56  # after TOTALSIZE .. BORNTIMESTAMP (40) and BORNHOST (8, IPv4)

@@ -108,20 +108,23 @@ class Pops:
             offsets = q.deliverable(now, sm.next_offset(topic, qid), batch, settings.max_attempts)
             if not offsets:
                 return None
-            msgs = {o: b.read(topic, qid, o) for o in offsets}
-            take = tuple(o for o in offsets if msgs[o] is not None and select(msgs[o]))
-            skip = tuple(o for o in offsets if o not in take)  # filtered out, or gone from the log
+            held = {o: m for o in offsets if (m := b.read(topic, qid, o)) is not None}
+            taken = {o: m for o, m in held.items() if select(m)}
+            take = tuple(taken)
+            skip = tuple(o for o in offsets if o not in taken)  # filtered out, or gone from the log
             mgroups: tuple[tuple[int, str], ...] = ()
             if settings.fifo:
                 mgroups = tuple(
-                    (o, g) for o in take if (g := msgs[o].properties.get(message.PROPERTY_MESSAGE_GROUP))
+                    (o, g)
+                    for o, m in taken.items()
+                    if (g := m.properties.get(message.PROPERTY_MESSAGE_GROUP))
                 )
             pop = commands.Pop(group, topic, qid, now, invisible_ms, take, skip, mgroups)
             (popped,) = await b.submit([pop])
             if isinstance(popped, BaseException):
                 raise popped if isinstance(popped, DLedgerError) else NotFoundError(str(popped))
             if popped.deliveries:
-                return popped, {d.offset: msgs[d.offset] for d in popped.deliveries}
+                return popped, {d.offset: taken[d.offset] for d in popped.deliveries}  # granted of ``take``
             if take:  # taken by an earlier pop still in the log tail
                 return None
 
@@ -181,6 +184,7 @@ class Pops:
             outcome = PopStates._owner(q, offset, epoch)
             if outcome is not Outcome.DONE:
                 return outcome
+            assert q is not None  # DONE: the queue holds this delivery
             m = b.read(topic, queue_id, offset)
             if m is None:
                 raise NotFoundError(

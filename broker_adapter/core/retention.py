@@ -68,7 +68,8 @@ def store_timestamp(body: bytes | memoryview) -> int | None:
     """A message entry's STORETIMESTAMP (ms), None for a command or anything else."""
     if not commands.is_message(body):
         return None
-    return _STORE_TIMESTAMP.unpack_from(body, _STORE_TIMESTAMP_AT)[0]
+    stamp: int = _STORE_TIMESTAMP.unpack_from(body, _STORE_TIMESTAMP_AT)[0]
+    return stamp
 
 
 def _message_time(log: LogStore, i: int, hi: int) -> int | None:

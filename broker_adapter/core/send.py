@@ -14,7 +14,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from broker_adapter.core import message
 from broker_adapter.core.model import (
@@ -34,13 +34,19 @@ if TYPE_CHECKING:
 
 MAX_SEND_BATCH: Final = 1024
 
+# Where each message of a stored batch went (None: a duplicate too old to remember), for retries arriving meanwhile.
+Stored = list[Dispatched | None]
+# Where a (producer, seq) already is: ``QueueOffsetAllocator.find_send``'s answer, or, in flight on this leader, its
+# batch's results and its place in them.
+Found = Dispatched | int | bool | tuple["asyncio.Future[Stored]", int]
+
 
 class Sender:
     def __init__(self, broker: Broker, allocator: QueueOffsetAllocator):
         self._broker = broker
         self._alloc = allocator
         # (producer, seq) -> (the results of the batch storing it, its index there), while that batch is proposed
-        self._inflight: dict[tuple[str, int], tuple[asyncio.Future[list[Any]], int]] = {}
+        self._inflight: dict[tuple[str, int], tuple[asyncio.Future[Stored], int]] = {}
         self._applied_event: asyncio.Event | None = None
         # Ids for messages sent without one: 32 hex digits as RocketMQ's, a random prefix per broker process
         # and a counter (uuid4 per message cost more than the rest of the encoding).
@@ -160,17 +166,15 @@ class Sender:
         term = b.require_leader()
         self._alloc.ensure_term(term, b.node.log_store.last_index)
         loop = asyncio.get_running_loop()
-        results: list[Any] = [None] * len(raws)
+        results: Stored = [None] * len(raws)
         fresh: list[int] = []
-        waits: list[tuple[int, Any]] = []
+        waits: list[tuple[int, Found]] = []
         mine: list[tuple[str, int]] = []
-        stored: asyncio.Future[list[Any]] | None = (
-            None  # this batch's results, for retries arriving meanwhile
-        )
+        stored: asyncio.Future[Stored] | None = None  # this batch's results, for retries arriving meanwhile
         for i, r in enumerate(routes):
             key = r.producer
             if key is not None:
-                found = self._alloc.find_send(*key)
+                found: Found = self._alloc.find_send(*key)
                 if found is False and key in self._inflight:
                     found = self._inflight[key]
                 if found is not False:
@@ -237,7 +241,7 @@ class Sender:
         return encoded
 
     async def _resolve_duplicate(
-        self, key: tuple[str, int], found: Any, deadline: float
+        self, key: tuple[str, int], found: Found, deadline: float
     ) -> Dispatched | None:
         """The first attempt's result for a retried (producer, seq): None when it is too old to remember."""
         if isinstance(found, tuple):  # in flight on this leader: (its batch's results, its place in them)
