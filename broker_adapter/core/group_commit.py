@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from broker_adapter.core.message import Route
+from broker_adapter.core.formats import Route
 from broker_adapter.core.statemachine import Dispatched
 from dledger.errors import DLedgerError
 

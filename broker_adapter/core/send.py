@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from broker_adapter.core import message
+from broker_adapter.core.clock import now_ms
 from broker_adapter.core.model import (
     Outgoing,
     SendResult,
@@ -220,7 +220,7 @@ class Sender:
         self, topic: str, queues: int, msgs: Sequence[Outgoing]
     ) -> list[tuple[str, bytes, message.Route]]:
         """(msg_id, CommitLog message bytes, its route) per message, with the broker's properties stamped in."""
-        now = int(time.time() * 1000)
+        now = now_ms()
         limit = self._broker.node.config.max_body_bytes
         encoded: list[tuple[str, bytes, message.Route]] = []
         for i, m in enumerate(msgs):
