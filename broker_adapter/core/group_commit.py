@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from broker_adapter.core import commands
 from broker_adapter.core.formats import Route
 from broker_adapter.core.statemachine import Dispatched
 from dledger.errors import DLedgerError
@@ -71,6 +72,14 @@ class GroupCommit:
             self._scheduled = True
             loop.call_soon(self._flush)
         return await call.future
+
+    async def submit(self, cmds: Sequence[commands.Command | bytes]) -> list[Any]:
+        """Propose commands (or encoded bodies) as one call: each one's applied result, or the error the state
+        machine returned for it."""
+        bodies = [c if isinstance(c, bytes) else commands.encode(c) for c in cmds]
+        _, results = await self.propose(bodies, True)
+        assert results is not None  # asked for (want_results): one applied outcome per body
+        return results
 
     def _flush(self) -> None:
         self._scheduled = False
