@@ -16,11 +16,12 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from broker_adapter.core import commands, groups, message, retention
+from broker_adapter.core import commands, groups, message
 from broker_adapter.core.allocator import QueueOffsetAllocator
 from broker_adapter.core.commitlog import CommitLog, CommitLogError
-from broker_adapter.core.delivery import Delivery
+from broker_adapter.core.delivery import DeadLetters, Delivery
 from broker_adapter.core.group_commit import GroupCommit
+from broker_adapter.core.leadership import Leadership
 from broker_adapter.core.model import (
     DELAY,
     NORMAL,
@@ -32,15 +33,14 @@ from broker_adapter.core.model import (
     RouteInfo,
     SendResult,
     UnknownGroupError,
-    UnknownQueueError,
-    UnknownTopicError,
     check_group,
-    check_topic,
     check_user_topic,
 )
 from broker_adapter.core.pop import Pops
+from broker_adapter.core.reader import QueueReader
 from broker_adapter.core.send import Sender
 from broker_adapter.core.statemachine import BrokerStateMachine
+from broker_adapter.core.topic_registry import TopicRegistry
 from broker_adapter.core.topics import HALF_TOPIC, TIMER_TOPIC
 from broker_adapter.settings import BrokerSettings
 from dledger.core.messages import Role
@@ -48,8 +48,6 @@ from dledger.errors import (
     DLedgerError,
     InvalidRequestError,
     NotFoundError,
-    NotLeaderError,
-    UnavailableError,
 )
 from dledger.plugins import NodeHandle
 
@@ -70,113 +68,71 @@ class Broker:
         self.sm = state_machine
         self._alloc = allocator
         self.commitlog = CommitLog(node.log_store, state_machine)
-        self._waiters: dict[tuple[str, int], asyncio.Event] = {}
-        # Read barrier: a new leader answers from its dispatched state only once it has applied everything up to
-        # its own first entry of the term (so nothing committed by earlier leaders is missing from its answers).
-        self._barrier: tuple[int, int] = (-1, -1)  # (term, index of the leader's first entry in that term)
-        self._barrier_passed_term = -1
+        # The parts, each given the few others it uses (none of them sees this facade):
+        self.leadership = Leadership(node)  # may this node write; its read barrier as a new leader
         self.group_commit = GroupCommit(node, allocator)  # concurrent calls' entries: one proposal
-        self._sender = Sender(self, allocator)
+        self.topics = TopicRegistry(
+            state_machine, self.leadership, self.group_commit, self.settings.auto_create_topic_queues
+        )
+        self.reader = QueueReader(node, state_machine, self.commitlog)  # messages by queue offset, long polls
+        self._sender = Sender(node, state_machine, allocator, self.group_commit, self.leadership, self.topics)
         self.send = self._sender.send  # bound once: the hot path pays no extra call
         self.send_stored = self._sender.send_stored  # a producer session's batches (docs/broker.md)
-        self.pops = Pops(self)  # RocketMQ 5 consumption: pop, ack, change invisible duration
-        # (topic, queue id) -> (the log's first index, the first offset held then): ``first_held``
-        self._first_held: dict[tuple[str, int], tuple[int, int]] = {}
-        self.delivery = Delivery(self)  # delayed, transactional and dead-letter messages (the leader's loop)
+        dead_letters = DeadLetters(state_machine, self._sender)
+        # RocketMQ 5 consumption: pop, ack, change invisible duration
+        self.pops = Pops(
+            state_machine, self.leadership, self.topics, self.reader, self.group_commit, dead_letters
+        )
+        # Delayed, transactional and dead-letter messages (the leader's loop)
+        self.delivery = Delivery(
+            node,
+            state_machine,
+            self.leadership,
+            self.topics,
+            self.reader,
+            self.group_commit,
+            self._sender,
+            self.pops.revive,
+            self.settings.max_delay_ms,
+        )
+        self.leadership.on_ready = self.delivery.ensure_running
         state_machine.on_tx_check = self.delivery.tx_checked
 
     # -- hooks ---------------------------------------------------------------------------------------------
     def dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
         """The dispatcher wrote units for this queue: wake long-polling pulls and receives."""
-        ev = self._waiters.pop((topic, queue_id), None)
-        if ev is not None:
-            ev.set()
+        self.reader.wake(topic, queue_id)
         self._sender.applied()
 
-    def wake(self, topic: str, queue_id: int) -> None:
-        """Wake receives long-polling this queue (something other than a dispatch may have made a message
-        deliverable: an ack in a FIFO message group)."""
-        ev = self._waiters.pop((topic, queue_id), None)
-        if ev is not None:
-            ev.set()
-
     def role_changed(self, role: Role, term: int) -> None:
-        if role is Role.LEADER:
-            self._barrier = (term, self.node.log_store.last_index)
+        self.leadership.role_changed(role, term)
         self.delivery.role_changed(role, term)
 
     # -- leadership ----------------------------------------------------------------------------------------
     async def leader_state(self, timeout_s: float = 5.0) -> int:
         """The leader's term once its dispatched state includes everything earlier leaders committed."""
-        term = self.require_leader()
-        if self._barrier_passed_term == term:
-            return term
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            barrier_term, index = self._barrier
-            if barrier_term == term and self.node.metadata().applied_index >= index:
-                self._barrier_passed_term = term
-                self.delivery.ensure_running(term)
-                return term
-            if loop.time() >= deadline:
-                raise UnavailableError(
-                    f"node {self.node.id} became the leader but has not applied its log up to index {index} yet; "
-                    "retry shortly"
-                )
-            await asyncio.sleep(0.005)
-            term = self.require_leader()  # leadership may have moved meanwhile
+        return await self.leadership.leader_state(timeout_s)
 
     def require_leader(self) -> int:
         """The leader's term, or the error a follower answers with."""
-        node = self.node
-        if node.is_leader():
-            return node.term
-        leader = node.leader_id
-        if leader and leader != node.id:
-            raise NotLeaderError(
-                leader,
-                f"node {node.id} is not the leader; the leader is {leader} at {node.address_of(leader) or '?'}",
-            )
-        raise UnavailableError(f"node {node.id} is not the leader and no leader is known; retry shortly")
+        return self.leadership.require_leader()
 
     # -- topics and queues ---------------------------------------------------------------------------------
     def queues(self, topic: str) -> int:
         """The topic's queue count on this node (``InvalidTopicError`` / ``UnknownTopicError`` otherwise)."""
-        check_topic(topic)
-        n = self.sm.topics.get(topic)
-        if n is None:
-            raise UnknownTopicError(
-                topic,
-                f"unknown topic {topic!r}: create it first (dledger topic create), or turn on "
-                "[broker] auto_create_topic_queues",
-            )
-        return n
+        return self.topics.queues(topic)
 
     def check_queue(self, topic: str, queue_id: int) -> None:
-        n = self.queues(topic)
-        if not 0 <= queue_id < n:
-            raise UnknownQueueError(f"unknown queue {topic}/{queue_id}: the topic has queues 0..{n - 1}")
+        self.topics.check_queue(topic, queue_id)
 
     @property
     def auto_create_topic_queues(self) -> int:
-        return self.settings.auto_create_topic_queues
+        return self.topics.auto_create_queues
 
     async def ensure_topic(self, topic: str) -> int:
         """The topic's queue count. With ``auto_create_topic_queues`` on, the leader first creates an unknown
         topic through the log (a CreateTopic entry, so every node agrees); off, an unknown topic is NOT_FOUND."""
-        try:
-            return self.queues(topic)
-        except UnknownTopicError:
-            queues = self.auto_create_topic_queues
-            if not queues:
-                raise
-        self.require_leader()
-        (result,) = await self.submit([commands.CreateTopic(topic, queues)])
-        if isinstance(result, BaseException) and not isinstance(result, commands.CommandError):
-            raise result
-        # A CommandError here means a concurrent create chose another queue count first: that one stands.
-        return self.queues(topic)
+        return await self.topics.ensure_topic(topic)
 
     async def send_kinds(
         self, topic: str, msgs: Sequence[Outgoing], kinds: Sequence[str], due_ms: Sequence[int]
@@ -184,7 +140,7 @@ class Broker:
         """One request's messages, each stored by its kind: NORMAL in ``topic``, DELAY in the timer topic until
         its ``due_ms``, TRANSACTION as a half message. Each kind is one send, and every send is checked before
         the first is written, so a request refused for any of its messages leaves nothing in the log."""
-        parts: list[tuple[list[int], str, list, bool]] = []
+        parts: list[tuple[list[int], str, Sequence[Outgoing], bool]] = []
         for kind in (NORMAL, DELAY, TRANSACTION):
             idx = [i for i, k in enumerate(kinds) if k == kind]
             if not idx:
@@ -197,13 +153,13 @@ class Broker:
                 parts.append((idx, HALF_TOPIC, await self.delivery.half(topic, part, ""), True))
             else:
                 parts.append((idx, topic, part, False))
-        for _, to, part, system in parts:
-            await self._sender.check(to, part, system)
-        sent: list[Any] = [None] * len(msgs)
-        for idx, to, part, system in parts:
-            for i, r in zip(idx, await self.send(to, part, system), strict=True):
+        for _, to, batch, system in parts:
+            await self._sender.check(to, batch, system)
+        sent: dict[int, SendResult] = {}
+        for idx, to, batch, system in parts:
+            for i, r in zip(idx, await self.send(to, batch, system), strict=True):
                 sent[i] = r
-        return sent
+        return [sent[i] for i in range(len(msgs))]  # each message has one of the three kinds
 
     async def applied_through(self, index: int, timeout_s: float = 10.0) -> None:
         """Until this node's state machine applied entry ``index``."""
@@ -239,7 +195,10 @@ class Broker:
             raise InvalidRequestError(str(result))
         if isinstance(result, BaseException):
             raise result
-        return result
+        created: commands.CreateTopic = (
+            result  # what applying a CreateTopic answers when it did not refuse it
+        )
+        return created
 
     async def list_topics(self, allow_follower: bool = False) -> list[tuple[str, int, list[int]]]:
         """(topic, queues, each queue's end) for every topic, by name."""
@@ -252,9 +211,7 @@ class Broker:
     async def submit(self, cmds: Sequence[commands.Command | bytes]) -> list[Any]:
         """Propose commands (or encoded bodies) as one batch, packed with concurrent calls' entries
         (``broker_commit``); each one's applied result, or the error the state machine returned for it."""
-        bodies = [c if isinstance(c, bytes) else commands.encode(c) for c in cmds]
-        _, results = await self.group_commit.propose(bodies, True)
-        return results
+        return await self.group_commit.submit(cmds)
 
     # -- pull ----------------------------------------------------------------------------------------------
     async def pull(
@@ -438,62 +395,15 @@ class Broker:
     ) -> None:
         """Until a message is dispatched to one of the queues or ``until`` (loop time). With ``offset`` (one
         queue): until the queue reaches past it."""
-        loop = asyncio.get_running_loop()
-        if offset is not None:
-            (qid,) = queue_ids
-            while self.sm.next_offset(topic, qid) <= offset and loop.time() < until:
-                ev = self._waiters.setdefault((topic, qid), asyncio.Event())
-                try:
-                    await asyncio.wait_for(ev.wait(), until - loop.time())
-                except TimeoutError:
-                    break
-            return
-        left = until - loop.time()
-        if left <= 0:
-            return
-        waits = [
-            asyncio.ensure_future(self._waiters.setdefault((topic, q), asyncio.Event()).wait())
-            for q in queue_ids
-        ]
-        try:
-            await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
+        await self.reader.wait_dispatch(topic, queue_ids, until, offset)
 
     def first_held(self, topic: str, queue_id: int) -> int:
-        """The first queue offset whose message this node's log holds (0 until retention or a snapshot
-        compacted the log; docs/broker.md, "Retention"); remembered until the log's start moves."""
-        store = self.node.log_store
-        key = (topic, queue_id)
-        first = store.first_index
-        hit = self._first_held.get(key)
-        if hit is not None and hit[0] == first:
-            return hit[1]
-        if first <= 0:
-            held = 0
-        else:
-            cq = self.sm.queue(topic, queue_id)
-            held = retention.first_held(
-                cq, self.sm.next_offset(topic, queue_id), store.snapshot_point().end_pos
-            )
-        if len(self._first_held) > 65_536:
-            self._first_held.clear()
-        self._first_held[key] = (first, held)
-        return held
+        """The first queue offset whose message this node's log holds (docs/broker.md, "Retention")."""
+        return self.reader.first_held(topic, queue_id)
 
     def read(self, topic: str, queue_id: int, offset: int) -> message.Message | None:
         """The committed message at a queue offset, or None when this node's log no longer holds it."""
-        if offset < 0:
-            raise OffsetRangeError(f"{topic}/{queue_id}: queue offset {offset} is negative")
-        units = self.sm.queue(topic, queue_id).read(offset, 1)
-        if not units or units[0].size == 0:
-            return None
-        u = units[0]
-        try:
-            return self.commitlog.read_message(u.commitlog_offset, u.size, self.sm.applied_index)
-        except CommitLogError:
-            return None
+        return self.reader.read(topic, queue_id, offset)
 
     def first_stored_at(self, topic: str, queue_id: int, ts_ms: int) -> int:
         """The first queue offset whose message was stored at or after ``ts_ms`` (store times grow with the

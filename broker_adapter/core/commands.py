@@ -32,9 +32,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Final
 
-from broker_adapter.core import message
+from broker_adapter.core.formats import COMMAND_MAGIC, MAGIC_CODE, OVERHEAD
 
-COMMAND_MAGIC: Final = 0x444C4243
 _HEAD: Final = struct.Struct(">iIB")
 OP_CREATE_TOPIC: Final = 1
 OP_COMMIT_OFFSET: Final = 2
@@ -117,7 +116,7 @@ class GroupSettingsCmd:
     """Replace a consumer group's delivery settings (``broker_adapter.core.groups.GroupSettings`` as JSON)."""
 
     group: str
-    settings: dict
+    settings: dict[str, object]  # GroupSettings.to_json(): JSON values
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +220,7 @@ def is_command(body: bytes | memoryview) -> bool:
 
 
 def is_message(body: bytes | memoryview) -> bool:
-    return len(body) >= message.OVERHEAD and struct.unpack_from(">i", body, 4)[0] == message.MAGIC_CODE
+    return len(body) >= OVERHEAD and struct.unpack_from(">i", body, 4)[0] == MAGIC_CODE
 
 
 def decode(body: bytes | memoryview) -> Command:

@@ -44,7 +44,7 @@ class CQUnit:
     tags_code: int
 
 
-def queue_dir(root: str | os.PathLike, topic: str, queue_id: int) -> Path:
+def queue_dir(root: str | os.PathLike[str], topic: str, queue_id: int) -> Path:
     return Path(root) / topic / str(queue_id)
 
 
@@ -53,7 +53,7 @@ def _file_name(start: int) -> str:
 
 
 def holds(
-    root: str | os.PathLike, topic: str, queue_id: int, n: int, units_per_file: int = UNITS_PER_FILE
+    root: str | os.PathLike[str], topic: str, queue_id: int, n: int, units_per_file: int = UNITS_PER_FILE
 ) -> bool:
     """Does the queue's last file reach unit ``n - 1`` (so ``ConsumeQueue.max_offset >= n``)? One ``stat`` of the
     file that unit lives in: what a restart asks of every queue its snapshot names. False may also mean a
@@ -131,7 +131,7 @@ class ConsumeQueue:
 
     def __init__(
         self,
-        root: str | os.PathLike,
+        root: str | os.PathLike[str],
         topic: str,
         queue_id: int,
         units_per_file: int = UNITS_PER_FILE,

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from broker_adapter.core import commands, message
 from broker_adapter.core.clock import now_ms
 from broker_adapter.core.model import (
+    Outgoing,
     OutgoingMessage,
     SendResult,
     UnknownQueueError,
@@ -39,7 +40,13 @@ from dledger.core.messages import Role
 from dledger.errors import DLedgerError, InvalidRequestError, NotFoundError
 
 if TYPE_CHECKING:
-    from broker_adapter.core.broker import Broker
+    from broker_adapter.core.group_commit import GroupCommit
+    from broker_adapter.core.leadership import Leadership
+    from broker_adapter.core.reader import QueueReader
+    from broker_adapter.core.send import Sender
+    from broker_adapter.core.statemachine import BrokerStateMachine
+    from broker_adapter.core.topic_registry import TopicRegistry
+    from dledger.plugins import NodeHandle
 
 log = logging.getLogger(__name__)
 
@@ -96,15 +103,33 @@ def copy_of(
 
 
 class Delivery:
-    def __init__(self, broker: Broker):
-        self._broker = broker
-        self._task: asyncio.Task | None = None
+    def __init__(
+        self,
+        node: NodeHandle,
+        sm: BrokerStateMachine,
+        leadership: Leadership,
+        topics: TopicRegistry,
+        reader: QueueReader,
+        proposer: GroupCommit,
+        sender: Sender,
+        revive: Callable[[int], Awaitable[int]],
+        max_delay_ms: int,
+    ):
+        self._node = node  # is it still the leader of the loop's term
+        self._sm = sm
+        self._leadership = leadership
+        self._topics = topics
+        self._reader = reader
+        self._proposer = proposer
+        self._sender = sender
+        self._revive = revive  # ``Pops.revive``: moves what used up its attempts to the dead-letter topics
+        self._task: asyncio.Task[None] | None = None
         self._term = -1
         self._next_revive = 0
         self._tick_lock = asyncio.Lock()
         self._tx_locks: dict[str, asyncio.Lock] = {}  # per transaction id: a retried end waits for the first
         self.on_tx_check: Callable[[Half, message.Message], None] | None = None
-        self.max_delay_ms = broker.settings.max_delay_ms
+        self.max_delay_ms = max_delay_ms
 
     # -- leadership ----------------------------------------------------------------------------------------
     def role_changed(self, role: Role, term: int) -> None:
@@ -128,19 +153,18 @@ class Delivery:
         self._task = loop.create_task(self.run(term), name="broker-delivery")
 
     async def run(self, term: int) -> None:
-        b = self._broker
-        while b.node.is_leader() and b.node.term == term:
+        while self._node.is_leader() and self._node.term == term:
             try:
-                await b.leader_state()
+                await self._leadership.leader_state()
                 await self.tick()
                 await asyncio.sleep(TICK_S)
             except asyncio.CancelledError:
                 raise
             except DLedgerError as e:
-                log.info("%s: delivery tick: %s", b.node.id, e)
+                log.info("%s: delivery tick: %s", self._node.id, e)
                 await asyncio.sleep(TICK_S * 4)
             except Exception:  # a bug must not stop delayed delivery for the rest of the term
-                log.exception("%s: delivery tick failed", b.node.id)
+                log.exception("%s: delivery tick failed", self._node.id)
                 await asyncio.sleep(1.0)
 
     async def tick(self) -> None:
@@ -149,7 +173,7 @@ class Delivery:
             await self._tick()
 
     async def _tick(self) -> None:
-        sm = self._broker.sm
+        sm = self._sm
         now = now_ms()
         due = sm.timer.due(now, BATCH)
         if due:
@@ -159,12 +183,7 @@ class Delivery:
             await self._check(checks, now)
         if now >= self._next_revive:
             self._next_revive = now + REVIVE_MS
-            await self._broker.pops.revive(now)
-
-    async def settled(self) -> None:
-        """Until this node applied everything in its log now (every copy it appended is reflected in state)."""
-        b = self._broker
-        await b.applied_through(b.node.log_store.last_index)
+            await self._revive(now)
 
     # -- timer ---------------------------------------------------------------------------------------------
     def check_delivery_time(self, due_ms: int, now: int | None = None) -> None:
@@ -176,19 +195,18 @@ class Delivery:
             )
 
     async def send_timed(
-        self, topic: str, msgs: Sequence[OutgoingMessage], due_ms: Sequence[int]
+        self, topic: str, msgs: Sequence[Outgoing], due_ms: Sequence[int]
     ) -> list[SendResult]:
         """Store messages to be delivered to ``topic`` at their due times (in the timer topic until then)."""
-        return await self._broker.send(TIMER_TOPIC, await self.timed(topic, msgs, due_ms), system=True)
+        return await self._sender.send(TIMER_TOPIC, await self.timed(topic, msgs, due_ms), system=True)
 
     async def timed(
-        self, topic: str, msgs: Sequence[OutgoingMessage], due_ms: Sequence[int]
+        self, topic: str, msgs: Sequence[Outgoing], due_ms: Sequence[int]
     ) -> list[OutgoingMessage]:
         """The timer topic's messages for ``send_timed`` (checked: delivery times, queues)."""
-        b = self._broker
         check_user_topic(topic)
-        await b.leader_state()
-        n = await b.ensure_topic(topic)
+        await self._leadership.leader_state()
+        n = await self._topics.ensure_topic(topic)
         now = now_ms()
         held = []
         for m, due in zip(msgs, due_ms, strict=True):
@@ -203,31 +221,31 @@ class Delivery:
         return held
 
     async def _release(self, due: list[Waiting]) -> None:
-        b = self._broker
         by_topic: dict[str, list[OutgoingMessage]] = {}
         for w in due:
-            m = b.read(TIMER_TOPIC, 0, w.offset)
-            n = b.sm.topics.get(w.topic, 1 if w.topic.startswith(RETRY_PREFIX) else 0)
+            m = self._reader.read(TIMER_TOPIC, 0, w.offset)
+            n = self._sm.topics.get(w.topic, 1 if w.topic.startswith(RETRY_PREFIX) else 0)
             if m is None or w.queue_id >= n:
                 why = "the log no longer holds it" if m is None else f"{w.topic}/{w.queue_id} does not exist"
-                log.warning("%s: timer message %d is not delivered: %s", b.node.id, w.offset, why)
-                await b.submit([commands.Settle("timer", w.offset, why)])
+                log.warning("%s: timer message %d is not delivered: %s", self._node.id, w.offset, why)
+                await self._proposer.submit([commands.Settle("timer", w.offset, why)])
                 continue
             by_topic.setdefault(w.topic, []).append(copy_of(m, w.queue_id, f"timer/{w.offset}"))
         try:
             for topic, copies in by_topic.items():
-                await b.send(topic, copies, system=True)
+                await self._sender.send(topic, copies, system=True)
         finally:
-            await self.settled()  # also after a failure: a copy whose outcome is unknown is applied or gone
+            await (
+                self._sender.settled()
+            )  # also after a failure: a copy whose outcome is unknown is applied or gone
 
     async def recall(self, topic: str, offset: int, msg_id: str, due_ms: int) -> bool:
         """Cancel the delayed message ``msg_id`` of ``topic``, waiting at ``offset`` of the timer topic, before
         it is delivered (a ``Recall`` command). True when this call recalled it, False when a recall before did
         (a retry). Under the tick lock: no copy of it is in flight, and none is made once the recall is applied."""
-        b = self._broker
         async with self._tick_lock:
-            await b.leader_state()
-            timer = b.sm.timer
+            await self._leadership.leader_state()
+            timer = self._sm.timer
             if timer.recalled.get(offset) == msg_id:
                 return False
             w = timer.entries.get(offset)
@@ -238,12 +256,12 @@ class Delivery:
                     + (f": it was delivered at its delivery time, {late} ms ago" if late >= 0 else "")
                     + "; a recall must come before the delivery time"
                 )
-            m = b.read(TIMER_TOPIC, 0, offset)
+            m = self._reader.read(TIMER_TOPIC, 0, offset)
             if m is None:
                 raise RecallError(f"delayed message {msg_id}: the log no longer holds it")
             if (m.msg_id or "") != msg_id or w.topic != topic:  # the checksum holds, but not these names
                 raise InvalidRequestError(f"the recall handle names no delayed message {msg_id} of {topic!r}")
-            (r,) = await b.submit([commands.Recall(offset, msg_id)])
+            (r,) = await self._proposer.submit([commands.Recall(offset, msg_id)])
             if isinstance(r, BaseException):
                 raise r if isinstance(r, DLedgerError) else InvalidRequestError(str(r))
             if r is None:  # cannot happen under the lock; said plainly if it does
@@ -251,20 +269,15 @@ class Delivery:
             return True
 
     # -- transactions --------------------------------------------------------------------------------------
-    async def send_half(
-        self, topic: str, msgs: Sequence[OutgoingMessage], producer_group: str
-    ) -> list[SendResult]:
+    async def send_half(self, topic: str, msgs: Sequence[Outgoing], producer_group: str) -> list[SendResult]:
         """Store transactional messages for ``topic``; each one's message id is its transaction id."""
-        return await self._broker.send(HALF_TOPIC, await self.half(topic, msgs, producer_group), system=True)
+        return await self._sender.send(HALF_TOPIC, await self.half(topic, msgs, producer_group), system=True)
 
-    async def half(
-        self, topic: str, msgs: Sequence[OutgoingMessage], producer_group: str
-    ) -> list[OutgoingMessage]:
+    async def half(self, topic: str, msgs: Sequence[Outgoing], producer_group: str) -> list[OutgoingMessage]:
         """The half topic's messages for ``send_half`` (checked: queues)."""
-        b = self._broker
         check_user_topic(topic)
-        await b.leader_state()
-        n = await b.ensure_topic(topic)
+        await self._leadership.leader_state()
+        n = await self._topics.ensure_topic(topic)
         held = []
         for m in msgs:
             if not 0 <= m.queue_id < n:
@@ -293,9 +306,8 @@ class Delivery:
                 del self._tx_locks[transaction_id]
 
     async def _end(self, tid: str, commit: bool, topic: str | None, message_id: str) -> str:
-        b = self._broker
-        await b.leader_state()
-        halves = b.sm.halves
+        await self._leadership.leader_state()
+        halves = self._sm.halves
         want = COMMIT if commit else ROLLBACK
         h = halves.find(tid)
         if h is None and tid.isdigit():
@@ -316,24 +328,26 @@ class Delivery:
         if topic is not None and topic != h.topic:
             raise InvalidRequestError(f"transaction {tid} is for topic {h.topic!r}, not {topic!r}")
         if commit:
-            m = b.read(HALF_TOPIC, 0, h.offset)
+            m = self._reader.read(HALF_TOPIC, 0, h.offset)
             if m is None:
                 raise NotFoundError(f"transaction {tid}: the log no longer holds its message")
             extra = {message.PROPERTY_TRANSACTION_ID: h.transaction_id}
             try:
-                await b.send(h.topic, [copy_of(m, h.queue_id, f"half/{h.offset}", extra)], system=True)
+                await self._sender.send(
+                    h.topic, [copy_of(m, h.queue_id, f"half/{h.offset}", extra)], system=True
+                )
             finally:
-                await self.settled()
+                await self._sender.settled()
         else:
-            await b.submit([commands.Settle("half", h.offset, "rollback")])
-        halves = b.sm.halves  # (a snapshot installed meanwhile replaces the table)
+            await self._proposer.submit([commands.Settle("half", h.offset, "rollback")])
+        halves = self._sm.halves  # (a snapshot installed meanwhile replaces the table)
         how = halves.ended.get(h.transaction_id)
         if h.offset in halves.open or how != want:
             raise TransactionError(f"transaction {tid} ended by {how or 'nothing yet'}, not {want}")
         return how
 
     async def _check(self, halves: list[Half], now: int) -> None:
-        await self._broker.submit([commands.TxCheck(h.offset, now) for h in halves])
+        await self._proposer.submit([commands.TxCheck(h.offset, now) for h in halves])
 
     def tx_checked(self, half: Half, at_ms: int) -> None:
         """Applied on every node (``BrokerStateMachine.on_tx_check``): a check-back was counted; ask the
@@ -341,7 +355,7 @@ class Delivery:
         replayed from an old part of the log (a restart) is not sent again."""
         if self.on_tx_check is None or abs(now_ms() - at_ms) > STALE_CHECK_MS:
             return
-        m = self._broker.read(HALF_TOPIC, 0, half.offset)
+        m = self._reader.read(HALF_TOPIC, 0, half.offset)
         if m is not None:
             asyncio.get_running_loop().call_soon(self.on_tx_check, half, m)
 
@@ -350,18 +364,17 @@ class Delivery:
         """A consumer of ``group`` failed the message at ``topic``/``queue_id``/``offset``: schedule it again in
         ``%RETRY%<group>`` after the group's backoff, or past its attempts copy it to ``%DLQ%<group>``.
         Returns (dead-lettered, when it comes back, attempts so far)."""
-        b = self._broker
         check_group(group)
-        await b.leader_state()
-        b.check_queue(topic, queue_id)
-        m = b.read(topic, queue_id, offset)
+        await self._leadership.leader_state()
+        self._topics.check_queue(topic, queue_id)
+        m = self._reader.read(topic, queue_id, offset)
         if m is None:
             raise NotFoundError(f"{topic}/{queue_id} offset {offset}: no such message on the leader")
         try:
             attempt = int(m.properties.get(message.PROPERTY_RECONSUME_TIME, "0")) + 1
         except ValueError:
             attempt = 1
-        settings = b.sm.group_settings(group)
+        settings = self._sm.group_settings(group)
         extra = {
             message.PROPERTY_RETRY_TOPIC: m.properties.get(message.PROPERTY_RETRY_TOPIC, topic),
             message.PROPERTY_ORIGIN_MESSAGE_ID: m.properties.get(
@@ -372,7 +385,7 @@ class Delivery:
         copy = copy_of(m, 0, "retry", extra)
         if attempt >= settings.max_attempts:
             dlq = dlq_topic(group)
-            await b.send(dlq, [copy], system=True)
+            await self._sender.send(dlq, [copy], system=True)
             return True, 0, attempt
         retry = retry_topic(group)
         due = now_ms() + settings.backoff_ms(attempt)
@@ -381,15 +394,22 @@ class Delivery:
         props[message.PROPERTY_TIMER_DELIVER_MS] = str(due)
         props[message.PROPERTY_REAL_TOPIC] = retry
         props[message.PROPERTY_REAL_QUEUE_ID] = "0"
-        await b.send(TIMER_TOPIC, [_with(copy, 0, props)], system=True)
+        await self._sender.send(TIMER_TOPIC, [_with(copy, 0, props)], system=True)
         return False, due, attempt
 
-    # -- dead letters --------------------------------------------------------------------------------------
-    async def forward_dead(
+
+class DeadLetters:
+    """Copying a delivery of a consumer group's message to the group's dead-letter topic (``Pops``: when it used up
+    its attempts, or on the consumer's own verdict); the dispatcher ends the delivery as it applies the copy."""
+
+    def __init__(self, sm: BrokerStateMachine, sender: Sender):
+        self._sm = sm
+        self._sender = sender
+
+    async def forward(
         self, group: str, topic: str, queue_id: int, offset: int, epoch: int, attempt: int, m: message.Message
     ) -> bool:
         """Copy delivery ``epoch`` of a message to the group's dead-letter topic; True when that ended it."""
-        b = self._broker
         dlq = dlq_topic(group)
         extra = {
             message.PROPERTY_RETRY_TOPIC: topic,
@@ -397,14 +417,16 @@ class Delivery:
             message.PROPERTY_RECONSUME_TIME: str(attempt),
         }
         try:
-            await b.send(dlq, [copy_of(m, 0, f"dlq/{queue_id}/{offset}/{epoch}/{topic}", extra)], system=True)
+            await self._sender.send(
+                dlq, [copy_of(m, 0, f"dlq/{queue_id}/{offset}/{epoch}/{topic}", extra)], system=True
+            )
         finally:
-            await self.settled()
-        q = b.sm.pops.get((group, topic, queue_id))
+            await self._sender.settled()
+        q = self._sm.pops.get((group, topic, queue_id))
         return q is None or offset not in q.inflight or q.inflight[offset].epoch != epoch
 
 
-def _with(m: OutgoingMessage, queue_id: int, props: dict[str, str]) -> OutgoingMessage:
+def _with(m: Outgoing, queue_id: int, props: dict[str, str]) -> OutgoingMessage:
     return OutgoingMessage(
         queue_id=queue_id,
         body=m.body,

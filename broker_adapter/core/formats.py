@@ -1,27 +1,61 @@
-"""The broker's on-disk layouts as a reader needs them, and nothing else: standard library only.
+"""The broker's on-disk layouts and their parsing, and nothing else: standard library only.
 
 The Spark audit reads the broker's data (docs/formats.md sections 4 and 5) from the nodes' files, on executors that
-need not have the broker's runtime, so it may import this module and no other of ``broker_adapter``. It holds
-the message layout's constants, the decoding of a message's routing fields and properties, the command magic and
-the ConsumeQueue unit size. ``broker_adapter.core.message``, ``commands`` and ``consumequeue`` own the writers;
-``tests/spark/test_formats.py`` proves that both sides agree.
+need not have the broker's runtime, so it may import this module and no other of ``broker_adapter``. It is the one
+home of the message layout (its constants and every reader of it: ``decode``, ``peek_route``, ``check_stored``,
+``message_fields``, the ``peek_*`` helpers), the command magic and the ConsumeQueue unit size.
+``broker_adapter.core.message``, ``commands`` and ``consumequeue`` own the writers; ``tests/spark/test_formats.py``
+proves that both sides agree.
+
+A RocketMQ CommitLog message (version 1, IPv4 hosts), the body of one log entry (docs/formats.md section 5):
+
+    #  field                        bytes  offset
+    1  TOTALSIZE                    4      0
+    2  MAGICCODE (0xDAA320A7)       4      4
+    3  BODYCRC                      4      8     crc32(body) & 0x7FFFFFFF, as RocketMQ's UtilAll.crc32
+    4  QUEUEID                      4      12
+    5  FLAG                         4      16
+    6  QUEUEOFFSET                  8      20    assigned by the leader (dense per topic and queue)
+    7  PHYSICALOFFSET               8      28    entry pos + 48: the position of this message in the log
+    8  SYSFLAG                      4      36
+    9  BORNTIMESTAMP                8      40
+    10 BORNHOST (ipv4 + port)       8      48
+    11 STORETIMESTAMP               8      56
+    12 STOREHOST (ipv4 + port)      8      64
+    13 RECONSUMETIMES               4      72
+    14 PREPAREDTRANSACTIONOFFSET    8      76
+    15 BODYLEN + BODY               4 + n  84
+    16 TOPICLEN + TOPIC             1 + t        t <= 127 bytes of UTF-8
+    17 PROPERTIESLEN + PROPERTIES   2 + p        name \\x01 value \\x02 ..., as RocketMQ's MessageDecoder
+
+Fixed overhead is 91 bytes. QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are known only once the leader places the
+entry, so the writer patches them into an encoded message in place (``message.patch_placement``).
 """
 
 from __future__ import annotations
 
 import functools
 import struct
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from typing import Final
 
 # -- message (docs/formats.md section 5) ----------------------------------------------------------------------------
 MAGIC_CODE: Final = 0xDAA320A7 - (1 << 32)  # RocketMQ writes it as a Java int: -626843481
-FIXED_SIZE: Final = 84  # fields 1-14: TOTALSIZE .. PREPAREDTRANSACTIONOFFSET
+FIXED: Final = struct.Struct(">iiiiiqqiq8sq8siq")  # fields 1-14: TOTALSIZE .. PREPAREDTRANSACTIONOFFSET
+FIXED_SIZE: Final = 84  # FIXED.size
 OVERHEAD: Final = FIXED_SIZE + 4 + 1 + 2  # 91: with BODYLEN, TOPICLEN, PROPERTIESLEN
+QUEUE_OFFSET_OFFSET: Final = 20  # where QUEUEOFFSET is (PHYSICALOFFSET follows it)
+PHYSICAL_OFFSET_OFFSET: Final = 28
+STORE_TIMESTAMP_OFFSET: Final = 56  # after TOTALSIZE .. BORNTIMESTAMP (40) and BORNHOST (8, IPv4)
+MAX_TOPIC_BYTES: Final = 127
+MAX_PROPERTIES_BYTES: Final = 32767
 
 NAME_VALUE_SEPARATOR: Final = "\x01"
 PROPERTY_SEPARATOR: Final = "\x02"
 PROPERTY_TAGS: Final = "TAGS"
+PROPERTY_KEYS: Final = "KEYS"
+KEY_SEPARATOR: Final = " "  # between the keys of PROPERTY_KEYS
 PROPERTY_UNIQ_KEY: Final = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
 PROPERTY_PRODUCER_ID: Final = "PRODUCER_ID"  # ours: idempotent producer identity
 PROPERTY_SEQUENCE: Final = "PRODUCER_SEQ"  # ours: per-producer sequence number
@@ -37,8 +71,14 @@ CQ_UNIT: Final = struct.Struct(">qiq")  # commitlog_offset, size, tags_code
 UNIT_SIZE: Final = CQ_UNIT.size  # 20
 
 _ROUTE: Final = struct.Struct(">i4x4xiiqq")  # TOTALSIZE, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET
+# TOTALSIZE, MAGICCODE, BODYCRC, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, ... BODYLEN
+_STORED_HEAD: Final = struct.Struct(">iiii4xqqi44xi")
+_I32: Final = struct.Struct(">i")
+_I64: Final = struct.Struct(">q")
 _U32: Final = struct.Struct(">I")
 _U16: Final = struct.Struct(">H")
+
+Buffer = bytes | bytearray | memoryview
 
 
 class MessageFormatError(ValueError):
@@ -72,7 +112,7 @@ def tags_code(tags: str | None) -> int:
     return java_string_hash(tags) if tags else 0
 
 
-def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
+def decode_properties(raw: Buffer) -> dict[str, str]:
     """``name \\x01 value \\x02 ...`` as RocketMQ's MessageDecoder writes it."""
     props: dict[str, str] = {}
     for item in bytes(raw).decode().split(PROPERTY_SEPARATOR):
@@ -85,6 +125,34 @@ def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
     return props
 
 
+def body_crc(body: Buffer) -> int:
+    """RocketMQ's BODYCRC: java.util.zip.CRC32 of the body masked to a non-negative int."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def _sections(buf: Buffer) -> tuple[int, int, int]:
+    """Where an encoded message's variable fields are, its structure checked (TOTALSIZE against the buffer,
+    BODYLEN, TOPICLEN and PROPERTIESLEN ending it exactly; not MAGICCODE, BODYCRC or the text's encoding):
+    (BODYLEN, where TOPICLEN is, where the properties start); the properties run to the end."""
+    n = len(buf)
+    if n < OVERHEAD:
+        raise MessageFormatError(f"message is {n} bytes, shorter than the {OVERHEAD}-byte minimum")
+    total = _I32.unpack_from(buf, 0)[0]
+    if total != n:
+        raise MessageFormatError(f"TOTALSIZE {total} != {n} bytes available")
+    body_len: int = _U32.unpack_from(buf, FIXED_SIZE)[0]
+    topic_at = FIXED_SIZE + 4 + body_len
+    if topic_at + 3 > n:
+        raise MessageFormatError(f"BODYLEN {body_len} runs past the message end ({n} bytes)")
+    props_at = topic_at + 1 + buf[topic_at] + 2
+    if props_at > n:
+        raise MessageFormatError(f"TOPICLEN {buf[topic_at]} runs past the message end ({n} bytes)")
+    props_len = _U16.unpack_from(buf, props_at - 2)[0]
+    if props_at + props_len != n:
+        raise MessageFormatError(f"PROPERTIESLEN {props_len} does not end the message at TOTALSIZE {n}")
+    return body_len, topic_at, props_at
+
+
 def message_fields(body: bytes | memoryview) -> MessageFields:
     """Routing fields of an encoded message; raises ``MessageFormatError`` naming the bad field.
 
@@ -93,28 +161,12 @@ def message_fields(body: bytes | memoryview) -> MessageFields:
     delayed message, a committed transaction, a dead letter: it carries ``DLEDGER_ORIGIN``) keeps the client's
     key for its consumers, and is identified here as ``<key>@<origin>``: the original the producer's ack names
     and each copy are then one message each (the broker copies one origin once, docs/rocketmq.md, Delivery)."""
+    _, topic_at, props_at = _sections(body)
     n = len(body)
-    if n < OVERHEAD:
-        raise MessageFormatError(f"message is {n} bytes, shorter than the {OVERHEAD}-byte minimum")
-    total, queue_id, _flag, queue_offset, physical_offset = _ROUTE.unpack_from(body, 0)
-    if total != n:
-        raise MessageFormatError(f"TOTALSIZE {total} != entry body length {n}")
-    body_len = _U32.unpack_from(body, FIXED_SIZE)[0]
-    off = FIXED_SIZE + 4 + body_len
-    if off + 3 > n:
-        raise MessageFormatError(f"BODYLEN {body_len} runs past the message end ({n} bytes)")
-    topic_len = body[off]
-    topic_raw = bytes(body[off + 1 : off + 1 + topic_len])
-    off += 1 + topic_len
-    if off + 2 > n:
-        raise MessageFormatError(f"TOPICLEN {topic_len} runs past the message end ({n} bytes)")
-    props_len = _U16.unpack_from(body, off)[0]
-    off += 2
-    if off + props_len != n:
-        raise MessageFormatError(f"PROPERTIESLEN {props_len} does not end the message at TOTALSIZE {n}")
+    _total, queue_id, _flag, queue_offset, physical_offset = _ROUTE.unpack_from(body, 0)
     try:
-        topic = topic_raw.decode()
-        props = decode_properties(body[off:n]) if props_len else {}
+        topic = bytes(body[topic_at + 1 : props_at - 2]).decode()
+        props = decode_properties(body[props_at:n]) if props_at < n else {}
     except UnicodeDecodeError as err:
         raise MessageFormatError(f"topic or properties are not UTF-8: {err}") from err
     msg_id = props.get(PROPERTY_UNIQ_KEY)
@@ -135,3 +187,230 @@ def message_fields(body: bytes | memoryview) -> MessageFields:
         tags_code=tags_code(props.get(PROPERTY_TAGS)),
         msg_id=msg_id,
     )
+
+
+# -- a whole message --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Message:
+    topic: str
+    body: bytes
+    queue_id: int = 0
+    flag: int = 0
+    queue_offset: int = 0
+    physical_offset: int = 0
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: tuple[str, int] = ("127.0.0.1", 0)
+    store_timestamp: int = 0
+    store_host: tuple[str, int] = ("127.0.0.1", 0)
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.properties.get(PROPERTY_KEYS)
+        return raw.split(KEY_SEPARATOR) if raw else []
+
+    @property
+    def msg_id(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY)
+
+
+@functools.lru_cache(maxsize=256)
+def _unhost(raw: bytes) -> tuple[str, int]:
+    return ".".join(str(b) for b in raw[:4]), int.from_bytes(raw[4:8], "big")
+
+
+def decode(buf: Buffer, check_crc: bool = True) -> Message:
+    """Decode one message occupying all of ``buf`` (an entry body)."""
+    n = len(buf)
+    if n >= OVERHEAD:  # (a shorter one: _sections says so)
+        _check_magic(_I32.unpack_from(buf, 4)[0])
+    _, topic_at, props_at = _sections(buf)
+    f = FIXED.unpack_from(buf, 0)
+    body = bytes(buf[FIXED_SIZE + 4 : topic_at])
+    if check_crc and body_crc(body) != f[2]:
+        raise MessageFormatError(f"BODYCRC {f[2]} does not match the body ({body_crc(body)})")
+    return Message(
+        topic=bytes(buf[topic_at + 1 : props_at - 2]).decode(),
+        body=body,
+        queue_id=f[3],
+        flag=f[4],
+        queue_offset=f[5],
+        physical_offset=f[6],
+        sys_flag=f[7],
+        born_timestamp=f[8],
+        born_host=_unhost(f[9]),
+        store_timestamp=f[10],
+        store_host=_unhost(f[11]),
+        reconsume_times=f[12],
+        prepared_transaction_offset=f[13],
+        properties=decode_properties(buf[props_at:n]),
+    )
+
+
+def _check_magic(magic: int) -> None:
+    if magic != MAGIC_CODE:
+        raise MessageFormatError(f"bad MAGICCODE {magic & 0xFFFFFFFF:#010x}, expected 0xdaa320a7")
+
+
+# -- routes: what the dispatcher needs ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What the dispatcher needs from a message, read without copying or checking the body."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    size: int
+    tags: str | None
+    producer: tuple[str, int] | None = None  # (PRODUCER_ID, PRODUCER_SEQ), as ``peek_producer``
+    origin: str | None = None  # PROPERTY_ORIGIN: the copy's source, for copies the broker makes
+
+
+def peek_route(buf: Buffer) -> Route:
+    """Topic, queue, offsets, size and tags of an encoded message (structure checked, BODYCRC not)."""
+    _, topic_at, props_at = _sections(buf)
+    n = len(buf)
+    _total, queue_id, _flag, queue_offset, physical_offset = _ROUTE.unpack_from(buf, 0)
+    topic = bytes(buf[topic_at + 1 : props_at - 2]).decode()
+    if props_at == n:
+        return Route(topic, queue_id, queue_offset, physical_offset, n, None)
+    # One copy of the properties section, searched for the three the dispatcher needs.
+    raw = bytes(buf[props_at:n])
+    tags = _property(raw, _TAGS_KEY)
+    origin = _property(raw, _ORIGIN_KEY)
+    return Route(
+        topic,
+        queue_id,
+        queue_offset,
+        physical_offset,
+        n,
+        None if tags is None else tags.decode(),
+        _producer(raw),
+        None if origin is None else origin.decode(),
+    )
+
+
+_ROUTING_PROPERTIES: Final = frozenset(
+    {PROPERTY_TAGS, PROPERTY_ORIGIN, PROPERTY_PRODUCER_ID, PROPERTY_SEQUENCE}
+)
+
+
+def check_stored(buf: bytes) -> Route:
+    """A message a producer sent in its stored form (a producer session, docs/broker.md), checked as the leader
+    must before storing bytes it did not encode: the structure, MAGICCODE, BODYCRC, a normal message (SYSFLAG 0,
+    offsets left 0 for the leader) and properties a consumer can read (UTF-8, each ``name\x01value``). Its
+    ``Route`` (what ``peek_route`` reads), in one pass over the properties, or ``MessageFormatError`` naming
+    the field."""
+    _, topic_at, props_at = _sections(buf)
+    _total, magic, crc, queue_id, queue_offset, physical_offset, sys_flag, _ = _STORED_HEAD.unpack_from(buf)
+    _check_magic(magic)
+    if sys_flag != 0:
+        raise MessageFormatError(
+            f"SYSFLAG is {sys_flag}: a session sends normal messages with IPv4 hosts (0)"
+        )
+    if queue_offset or physical_offset:
+        raise MessageFormatError("QUEUEOFFSET and PHYSICALOFFSET are the leader's to fill in: send 0")
+    if queue_id < 0:
+        raise MessageFormatError(f"QUEUEID {queue_id} is negative")
+    if body_crc(memoryview(buf)[FIXED_SIZE + 4 : topic_at]) != crc:
+        raise MessageFormatError(f"BODYCRC {crc} does not match the body")
+    try:
+        topic = buf[topic_at + 1 : props_at - 2].decode()
+    except UnicodeDecodeError:
+        raise MessageFormatError("TOPIC is not UTF-8") from None
+    try:
+        props = buf[props_at:].decode()
+    except UnicodeDecodeError:
+        raise MessageFormatError("PROPERTIES are not UTF-8") from None
+    routing: dict[str, str] = {}  # the properties a route holds: each at most once, so every reader agrees
+    for item in props.split(PROPERTY_SEPARATOR):
+        name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
+        if not sep:
+            if item:
+                raise MessageFormatError(f"property {name!r} has no value separator")
+        elif name in _ROUTING_PROPERTIES:
+            if name in routing:
+                raise MessageFormatError(f"property {name} appears twice")
+            routing[name] = value
+    return route_of(topic, queue_id, len(buf), routing)
+
+
+def route_of(topic: str, queue_id: int, size: int, properties: dict[str, str]) -> Route:
+    """The ``Route`` that ``peek_route`` reads from a message of ``size`` bytes encoded with these properties
+    (offsets 0: the allocator fills them in), for the encoder that has them at hand."""
+    pid = properties.get(PROPERTY_PRODUCER_ID)
+    seq = properties.get(PROPERTY_SEQUENCE)
+    producer = (pid, int(seq)) if pid and seq is not None and seq.isascii() and seq.isdigit() else None
+    return Route(
+        topic, queue_id, 0, 0, size, properties.get(PROPERTY_TAGS), producer, properties.get(PROPERTY_ORIGIN)
+    )
+
+
+# -- single fields, read without decoding the rest --------------------------------------------------------------------
+def peek_store_timestamp(buf: Buffer) -> int:
+    """STORETIMESTAMP of an encoded message (the leader's clock when it placed it)."""
+    stamp: int = _I64.unpack_from(buf, STORE_TIMESTAMP_OFFSET)[0]
+    return stamp
+
+
+def peek_property(buf: Buffer, name: str) -> str | None:
+    """One property of an encoded message, read without decoding the others (None when absent)."""
+    v = _property(_properties_view(buf), (name + NAME_VALUE_SEPARATOR).encode())
+    return None if v is None else v.decode()
+
+
+def peek_properties(buf: Buffer) -> dict[str, str]:
+    """Every property of an encoded message."""
+    return decode_properties(_properties_view(buf))
+
+
+def peek_producer(buf: Buffer) -> tuple[str, int] | None:
+    """(PRODUCER_ID, PRODUCER_SEQ) of an encoded message from an idempotent producer, else None.
+
+    Reads only the properties section; a malformed sequence is treated as absent (the message is then not
+    deduplicated, never rejected at dispatch)."""
+    return _producer(_properties_view(buf))
+
+
+def _properties_view(buf: Buffer) -> bytes:
+    """The properties section of a message already checked (stored): located, not checked again."""
+    n = len(buf)
+    off = FIXED_SIZE + 4 + int.from_bytes(buf[FIXED_SIZE : FIXED_SIZE + 4], "big")
+    off += 1 + buf[off]
+    return bytes(buf[off + 2 : n])
+
+
+_PRODUCER_KEY: Final = (PROPERTY_PRODUCER_ID + NAME_VALUE_SEPARATOR).encode()
+_TAGS_KEY: Final = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
+_ORIGIN_KEY: Final = (PROPERTY_ORIGIN + NAME_VALUE_SEPARATOR).encode()
+_SEQUENCE_KEY: Final = (PROPERTY_SEQUENCE + NAME_VALUE_SEPARATOR).encode()
+
+
+def _property(raw: bytes, key: bytes) -> bytes | None:
+    """The value of the property whose ``name\x01`` is ``key``, found without decoding the others."""
+    at = raw.find(key)
+    while at > 0 and raw[at - 1] != 2:  # inside another property's value: look further
+        at = raw.find(key, at + 1)
+    if at < 0:
+        return None
+    start = at + len(key)
+    end = raw.find(b"\x02", start)
+    return raw[start : end if end >= 0 else len(raw)]
+
+
+def _producer(raw: bytes) -> tuple[str, int] | None:
+    pid = _property(raw, _PRODUCER_KEY)
+    if not pid:
+        return None
+    seq = _property(raw, _SEQUENCE_KEY)
+    if seq is None or not seq.isdigit():
+        return None
+    return pid.decode(), int(seq)

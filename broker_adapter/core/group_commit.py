@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from broker_adapter.core.message import Route
+from broker_adapter.core import commands
+from broker_adapter.core.formats import Route
 from broker_adapter.core.statemachine import Dispatched
 from dledger.errors import DLedgerError
 
@@ -32,12 +33,16 @@ if TYPE_CHECKING:
 # default max_pending_entries, so packing never turns calls that fit into one that cannot.
 MAX_GROUP_ENTRIES: Final = 4096
 
+# What a call gets back: where each body was placed and, when it asked for them, the applied outcomes (what the
+# state machine's ``apply`` answered for each: a result or the error it refused the entry with).
+Proposed = tuple[list["Dispatched | None"], list[Any] | None]
+
 
 @dataclass(slots=True)
 class _Call:
     bodies: Sequence[bytes]
     want_results: bool
-    future: asyncio.Future
+    future: asyncio.Future[Proposed]
     routes: Sequence[Route | None] | None = None
 
 
@@ -49,14 +54,14 @@ class GroupCommit:
         self._pending: list[_Call] = []
         self._inflight = 0
         self._scheduled = False
-        self._tasks: set[asyncio.Task] = (
+        self._tasks: set[asyncio.Task[None]] = (
             set()
-        )  # proposals running (held: the loop keeps only weak references)
+        )  # proposals running (held: the loop keeps only weak refs)
         self.proposals = 0  # proposals made (for tests and stats)
 
     async def propose(
         self, bodies: Sequence[bytes], want_results: bool, routes: Sequence[Route | None] | None = None
-    ) -> tuple[list[Dispatched | None], list[Any] | None]:
+    ) -> Proposed:
         """Propose ``bodies`` (with the calls gathered alongside). Returns where each was placed (a message's
         ``Dispatched``, None for a command) and, with ``want_results``, each one's applied outcome. ``routes``:
         what the caller already knows of each message it encoded (``allocator.prepare_entry``)."""
@@ -67,6 +72,14 @@ class GroupCommit:
             self._scheduled = True
             loop.call_soon(self._flush)
         return await call.future
+
+    async def submit(self, cmds: Sequence[commands.Command | bytes]) -> list[Any]:
+        """Propose commands (or encoded bodies) as one call: each one's applied result, or the error the state
+        machine returned for it."""
+        bodies = [c if isinstance(c, bytes) else commands.encode(c) for c in cmds]
+        _, results = await self.propose(bodies, True)
+        assert results is not None  # asked for (want_results): one applied outcome per body
+        return results
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -131,5 +144,6 @@ class GroupCommit:
         for c in batch:
             k = len(c.bodies)
             if not c.future.done():
-                c.future.set_result((placed[i : i + k], results[i : i + k] if c.want_results else None))
+                mine = results[i : i + k] if c.want_results and results is not None else None  # (submitted)
+                c.future.set_result((placed[i : i + k], mine))
             i += k

@@ -214,6 +214,7 @@ class PopStates:
         q = self.queues.get(key)
         outcome = self._owner(q, cmd.offset, cmd.epoch)
         if outcome is Outcome.DONE:
+            assert q is not None  # DONE: the queue holds this delivery
             del q.inflight[cmd.offset]
             q._advance()
         return Handled(cmd.group, cmd.topic, cmd.queue_id, cmd.offset, outcome)
@@ -224,6 +225,7 @@ class PopStates:
         outcome = self._owner(q, cmd.offset, cmd.epoch)
         if outcome is not Outcome.DONE:
             return Handled(cmd.group, cmd.topic, cmd.queue_id, cmd.offset, outcome)
+        assert q is not None  # DONE: the queue holds this delivery
         f = q.inflight[cmd.offset]
         q.epoch += 1
         deadline = cmd.now_ms + cmd.invisible_ms

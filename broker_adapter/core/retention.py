@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import struct
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -34,13 +33,12 @@ from typing import Any, Final
 
 from broker_adapter.core import commands
 from broker_adapter.core.consumequeue import ConsumeQueue
+from broker_adapter.core.formats import peek_store_timestamp
 from storage.api import LogStore
 from storage.codec import HEADER_SIZE, MAGIC_NORMAL
 
 log = logging.getLogger(__name__)
 
-_STORE_TIMESTAMP: Final = struct.Struct(">q")  # STORETIMESTAMP at byte 56 of a message (docs/formats.md, 5)
-_STORE_TIMESTAMP_AT: Final = 56
 _PROBE: Final = 64  # entries looked at past a bisection probe for a message (commands have no store time)
 CHECK_INTERVAL_S: Final = 0.5
 
@@ -68,7 +66,7 @@ def store_timestamp(body: bytes | memoryview) -> int | None:
     """A message entry's STORETIMESTAMP (ms), None for a command or anything else."""
     if not commands.is_message(body):
         return None
-    return _STORE_TIMESTAMP.unpack_from(body, _STORE_TIMESTAMP_AT)[0]
+    return peek_store_timestamp(body)
 
 
 def _message_time(log: LogStore, i: int, hi: int) -> int | None:

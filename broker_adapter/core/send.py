@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from broker_adapter.core import message
+from broker_adapter.core.clock import now_ms
 from broker_adapter.core.model import (
     Outgoing,
     SendResult,
@@ -30,17 +30,39 @@ from dledger.errors import DLedgerError, InvalidRequestError, OutcomeUnknownErro
 
 if TYPE_CHECKING:
     from broker_adapter.core.allocator import QueueOffsetAllocator
-    from broker_adapter.core.broker import Broker
+    from broker_adapter.core.group_commit import GroupCommit
+    from broker_adapter.core.leadership import Leadership
+    from broker_adapter.core.statemachine import BrokerStateMachine
+    from broker_adapter.core.topic_registry import TopicRegistry
+    from dledger.plugins import NodeHandle
 
 MAX_SEND_BATCH: Final = 1024
 
+# Where each message of a stored batch went (None: a duplicate too old to remember), for retries arriving meanwhile.
+Stored = list[Dispatched | None]
+# Where a (producer, seq) already is: ``QueueOffsetAllocator.find_send``'s answer, or, in flight on this leader, its
+# batch's results and its place in them.
+Found = Dispatched | int | bool | tuple["asyncio.Future[Stored]", int]
+
 
 class Sender:
-    def __init__(self, broker: Broker, allocator: QueueOffsetAllocator):
-        self._broker = broker
+    def __init__(
+        self,
+        node: NodeHandle,
+        sm: BrokerStateMachine,
+        allocator: QueueOffsetAllocator,
+        proposer: GroupCommit,
+        leadership: Leadership,
+        topics: TopicRegistry,
+    ):
+        self._node = node  # its config (max_body_bytes) and its log's end
+        self._sm = sm
         self._alloc = allocator
+        self._proposer = proposer
+        self._leadership = leadership
+        self._topics = topics
         # (producer, seq) -> (the results of the batch storing it, its index there), while that batch is proposed
-        self._inflight: dict[tuple[str, int], tuple[asyncio.Future[list[Any]], int]] = {}
+        self._inflight: dict[tuple[str, int], tuple[asyncio.Future[Stored], int]] = {}
         self._applied_event: asyncio.Event | None = None
         # Ids for messages sent without one: 32 hex digits as RocketMQ's, a random prefix per broker process
         # and a counter (uuid4 per message cost more than the rest of the encoding).
@@ -56,7 +78,7 @@ class Sender:
 
     async def wait_applied(self, index: int, deadline: float) -> None:
         loop = asyncio.get_running_loop()
-        while self._broker.sm.applied_index < index:
+        while self._sm.applied_index < index:
             left = deadline - loop.time()
             if left <= 0:
                 raise OutcomeUnknownError(f"entry {index} was not applied in time; retry")
@@ -66,17 +88,21 @@ class Sender:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._applied_event.wait(), min(left, 0.05))
 
+    async def settled(self, timeout_s: float = 10.0) -> None:
+        """Until this node applied everything in its log now (every copy it appended is reflected in state)."""
+        loop = asyncio.get_running_loop()
+        await self.wait_applied(self._node.log_store.last_index, loop.time() + timeout_s)
+
     # -- send ----------------------------------------------------------------------------------------------
     async def check(self, topic: str, msgs: Sequence[Outgoing], system: bool = False) -> None:
         """Refuse what ``send`` would refuse for these messages, writing nothing: a request stored as several
-        sends checks them all before the first is written (``Broker.send_kinds``)."""
+        sends checks them all before the first is written (``send_kinds`` of the broker core)."""
         await self._checked(topic, msgs, system)
 
     async def _checked(
         self, topic: str, msgs: Sequence[Outgoing], system: bool
     ) -> list[tuple[str, bytes, message.Route]]:
         """A send's checks (topic, properties, queues, count, size) on the leader, then the messages encoded."""
-        b = self._broker
         if system:
             check_topic(topic)
         else:
@@ -84,14 +110,16 @@ class Sender:
             for i, m in enumerate(msgs):
                 if message.PROPERTY_ORIGIN in m.properties:
                     raise InvalidRequestError(_origin_refused(i))
-        await b.leader_state()  # a follower redirects before judging a topic by its possibly stale state
-        if system and topic not in b.sm.topics:
+        await (
+            self._leadership.leader_state()
+        )  # a follower redirects before judging a topic by its stale state
+        if system and topic not in self._sm.topics:
             # The broker's own topics (timer, half, retry, dead-letter) come into being with their first
             # message, one queue (the dispatcher records a topic it has not seen): nothing is written before
             # the message itself, so a send refused below leaves no trace.
             queues = 1
         else:
-            queues = await b.ensure_topic(topic)
+            queues = await self._topics.ensure_topic(topic)
         if not msgs or len(msgs) > MAX_SEND_BATCH:
             raise InvalidRequestError(f"a send carries 1..{MAX_SEND_BATCH} messages, got {len(msgs)}")
         return self._encode(topic, queues, msgs)
@@ -122,9 +150,10 @@ class Sender:
         batch's topics (a secure group's face asks its guard)."""
         if not raws or len(raws) > MAX_SEND_BATCH:
             raise InvalidRequestError(f"a send carries 1..{MAX_SEND_BATCH} messages, got {len(raws)}")
-        b = self._broker
-        await b.leader_state()  # a follower redirects before judging a topic by its possibly stale state
-        limit = b.node.config.max_body_bytes
+        await (
+            self._leadership.leader_state()
+        )  # a follower redirects before judging a topic by its stale state
+        limit = self._node.config.max_body_bytes
         queues: dict[str, int] = {}
         routes: list[message.Route] = []
         for i, raw in enumerate(raws):
@@ -135,7 +164,7 @@ class Sender:
             n = queues.get(r.topic)
             if n is None:
                 check_user_topic(r.topic)
-                n = queues[r.topic] = await b.ensure_topic(r.topic)
+                n = queues[r.topic] = await self._topics.ensure_topic(r.topic)
             if r.queue_id >= n:
                 raise UnknownQueueError(
                     f"message {i}: unknown queue {r.topic}/{r.queue_id} (queues 0..{n - 1})"
@@ -156,21 +185,18 @@ class Sender:
     ) -> list[tuple[Dispatched | None, bool]]:
         """Propose checked, encoded messages, each once per producer identity (``Route.producer``): per message,
         where it is stored (None: a duplicate too old to remember) and whether it is a duplicate."""
-        b = self._broker
-        term = b.require_leader()
-        self._alloc.ensure_term(term, b.node.log_store.last_index)
+        term = self._leadership.require_leader()
+        self._alloc.ensure_term(term, self._node.log_store.last_index)
         loop = asyncio.get_running_loop()
-        results: list[Any] = [None] * len(raws)
+        results: Stored = [None] * len(raws)
         fresh: list[int] = []
-        waits: list[tuple[int, Any]] = []
+        waits: list[tuple[int, Found]] = []
         mine: list[tuple[str, int]] = []
-        stored: asyncio.Future[list[Any]] | None = (
-            None  # this batch's results, for retries arriving meanwhile
-        )
+        stored: asyncio.Future[Stored] | None = None  # this batch's results, for retries arriving meanwhile
         for i, r in enumerate(routes):
             key = r.producer
             if key is not None:
-                found = self._alloc.find_send(*key)
+                found: Found = self._alloc.find_send(*key)
                 if found is False and key in self._inflight:
                     found = self._inflight[key]
                 if found is not False:
@@ -186,7 +212,7 @@ class Sender:
                 # Acknowledged at commit: where each message goes is fixed when the leader places it (the
                 # dispatcher checks every node dispatches it exactly there), so the ack need not wait for apply.
                 all_fresh = len(fresh) == len(raws)
-                placed, _ = await b.group_commit.propose(
+                placed, _ = await self._proposer.propose(
                     raws if all_fresh else [raws[i] for i in fresh],
                     False,
                     routes if all_fresh else [routes[i] for i in fresh],
@@ -216,8 +242,8 @@ class Sender:
         self, topic: str, queues: int, msgs: Sequence[Outgoing]
     ) -> list[tuple[str, bytes, message.Route]]:
         """(msg_id, CommitLog message bytes, its route) per message, with the broker's properties stamped in."""
-        now = int(time.time() * 1000)
-        limit = self._broker.node.config.max_body_bytes
+        now = now_ms()
+        limit = self._node.config.max_body_bytes
         encoded: list[tuple[str, bytes, message.Route]] = []
         for i, m in enumerate(msgs):
             if not 0 <= m.queue_id < queues:
@@ -237,7 +263,7 @@ class Sender:
         return encoded
 
     async def _resolve_duplicate(
-        self, key: tuple[str, int], found: Any, deadline: float
+        self, key: tuple[str, int], found: Found, deadline: float
     ) -> Dispatched | None:
         """The first attempt's result for a retried (producer, seq): None when it is too old to remember."""
         if isinstance(found, tuple):  # in flight on this leader: (its batch's results, its place in them)
@@ -246,7 +272,7 @@ class Sender:
             return placed
         if isinstance(found, int) and not isinstance(found, bool):
             await self.wait_applied(found, deadline)
-            found = self._broker.sm.sent(*key)
+            found = self._sm.sent(*key)
         if isinstance(found, Dispatched):
             return found
         if found is True:

@@ -149,6 +149,8 @@ def equal(a: Value, b: Value) -> Truth:
     """``a = b``: unknown with a missing side; numbers, booleans or strings by what the literals are."""
     if a is None or b is None:
         return None
+    x: bool | float | None
+    y: bool | float | None
     if isinstance(a, bool) or isinstance(b, bool):
         x, y = as_bool(a), as_bool(b)
     elif isinstance(a, int | float) or isinstance(b, int | float):
@@ -322,7 +324,7 @@ class _Parser:
             self.expect("keyword", "NULL", "NULL after IS" + (" NOT" if is_not else ""))
             return _is_null(left, is_not)
         if left_kind == "bool" and start.kind == "keyword":
-            return lambda p: left(p)  # TRUE / FALSE alone
+            return lambda p: as_bool(left(p))  # TRUE / FALSE alone (a bool literal: as_bool keeps it)
         raise self.fail(
             f"expected a comparison (=, <>, <, <=, >, >=, BETWEEN, IN, IS NULL) after {self.found(start)}, "
             f"found {self.found()}"

@@ -333,7 +333,7 @@ class BrokerStateMachine:
         if q is not None and q.low != self.offsets.get(key, 0):
             self.offsets[key] = q.low  # the group's committed offset follows its acknowledgements
 
-    def _command(self, body) -> Any:
+    def _command(self, body: bytes | memoryview) -> Any:
         try:
             cmd = commands.decode(body)
         except commands.CommandError as err:

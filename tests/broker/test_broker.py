@@ -229,7 +229,7 @@ async def test_send_refuses_bad_input_before_writing(made, topic_name, msgs, err
 @run
 async def test_send_auto_creates_an_unknown_topic(made):
     broker, _ = made
-    broker.settings = BrokerSettings(auto_create_topic_queues=3)
+    broker.topics.auto_create_queues = 3  # as [broker] auto_create_topic_queues = 3
     (r,) = await broker.send("Auto", [out(2)])
     assert broker.sm.topics["Auto"] == 3 and (r.queue_id, r.queue_offset) == (2, 0)
 
