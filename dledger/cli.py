@@ -32,8 +32,8 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from dledger import backup_commands, member
 from dledger import group as grp
-from dledger import member
 from dledger.cliutil import AddressesOpt, addresses_of, console, err_console
 from dledger.cliutil import fail as _fail  # the name this module's many call sites use
 from dledger.errors import DLedgerError
@@ -45,6 +45,7 @@ app = typer.Typer(
 group_app = typer.Typer(no_args_is_help=True, help="Run a local group of node processes on 127.0.0.1.")
 app.add_typer(group_app, name="group")
 member.register(app, group_app)
+backup_commands.register(app)
 
 
 @app.callback()

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from dledger.core.membership import Configuration
 from dledger.nodeconfig import NodeConfig
-from dledger.runtime.datadir import COMMIT_INDEX_KEY, base_configuration, lock_data_dir
+from dledger.runtime.datadir import COMMIT_INDEX_KEY, base_configuration, lock_data_dir, open_log
 from storage import codec
-from storage.api import HardState
+from storage.api import HardState, LogStore, MetaStore
 
-__all__ = ["Recovered", "make_sole_voter"]
+__all__ = ["Recovered", "append_configuration", "make_sole_voter"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,36 +48,40 @@ class Recovered:
         )
 
 
+def append_configuration(
+    log: LogStore, meta: MetaStore, conf: Configuration, term: int, segment_size: int, vote: str | None = None
+) -> int:
+    """Append ``conf`` as a config entry of ``term`` after the stopped log's last entry, durably, and move the hard
+    state to ``term`` (with ``vote``); returns the entry's index. ``term`` must be above every term the log and the
+    hard state know, so that no leader of an older term can ever replace the entry."""
+    tail = log.tail()
+    body = conf.encode()
+    pos = codec.place(tail.end_pos, codec.HEADER_SIZE + len(body), segment_size)
+    index = tail.last_index + 1
+    log.append(codec.encode(index, term, pos, body, tail.chain_crc, magic=codec.MAGIC_CONFIG))
+    log.sync()
+    meta.save_hard_state(HardState(term=term, vote=vote))
+    return index
+
+
 def make_sole_voter(config: NodeConfig, address: str) -> Recovered:
     """Append to the stopped node's log the configuration that makes it the only voter (at ``address``), and
     move its hard state to that entry's term. Refuses a directory a running node holds (``DirectoryInUseError``)."""
     from dledger.core.raft_log import RaftLog
-    from storage.filestore import FileLogStore
     from storage.meta_lmdb import LmdbMetaStore
 
     lock = lock_data_dir(config.data_dir)
     try:
-        log = FileLogStore.open(
-            str(config.data_dir),
-            segment_size=config.raft.segment_size,
-            flush="sync",
-            index_units=config.index_units_per_file,
-        )
+        log = open_log(config, flush="sync")
         meta = LmdbMetaStore(str(config.data_dir / "meta"))
         try:
             base = base_configuration(meta, config)
             previous = RaftLog(log, config.raft.segment_size, base_conf=base).configuration
-            hard = meta.load_hard_state()
             tail = log.tail()
-            term = max(hard.term, tail.last_term) + 1
-            body = Configuration.of([config.node_id], addresses={config.node_id: address}).encode()
-            size = codec.HEADER_SIZE + len(body)
-            pos = codec.place(tail.end_pos, size, config.raft.segment_size)
-            index = tail.last_index + 1
-            log.append(codec.encode(index, term, pos, body, tail.chain_crc, magic=codec.MAGIC_CONFIG))
-            log.sync()
+            term = max(meta.load_hard_state().term, tail.last_term) + 1
+            conf = Configuration.of([config.node_id], addresses={config.node_id: address})
             # The vote goes to itself in the new term: the node will not vote for an old member of that term.
-            meta.save_hard_state(HardState(term=term, vote=config.node_id))
+            index = append_configuration(log, meta, conf, term, config.raft.segment_size, vote=config.node_id)
             raw = meta.get(COMMIT_INDEX_KEY)
             known = int(raw) if raw else -1
         finally:

@@ -53,10 +53,19 @@ def segment_tasks(layouts: list[NodeLayout], full: bool, commit: int | None) -> 
     tasks = []
     for lay in layouts:
         index_files = tuple((f.start, f.path) for f in lay.index)
+        begin_at = lay.start.end_pos if lay.start is not None else 0
         for k, f in enumerate(lay.data):
+            begin = begin_at - f.start if k == 0 and begin_at > f.start else 0
             tasks.append(
                 SegmentTask(
-                    lay.node, f.path, f.start, k == len(lay.data) - 1, index_files, full=full, commit=commit
+                    lay.node,
+                    f.path,
+                    f.start,
+                    k == len(lay.data) - 1,
+                    index_files,
+                    full=full,
+                    commit=commit,
+                    begin=begin,
                 )
             )
     return tasks

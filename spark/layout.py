@@ -55,10 +55,13 @@ class NodeLayout:
 
 @dataclass(frozen=True, slots=True)
 class LogStart:
-    """``data/start.json``: the first index of the log and the chain_crc of the entry just before it."""
+    """``data/start.json``: the first index of the log, the chain_crc of the entry just before it, and the byte
+    position where the log continues (inside a data file after a snapshot was installed or restored: the bytes
+    before it in that file were never written)."""
 
     first_index: int
     prev_chain_crc: int
+    end_pos: int = 0
 
 
 def read_start(data_dir: Path) -> LogStart | None:
@@ -67,7 +70,7 @@ def read_start(data_dir: Path) -> LogStart | None:
         return None
     try:
         doc = json.loads(path.read_bytes())
-        return LogStart(int(doc["first_index"]), int(doc["prev"]["chain_crc"]))
+        return LogStart(int(doc["first_index"]), int(doc["prev"]["chain_crc"]), int(doc["prev"]["end_pos"]))
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise AuditInputError(f"{path}: unreadable log start record: {err}") from err
 

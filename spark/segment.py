@@ -95,6 +95,7 @@ class SegmentTask:
     full: bool = True
     commit: int | None = None
     checkpoint_every: int = CHECKPOINT_EVERY
+    begin: int = 0  # the file's first entry is here (the log's start inside it; zeros before, never written)
 
 
 @dataclass(slots=True)
@@ -272,7 +273,7 @@ def _walk(task, mm, mv, length, found, terms, summary, on_chunk, chunk_rows) -> 
     headers = bytearray()
     prev_chain: int | None = None
     last_index: int | None = None
-    off = 0
+    off = task.begin
     while off + codec.MIN_BLANK_LEN <= length:
         if length - off < header_size:
             magic, size = unpack_prefix(mm, off)
@@ -359,8 +360,8 @@ def _walk(task, mm, mv, length, found, terms, summary, on_chunk, chunk_rows) -> 
         "chain_crc": h["chain_crc"].astype(np.int64),
     }
     sizes = cols["size"].astype(np.int64)
-    offset = np.zeros(n, dtype=np.int64)
-    np.cumsum(sizes[:-1], out=offset[1:])
+    offset = np.full(n, task.begin, dtype=np.int64)
+    offset[1:] += np.cumsum(sizes[:-1])
     cols["offset"] = offset
     _vector_checks(task, cols, found)
     _check_index_units(task, cols, found)

@@ -80,6 +80,7 @@ def task_json(task: SegmentTask) -> str:
             "full": task.full,
             "commit": task.commit,
             "checkpoint_every": task.checkpoint_every,
+            "begin": task.begin,
         }
     )
 
@@ -95,6 +96,7 @@ def task_from_json(raw: str) -> SegmentTask:
         full=d["full"],
         commit=d["commit"],
         checkpoint_every=d["checkpoint_every"],
+        begin=d.get("begin", 0),
     )
 
 

@@ -258,6 +258,8 @@ def test_the_log_layer_names_no_tenant() -> None:
 # pulls in the local-group runner, the CLI, chaos, membership scripts or certificate issuing.
 TOOLING: tuple[str, ...] = (
     "dledger.__main__",
+    "dledger.backup_commands",
+    "dledger.backups",
     "dledger.chaos",
     "dledger.cli",
     "dledger.cliutil",

@@ -46,6 +46,19 @@ def lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
+def open_log(config: NodeConfig, flush: str = "async") -> LogStore:
+    """The node's log as its configuration lays it out (segment size, index units per file)."""
+    from storage.filestore import FileLogStore
+
+    return FileLogStore.open(
+        str(config.data_dir),
+        segment_size=config.raft.segment_size,
+        flush=flush,
+        flush_interval_ms=config.flush_interval_ms,
+        index_units=config.index_units_per_file,
+    )
+
+
 def base_configuration(meta: MetaStore, config: NodeConfig) -> Configuration:
     """The configuration at the log's compaction point: the one the last snapshot recorded; else the configured
     peers as voters, or none for a node started to join a group (``join``: it learns its configuration from the
@@ -88,7 +101,6 @@ class DataDir:
         return self.meta
 
     def open(self) -> None:
-        from storage.filestore import FileLogStore
         from storage.meta_lmdb import LmdbMetaStore
 
         cfg = self.config
@@ -100,13 +112,7 @@ class DataDir:
             # "sync" append, and the core reads the store from the event loop; ``sync()`` fsyncs outside the
             # lock, so the loop never waits behind the disk. Under the "sync" policy every Ready is synced
             # before anything that depends on it is sent, which is the same promise.
-            self.log = FileLogStore.open(
-                str(cfg.data_dir),
-                segment_size=cfg.raft.segment_size,
-                flush="async",
-                flush_interval_ms=cfg.flush_interval_ms,
-                index_units=cfg.index_units_per_file,
-            )
+            self.log = open_log(cfg)
             self.sync_each_ready = cfg.flush == "sync"
         if self.meta is None:
             self.meta = LmdbMetaStore(str(cfg.data_dir / "meta"))

@@ -34,6 +34,7 @@ from dledger.metrics import NodeMetrics
 from dledger.nodeconfig import NodeConfig
 from dledger.plugins import NodePlugin
 from dledger.plugins import resolve as resolve_plugin
+from dledger.runtime.backup import backup_chunks
 from dledger.runtime.datadir import SNAPSHOT_CONF_KEY, DataDir, base_configuration
 from dledger.runtime.futures import retrieve
 from dledger.runtime.iothread import IoThread
@@ -615,6 +616,21 @@ class Node:
     async def snapshot_now(self) -> tuple[bool, SnapshotInfo | None, int]:
         """On demand (``dledger snapshot``): (taken, newest snapshot, first log index afterwards)."""
         return await self._snapshots.snapshot_now()
+
+    def backup(self) -> AsyncIterator[tuple[str, int, bytes]]:
+        """An online backup of the group as this node holds it: (file, offset, data) chunks
+        (``dledger.runtime.backup``; docs/operations.md)."""
+        core = self._started_core()
+        return backup_chunks(
+            self.log_store,
+            self._snapshots.snapshot_now,
+            self._snapshots.stream,
+            lambda: core.commit_index,
+            core.configuration_at,
+            self.config.group,
+            self.state_machine.name if self.state_machine is not None else "",
+            self.config.raft.segment_size,
+        )
 
     # -- introspection -----------------------------------------------------------------------------------------
 

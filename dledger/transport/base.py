@@ -170,6 +170,10 @@ class ClientHandler(Protocol):
         """Take a snapshot now: (taken, the newest snapshot, the first log index afterwards)."""
         ...
 
+    def backup(self) -> AsyncIterator[tuple[str, int, bytes]]:
+        """An online backup as this node holds it: (file, offset, data) chunks (docs/operations.md)."""
+        ...
+
     def address_of(self, node_id: str) -> str | None:
         """A member's client address (for not-leader hints)."""
         ...

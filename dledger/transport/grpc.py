@@ -613,6 +613,18 @@ class DLedgerServicer(client_pb2_grpc.DLedgerServicer):
             first_index=first_index,
         )
 
+    async def Backup(
+        self,
+        request: client_pb2.BackupRequest,
+        context: _Context[client_pb2.BackupRequest, client_pb2.BackupChunk],
+    ) -> AsyncIterator[client_pb2.BackupChunk]:
+        await self._check_group(request.group, context)
+        try:
+            async for file, offset, data in self._handler.backup():
+                yield client_pb2.BackupChunk(file=file, offset=offset, data=data)
+        except DLedgerError as e:
+            await _abort(context, e)
+
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(coro)`` for a blocking caller, then collect garbage.

@@ -156,6 +156,22 @@ class TakeSnapshotResponse(_message.Message):
     first_index: int
     def __init__(self, taken: _Optional[bool] = ..., index: _Optional[int] = ..., term: _Optional[int] = ..., size: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
 
+class BackupRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class BackupChunk(_message.Message):
+    __slots__ = ("file", "offset", "data")
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    file: str
+    offset: int
+    data: bytes
+    def __init__(self, file: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class ChangeMembershipRequest(_message.Message):
     __slots__ = ("group", "kind", "node_id", "address")
     GROUP_FIELD_NUMBER: _ClassVar[int]

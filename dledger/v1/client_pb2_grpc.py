@@ -69,6 +69,11 @@ class DLedgerStub:
                 request_serializer=dledger_dot_v1_dot_client__pb2.ChangeMembershipRequest.SerializeToString,
                 response_deserializer=dledger_dot_v1_dot_client__pb2.ChangeMembershipResponse.FromString,
                 _registered_method=True)
+        self.Backup = channel.unary_stream(
+                '/dledger.v1.DLedger/Backup',
+                request_serializer=dledger_dot_v1_dot_client__pb2.BackupRequest.SerializeToString,
+                response_deserializer=dledger_dot_v1_dot_client__pb2.BackupChunk.FromString,
+                _registered_method=True)
 
 
 class DLedgerServicer:
@@ -117,6 +122,12 @@ class DLedgerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Backup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DLedgerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +165,11 @@ def add_DLedgerServicer_to_server(servicer, server):
                     servicer.ChangeMembership,
                     request_deserializer=dledger_dot_v1_dot_client__pb2.ChangeMembershipRequest.FromString,
                     response_serializer=dledger_dot_v1_dot_client__pb2.ChangeMembershipResponse.SerializeToString,
+            ),
+            'Backup': grpc.unary_stream_rpc_method_handler(
+                    servicer.Backup,
+                    request_deserializer=dledger_dot_v1_dot_client__pb2.BackupRequest.FromString,
+                    response_serializer=dledger_dot_v1_dot_client__pb2.BackupChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -345,6 +361,33 @@ class DLedger:
             '/dledger.v1.DLedger/ChangeMembership',
             dledger_dot_v1_dot_client__pb2.ChangeMembershipRequest.SerializeToString,
             dledger_dot_v1_dot_client__pb2.ChangeMembershipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Backup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dledger.v1.DLedger/Backup',
+            dledger_dot_v1_dot_client__pb2.BackupRequest.SerializeToString,
+            dledger_dot_v1_dot_client__pb2.BackupChunk.FromString,
             options,
             channel_credentials,
             insecure,

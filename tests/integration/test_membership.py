@@ -338,15 +338,17 @@ def _recover_from_a_survivor(g: grp.GroupSpec, d: Path) -> None:
     for n in lost:
         assert grp.kill_node(n) is not None
     held = {e.index: bytes(e.body) for e in read_log(survivor.data_dir)}
-    with DLedgerClient([survivor.address], g.name, timeout_s=1.5) as c:
-        with pytest.raises(DLedgerError):  # one node of three: no quorum, no write
-            c.append(b"refused")
+    # one node of three: no quorum, no write
+    with DLedgerClient([survivor.address], g.name, timeout_s=1.5) as c, pytest.raises(DLedgerError):
+        c.append(b"refused")
     for n in lost:  # gone for good: their machines and disks
         grp.kill_node(n)
 
     done = CliRunner().invoke(app, ["group", "recover", "--dir", str(d), "--from", survivor.id])
     assert done.exit_code == 0, done.output
-    assert f"node {survivor.id} is now the only voter" in done.output and "leads the group again" in done.output
+    assert (
+        f"node {survivor.id} is now the only voter" in done.output and "leads the group again" in done.output
+    )
 
     alone = grp.load(d)
     assert [n.id for n in alone.nodes] == [survivor.id]
