@@ -449,7 +449,7 @@ def configuration(group: GroupSpec, timeout_s: float = 0.5) -> NodeInfo | None:
     or None when no leader answers."""
 
     async def ask() -> NodeInfo | None:
-        infos = await asyncio.gather(*[_metadata(n.address, timeout_s) for n in group.nodes])
+        infos = await asyncio.gather(*[_metadata(n.address, timeout_s, group.security) for n in group.nodes])
         leaders = [i for i in infos if i is not None and i.role == "leader"]
         return max(leaders, key=lambda i: i.term) if leaders else None
 

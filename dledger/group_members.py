@@ -59,11 +59,6 @@ def add_member(directory: Path, node_id: str | None = None, port: int | None = N
     group = load(directory)
     if group.links:
         raise ConfigError("membership changes are not supported on a proxied (chaos) group")
-    if group.security:
-        raise ConfigError(
-            "adding a node to a secure group is not supported yet: the new node needs a certificate from the "
-            "group's CA (docs/membership.md); member promote/remove work"
-        )
     node_id = node_id or _next_id(group, directory)
     if any(n.id == node_id for n in group.nodes):
         raise ConfigError(f"node {node_id} is already in the group in {directory}")
@@ -76,6 +71,10 @@ def add_member(directory: Path, node_id: str | None = None, port: int | None = N
     grown = GroupSpec(
         group.name, group.flush, (*group.nodes, spec), group.state_machine, security=group.security
     )
+    if group.security:  # its certificate, from the group's CA: peers accept it once the add is in their log
+        from dledger.security.bootstrap import issue_node_certificate
+
+        issue_node_certificate(Path(group.security).parent, node_id, grown.addresses)
     Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
     Path(spec.config).write_text(_node_toml(spec, grown, _raft_of(group), join=True))
     _write_manifest(directory, grown)

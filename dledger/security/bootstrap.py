@@ -15,6 +15,7 @@ import os
 import secrets
 from pathlib import Path
 
+from dledger.errors import ConfigError
 from dledger.security import certs
 
 BOOTSTRAP_ADMIN = "admin"
@@ -24,6 +25,22 @@ def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+
+
+def issue_node_certificate(directory: Path, node_id: str, addresses: list[str]) -> Path:
+    """A certificate for a new member of the secure group in ``directory`` from the group's own CA (its key in
+    ``tls/ca.key``, as ``group up --secure`` leaves it); the certificate's path. A group whose CA key lives
+    elsewhere (a cluster's, or one kept offline) issues by hand: docs/security.md, "Adding a node"."""
+    tls_dir = directory / "tls"
+    if not (tls_dir / "ca.key").exists():
+        raise ConfigError(
+            f"the group's CA key is not in {tls_dir} (a cluster's groups, or a CA kept offline): issue {node_id}'s "
+            f"certificate by hand (`dledger certs --dir <CA dir> --nodes {node_id} [--group G]`, then copy "
+            f"{node_id}.pem and {node_id}.key into {tls_dir}) and add it again"
+        )
+    if (tls_dir / f"{node_id}.pem").exists():
+        return tls_dir / f"{node_id}.pem"
+    return certs.write_group(tls_dir, [node_id], clients=(), addresses=addresses)[node_id]
 
 
 def write_secure_group(directory: Path, node_ids: list[str], addresses: list[str]) -> Path:

@@ -10,7 +10,7 @@ machine has no replicated users: only the bootstrap admin (docs/security.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import grpc
@@ -74,7 +74,7 @@ class SecuredPlugin:
 
     def interceptor(self, node: Any) -> guard.SecurityInterceptor:
         cfg = self.config
-        verifier = tls.PeerVerifier(cfg.group, self._ca, lambda: node.config.peers, cfg.security.skew_s)
+        verifier = tls.PeerVerifier(cfg.group, self._ca, lambda: current_members(node), cfg.security.skew_s)
         catch_up = self.catch_up(node)
         return guard.SecurityInterceptor(
             cfg.node_id,
@@ -94,3 +94,12 @@ class SecuredPlugin:
     def peer_credentials(self) -> grpc.ChannelCredentials:
         cfg = self.config
         return tls.peer_channel_credentials(cfg.group, cfg.node_id, self._cert, self._key, self._ca)
+
+
+def current_members(node: Any) -> Container[str]:
+    """Whom a peer proof may name: the members of the configuration in effect, so that a node added through the
+    log is known as soon as its entry is, and a removed one is refused at once; the configured peers while the
+    node knows no configuration (starting, or joining a group)."""
+    core = node.core
+    members: tuple[str, ...] = core.configuration.members if core is not None else ()
+    return members or node.config.peers

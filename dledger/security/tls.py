@@ -172,16 +172,18 @@ class PeerVerifier:
             raise PeerIdentityError(f"peer {claimed!r}: bad {auth.DATE_TIME} {when[:32]!r}") from None
         if abs((dt.datetime.now(dt.UTC) - stamp).total_seconds()) > self._skew:
             raise PeerIdentityError(f"peer {claimed!r}: proof dated {when} is outside the allowed clock skew")
+        # Membership first, on every call: a node removed from the group is refused at once, even with a proof
+        # verified a moment ago.
+        if claimed not in self._members():
+            raise PeerIdentityError(
+                f"node {claimed!r} is not a member of this group (a valid certificate is not enough)"
+            )
         if self._proofs.get(sig) == (claimed, der):  # verified before, and still within the skew
             return claimed
         identity, key = self._certificate(der, claimed)
         if identity != claimed:
             raise PeerIdentityError(
                 f"peer claiming to be {claimed!r} presented the certificate of node {identity!r}: refused"
-            )
-        if claimed not in self._members():
-            raise PeerIdentityError(
-                f"node {claimed!r} has a valid certificate but is not a member of this group"
             )
         try:
             key.verify(sig, _proof_payload(self._group, claimed, when), ec.ECDSA(hashes.SHA256()))

@@ -153,6 +153,7 @@ class GrpcPeerTransport:
     ):
         """``credentials``: the node's peer TLS credentials and identity proof (dledger.security.tls)."""
         self.group = group
+        self._credentials = credentials  # a member added later is dialled with them too
         self._peers = {pid: _Peer(pid, addr, credentials) for pid, addr in addresses.items()}
         self._append_timeout = append_timeout_s
         self._control_timeout = control_timeout_s
@@ -166,7 +167,7 @@ class GrpcPeerTransport:
     def add_peer(self, peer_id: str, address: str) -> None:
         """A member joined (a configuration change): dial it from now on. Known peers keep their channels."""
         if peer_id not in self._peers:
-            self._peers[peer_id] = _Peer(peer_id, address)
+            self._peers[peer_id] = _Peer(peer_id, address, self._credentials)
 
     def set_reply_handler(self, handler: Callable[[list[Message]], None]) -> None:
         self._on_replies = handler
