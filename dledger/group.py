@@ -264,17 +264,19 @@ def is_running(spec: NodeSpec, pid: int | None = None) -> bool:
     return spec.config.encode() in cmdline
 
 
-def start_node(spec: NodeSpec, module: str = "dledger") -> int:
+def start_node(spec: NodeSpec, module: str = "dledger", code: Path | None = None) -> int:
     """Start one node process in the background (its own session, output to node.log); returns its pid.
 
     ``module`` is the ``python -m`` entry that runs ``node --config``: a fault-injection launcher
-    (``dledger.chaos.faultnode``) runs the same node with a file layer that can be told to fail."""
+    (``dledger.chaos.faultnode``) runs the same node with a file layer that can be told to fail. ``code``: run
+    the source tree there instead of this one (another release, for an upgrade)."""
     if is_running(spec):
         pid = read_pid(spec)
         assert pid is not None
         return pid
+    env = None if code is None else {**os.environ, "PYTHONPATH": str(code), "PYTHONSAFEPATH": "1"}
     pid = _spawn_detached(
-        [sys.executable, "-m", module, "node", "--config", spec.config], Path(spec.data_dir) / "node.log"
+        [sys.executable, "-m", module, "node", "--config", spec.config], Path(spec.data_dir) / "node.log", env
     )
     _pid_file(spec).write_text(f"{pid}\n")
     # Until the child has exec'd, /proc shows the parent's command line and is_running() would say "not
@@ -288,7 +290,7 @@ def start_node(spec: NodeSpec, module: str = "dledger") -> int:
     return pid
 
 
-def _spawn_detached(argv: list[str], log_path: Path) -> int:
+def _spawn_detached(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> int:
     """Start ``argv`` in its own session with stdin from /dev/null and stdout and stderr appended to
     ``log_path``; returns its pid. A node outlives the command that started it and is tracked by its pid file,
     so no ``Popen`` object claims it (one dropped while the child runs warns "subprocess is still running").
@@ -301,7 +303,7 @@ def _spawn_detached(argv: list[str], log_path: Path) -> int:
             (os.POSIX_SPAWN_DUP2, out, 2),
         ]
         actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds() if fd > 2]
-        return os.posix_spawn(argv[0], argv, os.environ, file_actions=actions, setsid=True)
+        return os.posix_spawn(argv[0], argv, env or os.environ, file_actions=actions, setsid=True)
     finally:
         os.close(out)
 

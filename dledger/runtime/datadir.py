@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from dledger.core.membership import Configuration
-from dledger.errors import DirectoryInUseError
+from dledger.errors import ConfigError, DirectoryInUseError
 from dledger.nodeconfig import NodeConfig
 from statemachine.api import StateMachine
 from storage.api import LogStore, MetaStore
@@ -22,8 +22,20 @@ COMMIT_INDEX_KEY = "commit_index"  # checkpoint in the MetaStore (audit input; n
 # The group's configuration as of the log's compaction point (a config entry body, dledger.core.membership):
 # written before the log is compacted or reset to a snapshot, read at start (docs/membership.md).
 SNAPSHOT_CONF_KEY = "snapshot_conf"
+# The node directory's data format (docs/formats.md section 6): the layouts of the log, index, metadata and
+# snapshots together. A version reads every format up to its own and refuses a newer one.
+DATA_FORMAT_KEY = "data_format"
+DATA_FORMAT = 1
 
-__all__ = ["COMMIT_INDEX_KEY", "SNAPSHOT_CONF_KEY", "DataDir", "DirectoryInUseError", "lock_data_dir"]
+__all__ = [
+    "COMMIT_INDEX_KEY",
+    "DATA_FORMAT",
+    "SNAPSHOT_CONF_KEY",
+    "DataDir",
+    "DirectoryInUseError",
+    "check_data_format",
+    "lock_data_dir",
+]
 
 
 def lock_data_dir(data_dir: Path) -> int:
@@ -44,6 +56,22 @@ def lock_data_dir(data_dir: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def check_data_format(meta: MetaStore, data_dir: Path) -> None:
+    """Refuse a directory written in a newer data format than this version reads (a downgrade after a format
+    change), naming both; record this version's format in a directory that has none (new, or written before
+    formats were recorded: format 1)."""
+    raw = meta.get(DATA_FORMAT_KEY)
+    found = int(raw) if raw else None
+    if found is not None and found > DATA_FORMAT:
+        raise ConfigError(
+            f"the node directory {data_dir} holds data format {found}, written by a newer dledger; this version "
+            f"reads formats up to {DATA_FORMAT}: a downgrade after a format change is refused (run the newer "
+            "version, or restore a backup taken for this one)"
+        )
+    if found != DATA_FORMAT:
+        meta.put(DATA_FORMAT_KEY, str(DATA_FORMAT).encode(), sync=True)
 
 
 def open_log(config: NodeConfig, flush: str = "async") -> LogStore:
@@ -116,6 +144,7 @@ class DataDir:
             self.sync_each_ready = cfg.flush == "sync"
         if self.meta is None:
             self.meta = LmdbMetaStore(str(cfg.data_dir / "meta"))
+            check_data_format(self.meta, cfg.data_dir)
 
     def checkpoint_commit(self, commit_index: int) -> None:
         """Record the commit index in the MetaStore (unsynced) for readers such as the audit."""

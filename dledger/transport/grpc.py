@@ -103,6 +103,25 @@ class _Peer:
         self.control_stub = raft_pb2_grpc.RaftPeerStub(self.control)
 
 
+# The peer protocol's version, sent when a Pipe opens and with every vote: a node refuses a peer that speaks a
+# newer one than it knows (docs/formats.md section 7). No header: a node from before versions were sent (1).
+PROTOCOL_KEY = "x-dledger-protocol"
+PROTOCOL_VERSION = 1
+_PROTOCOL_MD = ((PROTOCOL_KEY, str(PROTOCOL_VERSION)),)
+
+
+def _protocol_refusal(context: grpc.aio.ServicerContext[Any, Any]) -> DLedgerError | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == PROTOCOL_KEY:
+            version = int(value) if isinstance(value, str) and value.isdigit() else None
+            if version is None or version > PROTOCOL_VERSION:
+                return InvalidRequestError(
+                    f"the peer speaks peer protocol {value!r}; this node speaks up to {PROTOCOL_VERSION}: upgrade "
+                    "this node before the group's other nodes use the newer protocol"
+                )
+    return None
+
+
 class _Pipe:
     """One ``Pipe`` stream to a peer: writes batches of messages, hands answers to the reply handler."""
 
@@ -113,7 +132,7 @@ class _Pipe:
         # Requests go out as bytes from ``convert.encode_deliver`` (no serializer); answers parse as usual.
         self.call: grpc.aio.StreamStreamCall[bytes, raft_pb2.PeerReply] = peer.data.stream_stream(
             PIPE_METHOD, request_serializer=None, response_deserializer=raft_pb2.PeerReply.FromString
-        )()
+        )(metadata=_PROTOCOL_MD)
         self.broken: str | None = None
         self._reader = asyncio.create_task(self._read(), name=f"pipe-{peer.id}")
 
@@ -210,7 +229,7 @@ class GrpcPeerTransport:
                 )
             elif isinstance(msg, RequestVote):
                 reply = await peer.control_stub.Vote(
-                    convert.vote_to_pb(msg, g), timeout=self._control_timeout
+                    convert.vote_to_pb(msg, g), timeout=self._control_timeout, metadata=_PROTOCOL_MD
                 )
             elif isinstance(msg, TimeoutNow):
                 reply = await peer.control_stub.TimeoutNow(
@@ -327,6 +346,9 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
     async def Vote(
         self, request: raft_pb2.VoteRequest, context: _Context[raft_pb2.VoteRequest, raft_pb2.PeerReply]
     ) -> raft_pb2.PeerReply:
+        refusal = _protocol_refusal(context)
+        if refusal is not None:
+            await _abort(context, refusal)
         return await self._one(request, convert.vote_from_pb, context)
 
     async def AppendEntries(
@@ -358,6 +380,9 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
         """Step each batch as it arrives; answer each batch once its answers are persisted (batches are
         stepped in arrival order, answers may overtake each other). The reader steps a batch itself and the
         answer goes out from its future's done callback: no task per batch on the replication round trip."""
+        refusal = _protocol_refusal(context)
+        if refusal is not None:
+            await _abort(context, refusal)
         out: asyncio.Queue[raft_pb2.PeerReply | None] = asyncio.Queue()
         pending: set[asyncio.Future[list[Message]]] = set()
         drained = asyncio.Event()
