@@ -12,7 +12,7 @@ import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from dledger.chaos.history import FAIL, OK, Event, operations
 
@@ -48,17 +48,41 @@ class Verdict:
 # -- 4 -----------------------------------------------------------------------------------------------------------
 
 
+UNKNOWN: Final = "\x00unknown"  # an outcome the client never learned (an indeterminate operation)
+
+
 @dataclass(frozen=True, slots=True)
 class RegisterOp:
-    """A register operation: ``write`` of ``value`` or ``read`` returning ``value`` (None: never written).
-    ``complete`` is inf for an indeterminate write (it may take effect at any time after its invocation);
-    indeterminate reads are dropped (they constrain nothing)."""
+    """A register operation: ``write`` of ``value``, ``read`` returning ``value`` (None: absent), ``cas`` of
+    ``expected`` (None: absent) to ``value``, or ``delete``. ``observed`` is what the answer said of the state it
+    met: a write's previous value, whether a cas swapped, whether a delete found the key (``UNKNOWN`` for an
+    indeterminate operation, or a write whose answer did not say). ``complete`` is inf for an indeterminate
+    operation (it may take effect at any time after its invocation); indeterminate reads are dropped (they
+    constrain nothing)."""
 
     id: int
     f: str
     value: str | None
     invoke: float
     complete: float
+    expected: str | None = None
+    observed: object = UNKNOWN
+
+
+def _step(op: RegisterOp, state: str | None) -> tuple[bool, str | None]:
+    """Whether ``op`` may take effect on a register holding ``state``, and the state after it."""
+    seen = op.observed
+    if op.f == "read":
+        return op.value == state, state
+    if op.f == "write":
+        return seen is UNKNOWN or seen == state, op.value
+    if op.f == "delete":
+        return seen is UNKNOWN or seen == (state is not None), None
+    # cas: it swaps exactly when the register holds what it expects
+    swaps = state == op.expected
+    if seen is not UNKNOWN and seen != swaps:
+        return False, state
+    return True, op.value if swaps else state
 
 
 def check_register(
@@ -96,26 +120,42 @@ def check_register(
             op = ops[i]
             if op.invoke > horizon:
                 continue  # some pending op completed before this one began: it must go first
-            if op.f == "write":
-                stack.append((done | 1 << i, op.value, (*path, i)))
-            elif op.value == value:
-                stack.append((done | 1 << i, value, (*path, i)))
+            legal, after = _step(op, value)
+            if legal:
+                stack.append((done | 1 << i, after, (*path, i)))
     # Not linearizable: name the first read that no order explains (a hint for the reader).
-    return False, None, "no linearization: some read returned a value no legal order of writes explains"
+    return (
+        False,
+        None,
+        (
+            "no linearization: some read, previous value, cas or delete outcome is explained by no legal order "
+            "of the operations"
+        ),
+    )
+
+
+REGISTER_FS: Final = ("write", "read", "cas", "delete")
+_OBSERVED: Final = {"write": "previous", "cas": "swapped", "delete": "existed"}
 
 
 def register_ops(events: Iterable[Event]) -> dict[str, list[RegisterOp]]:
-    """Per key, the register operations of a history (``write``/``read`` events with ``key`` and ``value``)."""
+    """Per key, the register operations of a history (``write``/``read``/``cas``/``delete`` events with ``key``,
+    ``value``, a cas's ``expected``, and what a completed operation observed: ``previous``, ``swapped``,
+    ``existed``)."""
     out: dict[str, list[RegisterOp]] = defaultdict(list)
     for k, o in enumerate(operations(events)):
-        if o.f not in ("write", "read"):
+        if o.f not in REGISTER_FS:
             continue
         if o.type == FAIL:
             continue  # did not happen
         if o.f == "read" and o.type != OK:
             continue
         complete = o.complete if o.type == OK else float("inf")
-        out[o.value["key"]].append(RegisterOp(k, o.f, o.value.get("value"), o.invoke, complete))
+        seen_key = _OBSERVED.get(o.f)
+        observed = o.value.get(seen_key, UNKNOWN) if o.type == OK and seen_key else UNKNOWN
+        out[o.value["key"]].append(
+            RegisterOp(k, o.f, o.value.get("value"), o.invoke, complete, o.value.get("expected"), observed)
+        )
     return out
 
 

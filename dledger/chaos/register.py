@@ -66,9 +66,26 @@ class RegisterClient:
             return result
         raise NotLeaderError(None, f"still not the leader after {redirects} redirects")
 
-    def put(self, key: str, value: str) -> int:
+    def put(self, key: str, value: str) -> str | None:
+        """The value the put replaced (None: the key was absent): the write it overwrote is witnessed."""
         req = kv_pb2.PutRequest(key=key.encode(), value=value.encode())
-        return self.call(lambda kv: kv.Put(req, timeout=self.timeout_s), write=True).index
+        r = self.call(lambda kv: kv.Put(req, timeout=self.timeout_s), write=True)
+        return r.previous.decode() if r.had_previous else None
+
+    def compare_and_swap(self, key: str, expected: str | None, value: str) -> bool:
+        """Whether ``key`` held ``expected`` (None: absent) and now holds ``value``."""
+        req = kv_pb2.CompareAndSwapRequest(
+            key=key.encode(),
+            expected=(expected or "").encode(),
+            expect_absent=expected is None,
+            value=value.encode(),
+        )
+        return bool(self.call(lambda kv: kv.CompareAndSwap(req, timeout=self.timeout_s), write=True).swapped)
+
+    def delete(self, key: str) -> bool:
+        """Whether the key existed."""
+        req = kv_pb2.DeleteRequest(key=key.encode())
+        return bool(self.call(lambda kv: kv.Delete(req, timeout=self.timeout_s), write=True).existed)
 
     def get(self, key: str) -> str | None:
         req = kv_pb2.KVGetRequest(key=key.encode())
@@ -80,12 +97,14 @@ class RegisterClient:
 
 
 class Registers(Workers):
-    """Clients of the register service: random writes of unique values and reads, over a few keys at a time.
+    """Clients of the register service over a few keys at a time: reads, puts of unique values (each answer
+    names the value it replaced, so every acknowledged write is witnessed by the next), compare-and-swaps from
+    the value last seen, and deletes.
 
     A key takes at most ``ops_per_key`` operations, then the clients move on to fresh keys, so that each
     key's history stays small enough for the linearizability checker (WGL is exponential in the worst case).
-    A write that was refused is ``fail``; one whose outcome is unknown is ``info`` and is never retried (a
-    register write is not idempotent)."""
+    An operation that was refused is ``fail``; one whose outcome is unknown is ``info`` and is never retried
+    (none of them is idempotent)."""
 
     def __init__(
         self,
@@ -115,50 +134,76 @@ class Registers(Workers):
             self._spawn(f"register-{i}", lambda i=i: self._run(f"r{i}", random.Random(self.seed * 1000 + i)))
 
     def _run(self, name: str, rng: random.Random) -> None:
-        h = self.history
         client = RegisterClient(self.servers, self.timeout_s)
+        last: dict[str, str | None] = {}  # per key, the value this client saw last: what its cas expects
         try:
             written = 0
             while not self.stopping:
                 n = next(self._ops)
                 key = f"k{n // (self.ops_per_key * self.keys)}-{rng.randrange(self.keys)}"
                 if rng.random() < self.read_fraction:
-                    h.add(name, INVOKE, "read", key=key)
-                    try:
-                        value = client.get(key)
-                    except (NotLeaderError, UnavailableError, InvalidRequestError) as e:
-                        h.add(name, FAIL, "read", key=key, error=str(e)[:160])
-                    except DLedgerError as e:
-                        h.add(name, INFO, "read", key=key, error=f"{type(e).__name__}: {str(e)[:160]}")
-                    else:
-                        h.add(name, OK, "read", key=key, value=value)
+                    got = self._attempt(name, "read", key, {}, lambda k=key: {"value": client.get(k)})
+                    if got is not None:
+                        last[key] = got["value"]
                         continue
-                    self._stop.wait(0.02)
                 else:
                     value = f"{name}-{written}"
                     written += 1
-                    h.add(name, INVOKE, "write", key=key, value=value)
-                    try:
-                        client.put(key, value)
-                    except OutcomeUnknownError as e:
-                        h.add(name, INFO, "write", key=key, value=value, error=str(e)[:160])
-                    except (NotLeaderError, UnavailableError, InvalidRequestError) as e:
-                        h.add(name, FAIL, "write", key=key, value=value, error=str(e)[:160])
-                    except DLedgerError as e:
-                        h.add(
+                    kind = rng.random()
+                    if kind < 0.6:  # a put, which says what it replaced
+                        got = self._attempt(
                             name,
-                            INFO,
                             "write",
-                            key=key,
-                            value=value,
-                            error=f"{type(e).__name__}: {str(e)[:160]}",
+                            key,
+                            {"value": value},
+                            lambda k=key, v=value: {"previous": client.put(k, v)},
                         )
+                        if got is not None:
+                            last[key] = value
+                    elif kind < 0.9:
+                        expected = last.get(key)
+                        got = self._attempt(
+                            name,
+                            "cas",
+                            key,
+                            {"value": value, "expected": expected},
+                            lambda k=key, e=expected, v=value: {"swapped": client.compare_and_swap(k, e, v)},
+                        )
+                        if got is not None and got["swapped"]:
+                            last[key] = value
+                        elif got is not None:
+                            last.pop(key, None)  # it held something else, not known here
                     else:
-                        h.add(name, OK, "write", key=key, value=value)
+                        got = self._attempt(
+                            name, "delete", key, {}, lambda k=key: {"existed": client.delete(k)}
+                        )
+                        if got is not None:
+                            last[key] = None
+                    if got is not None:
                         continue
-                    self._stop.wait(0.02)  # after a failure: do not spin against a node that is down
+                self._stop.wait(0.02)  # after a failure: do not spin against a node that is down
         finally:
             client.close()
+
+    def _attempt(
+        self, name: str, f: str, key: str, fields: dict[str, Any], action: Callable[[], dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """One operation into the history: its invocation, then ok with what it observed, fail (it certainly
+        did not happen) or info (it may have); the observed fields when ok."""
+        h = self.history
+        h.add(name, INVOKE, f, key=key, **fields)
+        try:
+            result = action()
+        except OutcomeUnknownError as e:
+            h.add(name, INFO, f, key=key, **fields, error=str(e)[:160])
+        except (NotLeaderError, UnavailableError, InvalidRequestError) as e:
+            h.add(name, FAIL, f, key=key, **fields, error=str(e)[:160])
+        except DLedgerError as e:
+            h.add(name, INFO, f, key=key, **fields, error=f"{type(e).__name__}: {str(e)[:160]}")
+        else:
+            h.add(name, OK, f, key=key, **fields, **result)
+            return result
+        return None
 
 
 class KVWorkload(Workload):
@@ -180,7 +225,7 @@ class KVWorkload(Workload):
     def judge(
         self, events: Sequence[Event], group: Any, commit_index: int
     ) -> tuple[list[checkers.Verdict], dict[str, int]]:
-        reg = [o for o in operations(events) if o.f in ("write", "read")]
+        reg = [o for o in operations(events) if o.f in checkers.REGISTER_FS]
         ops = {
             "attempted": len(reg),
             "acked": sum(1 for o in reg if o.type == OK),

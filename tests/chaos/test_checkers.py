@@ -167,3 +167,46 @@ def test_linearizable_verdict_reads_a_history(tmp_path):
 def test_longest_unavailability():
     h = [Event(t, "p", "ok", "send", {}) for t in (1.0, 1.5, 4.0)]
     assert longest_unavailability(h, 0.0, 5.0) == (2.5, 1.5)
+
+
+def test_previous_values_cas_and_delete_outcomes_witness_every_acknowledged_write():
+    from dledger.chaos.checkers import UNKNOWN
+
+    def op(i, f, v, a, b, expected=None, observed=UNKNOWN):
+        return RegisterOp(i, f, v, a, b, expected, observed)
+
+    # a put that says it replaced nothing, after an acknowledged put: that write was lost
+    lost = [op(0, "write", "a", 0, 1, observed=None), op(1, "write", "b", 2, 3, observed=None)]
+    assert not check_register(lost)[0]
+    assert check_register(
+        [op(0, "write", "a", 0, 1, observed=None), op(1, "write", "b", 2, 3, observed="a")]
+    )[0]
+    # concurrent puts: each may have replaced the other, but not both nothing
+    both = [op(0, "write", "a", 0, 3, observed=None), op(1, "write", "b", 1, 2, observed=None)]
+    assert not check_register(both)[0]
+    # cas: it swaps exactly when the register holds what it expects
+    base = [op(0, "write", "a", 0, 1, observed=None)]
+    assert check_register([*base, op(1, "cas", "c", 2, 3, "a", True), op(2, "read", "c", 4, 5)])[0]
+    assert not check_register([*base, op(1, "cas", "c", 2, 3, "a", False)])[0]
+    assert not check_register([*base, op(1, "cas", "c", 2, 3, "z", True)])[0]
+    assert check_register([*base, op(1, "cas", "c", 2, float("inf"), "a"), op(2, "read", "c", 4, 5)])[0]
+    # delete: it says whether the key existed, and leaves it absent
+    assert check_register([*base, op(1, "delete", None, 2, 3, observed=True), op(2, "read", None, 4, 5)])[0]
+    assert not check_register([*base, op(1, "delete", None, 2, 3, observed=False)])[0]
+    assert not check_register([*base, op(1, "delete", None, 2, 3, observed=True), op(2, "read", "a", 4, 5)])[
+        0
+    ]
+
+
+def test_the_history_carries_what_each_operation_observed(tmp_path):
+    h = History(tmp_path / "h.jsonl")
+    for process, f, fields, result in [
+        ("r0", "write", {"value": "a"}, {"previous": None}),
+        ("r1", "cas", {"value": "b", "expected": "a"}, {"swapped": True}),
+        ("r0", "write", {"value": "c"}, {"previous": "a"}),  # but b replaced a: c must have replaced b
+    ]:
+        h.add(process, "invoke", f, key="k", **fields)
+        h.add(process, "ok", f, key="k", **fields, **result)
+    h.close()
+    v = check_linearizable(History.load(tmp_path / "h.jsonl"))
+    assert not v.ok and "key k" in v.violations[0]
