@@ -105,8 +105,26 @@ def user_list(dir: DirOpt = None, addresses: AddressesOpt = None) -> None:
     console.print(f"bootstrap admin (from the nodes' config): {out['bootstrap_admin']}")
     for u in out["users"]:
         console.print(f"{u['access_key']:<24} {', '.join(u['permissions']) or '-'}")
+    for r in out.get("revoked_certificates", []):
+        console.print(f"revoked certificate of {r['node'] or '?'}: sha256 {r['fingerprint']}")
+
+
+def revoke_cert(
+    cert: Annotated[Path, typer.Argument(help="the node certificate (PEM) no peer may accept any more")],
+    dir: DirOpt = None,
+    addresses: AddressesOpt = None,
+) -> None:
+    """Revoke a node certificate (through the log): every member refuses its peer proof from the moment the entry
+    is in its log, though the CA still vouches for it (docs/security.md, "Revocation")."""
+    try:
+        pem = cert.read_text()
+    except OSError as e:
+        fail(f"cannot read {cert}: {e}")
+    out = _call(dir, addresses, "RevokeCertificate", {"certificate": pem})
+    console.print(f"revoked the certificate of {out['node'] or '?'} (sha256 {out['fingerprint']})")
 
 
 def register(app: typer.Typer) -> None:
     app.command("certs")(certs)
+    app.command("revoke-cert")(revoke_cert)
     app.add_typer(user_app, name="user")

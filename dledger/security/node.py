@@ -74,7 +74,14 @@ class SecuredPlugin:
 
     def interceptor(self, node: Any) -> guard.SecurityInterceptor:
         cfg = self.config
-        verifier = tls.PeerVerifier(cfg.group, self._ca, lambda: current_members(node), cfg.security.skew_s)
+        users = self.users  # its revocation list is replaced when a snapshot loads: read it through the store
+        verifier = tls.PeerVerifier(
+            cfg.group,
+            self._ca,
+            lambda: current_members(node),
+            cfg.security.skew_s,
+            revoked=lambda: users.revoked_certs,
+        )
         catch_up = self.catch_up(node)
         return guard.SecurityInterceptor(
             cfg.node_id,

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError
 from dledger.plugins import NodeHandle
 from dledger.security import users as u
+from dledger.security.identity import node_identity
 from dledger.transport.grpc import abort_rpc
 
 SERVICE_NAME: Final = "dledger.v1.Security"
@@ -98,6 +99,20 @@ class SecurityServicer:
         perm = u.parse_permission(str(req.get("permission", "")))
         return await self._propose(u.OP_REVOKE, {"access_key": req.get("access_key", ""), "permission": perm})
 
+    async def revoke_certificate(self, req: dict[str, Any]) -> Any:
+        """Add a node certificate to the revocation list (through the log): no member accepts its peer proof from
+        the moment the entry is in its log. The request names it by ``certificate`` (PEM) or ``fingerprint``."""
+        pem, fp, node = req.get("certificate"), req.get("fingerprint"), ""
+        if isinstance(pem, str) and pem:
+            try:
+                cert = x509.load_pem_x509_certificate(pem.encode())
+            except ValueError as e:
+                raise InvalidRequestError(f"certificate: not a PEM certificate ({e})") from None
+            fp, node = u.fingerprint(cert.public_bytes(serialization.Encoding.DER)), node_identity(cert) or ""
+        if not isinstance(fp, str) or not fp:
+            raise InvalidRequestError("give the certificate to revoke (PEM) or its SHA-256 fingerprint (hex)")
+        return await self._propose(u.OP_REVOKE_CERT, {"fingerprint": fp.lower(), "node": node})
+
     async def read_index(self, req: dict[str, Any]) -> Any:
         return {"index": await self._node.read_index()}  # NotLeaderError on a follower: the caller retries
 
@@ -113,6 +128,9 @@ class SecurityServicer:
         return {
             "users": [x.public() for _, x in sorted(self._store.users.items())],
             "bootstrap_admin": self._admin,
+            "revoked_certificates": [
+                {"fingerprint": fp, "node": n} for fp, n in sorted(self._store.revoked_certs.items())
+            ],
         }
 
 
@@ -148,6 +166,7 @@ def attach(
         "RemoveUser": s.remove,
         "Grant": s.grant,
         "Revoke": s.revoke,
+        "RevokeCertificate": s.revoke_certificate,
         "ListUsers": s.list,
         "ReadIndex": s.read_index,
         "WaitApplied": s.wait_applied,

@@ -19,6 +19,7 @@ a bad signature, and logs who and why.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 from collections.abc import Callable, Container, Iterable, Sequence
 
@@ -108,8 +109,11 @@ class PeerVerifier:
         ca_pem: bytes,
         members: Callable[[], Container[str]],
         skew_s: int = auth.DEFAULT_SKEW_S,
+        revoked: Callable[[], Container[str]] = frozenset,
     ):
-        """``members()`` is asked on every new proof, so a membership change is seen at once."""
+        """``members()`` and ``revoked()`` (fingerprints of revoked certificates, ``users.fingerprint``) are asked
+        on every call, so a membership change or a revocation is seen at once."""
+        self._revoked = revoked
         self._group = group
         self._ca = x509.load_pem_x509_certificate(ca_pem)
         self._members = members
@@ -178,6 +182,9 @@ class PeerVerifier:
             raise PeerIdentityError(
                 f"node {claimed!r} is not a member of this group (a valid certificate is not enough)"
             )
+        revoked = self._revoked()
+        if revoked and hashlib.sha256(der).hexdigest() in revoked:
+            raise PeerIdentityError(f"node {claimed!r} presented a revoked certificate: refused")
         if self._proofs.get(sig) == (claimed, der):  # verified before, and still within the skew
             return claimed
         identity, key = self._certificate(der, claimed)

@@ -25,6 +25,7 @@ The bootstrap admin comes from the node's config, not the log (it is how the fir
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import struct
@@ -48,6 +49,8 @@ OP_ADD: Final = 1
 OP_REMOVE: Final = 2
 OP_GRANT: Final = 3
 OP_REVOKE: Final = 4
+OP_REVOKE_CERT: Final = 5  # a node certificate no peer accepts any more (its SHA-256 fingerprint)
+_FINGERPRINT_RE: Final = re.compile(r"^[0-9a-f]{64}$")
 _SNAPSHOT_MAGIC: Final = b"DLSCSNP1"
 ACCESS_KEY_RE: Final = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 _NAME_RE: Final = re.compile(r"^(\*|[%|a-zA-Z0-9_-]{1,127})$")
@@ -79,11 +82,17 @@ class PublicUser(TypedDict):
     permissions: list[str]
 
 
+class RevokedCertificate(TypedDict):
+    fingerprint: str  # SHA-256 of the certificate's DER, hex
+    node: str  # the node id it named
+
+
 class UserListing(TypedDict):
     """The answer of ListUsers (``dledger user list``)."""
 
     users: list[PublicUser]
     bootstrap_admin: str
+    revoked_certificates: list[RevokedCertificate]
 
 
 @dataclass
@@ -197,16 +206,29 @@ def is_user_command(body: bytes | memoryview) -> bool:
     return len(body) >= _HEAD.size and struct.unpack_from(">I", body, 4)[0] == USER_MAGIC
 
 
+def fingerprint(cert_der: bytes) -> str:
+    """A certificate's SHA-256 fingerprint (hex): how the revocation list names it."""
+    return hashlib.sha256(cert_der).hexdigest()
+
+
 class UserStore:
-    """Access key -> ``User``; changed only by applying committed user commands."""
+    """Access key -> ``User``, and the revoked node certificates; changed only by applying committed user
+    commands."""
 
     def __init__(self) -> None:
         self.users: dict[str, User] = {}
+        self.revoked_certs: dict[str, str] = {}  # fingerprint -> the node id it named (a label)
 
     def apply_one(self, body: bytes | memoryview) -> Any:
         """Apply a verified user command (``CommandVerifier``); its result, or a ``UserError``."""
         try:
             op, p = payload(body)
+            if op == OP_REVOKE_CERT:
+                fp = str(p["fingerprint"])
+                if not _FINGERPRINT_RE.match(fp):
+                    return UserError(f"a certificate fingerprint is 64 hex digits (SHA-256), got {fp[:80]!r}")
+                self.revoked_certs[fp] = str(p.get("node", ""))
+                return {"fingerprint": fp, "node": self.revoked_certs[fp], "revoked": True}
             ak = p["access_key"]
             if op == OP_ADD:
                 if ak in self.users:
@@ -232,12 +254,20 @@ class UserStore:
             return UserError(f"malformed user command: {type(e).__name__}: {e}")
 
     def to_json(self) -> bytes:
+        users = {ak: [u.secret_key, sorted(u.permissions)] for ak, u in sorted(self.users.items())}
+        if not self.revoked_certs:  # the format of snapshots taken before revocations existed
+            return json.dumps(users).encode()
         return json.dumps(
-            {ak: [u.secret_key, sorted(u.permissions)] for ak, u in sorted(self.users.items())}
+            {"v": 2, "users": users, "revoked_certs": dict(sorted(self.revoked_certs.items()))}
         ).encode()
 
     def load_json(self, raw: bytes) -> None:
-        self.users = {ak: User(ak, sk, set(perms)) for ak, (sk, perms) in json.loads(raw).items()}
+        doc = json.loads(raw)
+        if isinstance(doc.get("v"), int):  # an access key's entry is a list, never a number
+            users, self.revoked_certs = doc["users"], dict(doc.get("revoked_certs", {}))
+        else:
+            users, self.revoked_certs = doc, {}
+        self.users = {ak: User(ak, sk, set(perms)) for ak, (sk, perms) in users.items()}
 
 
 class SecuredStateMachine:
@@ -286,7 +316,7 @@ class SecuredStateMachine:
             self.users.load_json(reader.read(n))
         else:  # a snapshot taken before security was on: the wrapped machine's alone
             reader.seek(0)
-            self.users.users = {}
+            self.users.users, self.users.revoked_certs = {}, {}
         if self.inner is not None:
             self.inner.load_snapshot(reader)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 
 import pytest
 from cryptography import x509
@@ -247,3 +248,21 @@ def test_a_snapshot_from_before_security_was_on_loads_into_the_wrapped_machine()
     out = io.BytesIO()
     sm.inner.save_snapshot(out)
     assert out.getvalue() == buf.getvalue() and sm.users.users == {}
+
+
+def test_the_revocation_list_is_replicated_state_in_snapshots_old_and_new():
+    from dledger.security import users as u
+
+    store = u.UserStore()
+    store.users["alice"] = u.User("alice", "alice-secret", {"publish:t"})
+    old_format = store.to_json()  # no revocations: the format snapshots had before them
+    assert json.loads(old_format) == {"alice": ["alice-secret", ["publish:t"]]}
+    bad = store.apply_one(u.encode(u.OP_REVOKE_CERT, {"fingerprint": "nothex"}, b""))
+    assert isinstance(bad, u.UserError) and "64 hex digits" in str(bad)
+    fp = u.fingerprint(b"some certificate")
+    assert store.apply_one(u.encode(u.OP_REVOKE_CERT, {"fingerprint": fp, "node": "n3"}, b""))["revoked"]
+    again = u.UserStore()
+    again.load_json(store.to_json())
+    assert again.revoked_certs == {fp: "n3"} and set(again.users) == {"alice"}
+    again.load_json(old_format)
+    assert again.revoked_certs == {} and set(again.users) == {"alice"}
