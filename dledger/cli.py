@@ -112,7 +112,7 @@ def node(
 ) -> None:
     """Run one node in the foreground until SIGTERM or Ctrl-C."""
     from dledger import nodeconfig
-    from dledger.runtime.node import serve
+    from dledger.runtime.process import serve
     from statemachine.snapshot import SnapshotError
     from storage.errors import StorageCorruptError, StorageError
 

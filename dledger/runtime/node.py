@@ -16,7 +16,6 @@ import dataclasses
 import logging
 import os
 import random
-import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -381,11 +380,6 @@ class Node:
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
-    def install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: loop.create_task(self.stop()))
-
     # -- the commit seam ---------------------------------------------------------------------------------------
 
     def add_role_listener(self, listener: Callable[[Role, int], None]) -> None:
@@ -677,26 +671,3 @@ class Node:
     def disk_full(self) -> str | None:
         """Why writes are refused (a full disk), or None."""
         return self._ready.disk_full if self._ready is not None else None
-
-
-def serve(config: NodeConfig) -> None:
-    """Run one node in the foreground on uvloop until SIGTERM/SIGINT (``dledger node``).
-
-    uvloop, not asyncio's own loop: a node's work per replicated entry is mostly event-loop plumbing around
-    grpc.aio (callbacks, futures, epoll), and uvloop does that part in C; measured side by side in
-    docs/send-budget.md. A required dependency (pyproject.toml), so there is no fallback to hide a missing one."""
-    import uvloop  # here, not at the top: importing the runtime (tests, clients) does not need it
-
-    uvloop.run(run_node(config))
-
-
-async def run_node(config: NodeConfig) -> None:
-    """Run one node in the foreground until SIGTERM/SIGINT (``dledger node``)."""
-    node = Node(config)
-    await node.start()
-    node.install_signal_handlers()
-    await node.wait_stopped()
-    if node.failure is not None:
-        raise UnavailableError(
-            f"node {config.node_id} stopped after a failure: {node.failure!r}"
-        ) from node.failure
