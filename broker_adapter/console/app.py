@@ -36,7 +36,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from broker_adapter.console.poller import Poller
-from dledger.errors import DLedgerError
+from dledger.errors import DLedgerError, PermissionDeniedError
 from dledger.security.client import SecurityClient
 from dledger.security.config import ClientSecurity
 
@@ -112,10 +112,8 @@ class Console:
             poller=self.c.poller,
             now=time.time(),
         )
-        if live:
-            body = "".join(tpl.blocks["live"](tpl.new_context(ctx)))
-        else:
-            body = tpl.render(ctx)
+        # ?live=1: only the page's live block, which its script puts in place of the old one
+        body = "".join(tpl.blocks["live"](tpl.new_context(ctx))) if live else tpl.render(ctx)
         return HTMLResponse(body)
 
     def page(self, fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
@@ -281,7 +279,7 @@ class Console:
         return RedirectResponse("/", 303)
 
     async def check_user(self, access_key: str, secret_key: str) -> str:
-        """"" when the group accepts this key pair for an admin-only call (ListUsers), else why not."""
+        """ "" when the group accepts this key pair for an admin-only call (ListUsers), else why not."""
         if self.c.security is None:
             return ""
         if not access_key or not secret_key:
@@ -292,10 +290,12 @@ class Console:
         try:
             await client.call("ListUsers", {})
         except DLedgerError as e:
-            code = type(e).__name__
-            if "Permission" in code or "Unauthenticated" in code or "PERMISSION" in str(e):
-                return "refused: the group does not know this key pair as an admin"
-            return f"the group did not answer: {code}"
+            # The guard's refusals come as their status codes (dledger.transport.convert.error_from_status).
+            if isinstance(e, PermissionDeniedError) or str(e).startswith("PERMISSION_DENIED"):
+                return "refused: this user is no admin of the group"
+            if str(e).startswith("UNAUTHENTICATED"):  # an unknown access key or a wrong signature
+                return "refused: the group does not know this access key and secret key"
+            return f"the group did not answer: {type(e).__name__}"
         finally:
             await client.close()
         return ""
@@ -400,4 +400,3 @@ def create_app(config: ConsoleConfig) -> Starlette:
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.console = con
     return app
-

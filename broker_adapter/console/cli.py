@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from dledger import group as grp
 from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, console, fail
 from dledger.errors import DLedgerError
 from dledger.security.config import ClientSecurity
@@ -25,9 +26,11 @@ def _targets_of_cluster_dir(d: Path):
     c = cl.load(d)
     assert c is not None
     sec = c.client_security()
-    targets = [
-        GroupTarget(name, tuple(c.group(name).addresses), sec, Path(c.directory) / name) for name in c.groups
-    ]
+    targets = []
+    for name in c.groups:
+        g = c.group(name)
+        ids = tuple(n.id for n in g.nodes)
+        targets.append(GroupTarget(name, tuple(g.addresses), sec, Path(c.directory) / name, ids))
     return targets, c.nameserver_addresses, sec
 
 
@@ -63,7 +66,9 @@ def _console_cert(security: ClientSecurity, hosts: tuple[str, ...]) -> tuple[Pat
         return None
     cert, key = tls_dir / "console.pem", tls_dir / "console.key"
     if not (cert.exists() and key.exists()):
-        write_issued(tls_dir, "console", make_service_cert(load_or_make_ca(tls_dir), "console", "console", hosts))
+        write_issued(
+            tls_dir, "console", make_service_cert(load_or_make_ca(tls_dir), "console", "console", hosts)
+        )
     return cert, key
 
 
@@ -79,12 +84,15 @@ def console_cmd(
     ] = "",
     cert: Annotated[Path | None, typer.Option("--cert", help="TLS certificate (PEM)")] = None,
     key: Annotated[Path | None, typer.Option("--key", help="TLS private key (PEM)")] = None,
-    interval: Annotated[float, typer.Option("--interval", help="seconds between topic and offset polls")] = 1.0,
+    interval: Annotated[
+        float, typer.Option("--interval", help="seconds between topic and offset polls")
+    ] = 1.0,
     node_interval: Annotated[
         float, typer.Option("--node-interval", help="seconds between node metadata polls")
     ] = 0.5,
     reports: Annotated[
-        Path | None, typer.Option("--reports", help="where audits run from the console write (default DIR/audits)")
+        Path | None,
+        typer.Option("--reports", help="where audits run from the console write (default DIR/audits)"),
     ] = None,
 ) -> None:
     """A web console: groups, nodes, roles, lag, leader changes, topics, consumer groups' lag, queue browsing,
@@ -114,10 +122,15 @@ def console_cmd(
             if not targets:
                 fail("the name servers know no broker group yet")
         else:
-            nodes = addresses_of(dir, addresses, state_machine="broker")  # sets DLEDGER_SECURITY for a secure --dir
+            nodes = addresses_of(
+                dir, addresses, state_machine="broker"
+            )  # sets DLEDGER_SECURITY for a secure --dir
             security = ClientSecurity.from_env()
-            name = dir.resolve().name if dir is not None else "group"
-            targets = [GroupTarget(name, tuple(nodes), security, dir)]
+            name, ids = "group", ()
+            if dir is not None:
+                spec = grp.load(dir)
+                name, ids = dir.resolve().name, tuple(n.id for n in spec.nodes) if spec else ()
+            targets = [GroupTarget(name, tuple(nodes), security, dir, ids if not addresses else ())]
             audit_target = dir
     except DLedgerError as e:
         fail(str(e))

@@ -1,5 +1,5 @@
 """What the console shows, polled from the groups with the clients every tool uses (``AsyncDLedgerClient``
-metadata for the nodes, ``AsyncBrokerConnection``/``AsyncConsumer`` for topics and committed offsets,
+metadata for the nodes, ``AsyncConsumer`` (a ``AsyncBrokerConnection``) for topics and committed offsets,
 ``NameServerClient`` for a cluster's groups and consumer members).
 
 One poller serves every browser: pages read its latest view and its history, so the groups' cost does not grow
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker_adapter.client import AsyncBrokerConnection, AsyncConsumer, TopicInfo
+from broker_adapter.client import AsyncConsumer, TopicInfo
 from broker_adapter.core import topics as topic_names
 from dledger.client import AsyncDLedgerClient, NodeInfo
 from dledger.errors import DLedgerError
@@ -30,6 +31,17 @@ from dledger.security.config import ClientSecurity
 
 HISTORY = 600  # samples kept per series (10 min at the default 1 s)
 MAX_OFFSET_QUERIES = 256  # committed-offset reads per round, at most (the rest wait for the next rounds)
+NODE_FIELDS = (
+    "term",
+    "last_index",
+    "commit_index",
+    "applied_index",
+    "commit_lag",
+    "apply_lag",
+    "match_index",
+    "pid",
+    "flush",
+)
 BROWSE_GROUP = "%console%"  # the group of the browsing consumer: a Pull names no group and commits nothing
 
 
@@ -41,6 +53,7 @@ class GroupTarget:
     addresses: tuple[str, ...]
     security: ClientSecurity | None = None
     directory: Path | None = None
+    node_ids: tuple[str, ...] = ()  # known from a local group's manifest: a node down from the start is named
 
 
 @dataclass(slots=True)
@@ -93,6 +106,7 @@ class Poller:
         self._offset_cursor = 0
         self._tasks: list[asyncio.Task[None]] = []
         self.rounds = 0
+        self.errors = 0  # rounds that failed
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -112,14 +126,17 @@ class Poller:
             await c.close()
 
     async def _loop(self, fn: Callable[[], Any], period: Callable[[], float]) -> None:
+        me = asyncio.current_task()
         while True:
             t0 = time.monotonic()
             try:
                 await fn()
             except asyncio.CancelledError:
-                raise
+                if me is not None and me.cancelling():
+                    raise  # stop() cancels this loop; a call cancelled under it is a failed round
+                self.errors += 1
             except Exception:  # a round that failed is retried at the next; the page shows the age
-                pass
+                self.errors += 1
             await asyncio.sleep(max(0.05, period() - (time.monotonic() - t0)))
 
     def clients(self, group: str) -> tuple[AsyncDLedgerClient, AsyncConsumer]:
@@ -174,14 +191,24 @@ class Poller:
             except DLedgerError:
                 return None
 
-        infos = await asyncio.gather(*(one(a) for a in v.target.addresses))
+        # A node that does not answer within the round is down for this round: a dead node's retries do not
+        # hold the others' news back.
+        tasks = [asyncio.ensure_future(one(a)) for a in v.target.addresses]
+        await asyncio.wait(tasks, timeout=max(0.2, self.node_interval_s * 0.8))
+        infos = []
+        for t in tasks:
+            if t.done():
+                infos.append(t.result())
+            else:
+                t.cancel()
+                infos.append(None)
         now = time.time()
         leaders = [i for i in infos if i is not None and i.role == "leader"]
         lead = max(leaders, key=lambda i: i.term) if leaders else None
         rows = []
         for address, info in zip(v.target.addresses, infos, strict=True):
             if info is None:
-                rows.append({"address": address, "id": "?", "role": "down"})
+                rows.append({"address": address, "id": "?", "role": "down", **dict.fromkeys(NODE_FIELDS)})
                 continue
             match = {p.id: p.match_index for p in lead.peers} if lead is not None else {}
             rows.append(
@@ -201,7 +228,8 @@ class Poller:
                 }
             )
         # A node that is down keeps the id it had when it answered.
-        known = {r["address"]: r["id"] for r in v.nodes}
+        known = dict(zip(v.target.addresses, v.target.node_ids, strict=False))
+        known.update({r["address"]: r["id"] for r in v.nodes if r["id"] != "?"})
         for r in rows:
             if r["id"] == "?":
                 r["id"] = known.get(r["address"], "?")
@@ -308,8 +336,9 @@ class Poller:
         """Messages per second per "group/topic" between consecutive samples."""
         samples = list(self.rates)
         names = sorted({k for _, d in samples for k in d if not k.split("/", 1)[1].startswith("%")})
-        xs, ys = [], {n: [] for n in names}  # type: ignore[var-annotated]
-        for (t0, a), (t1, b) in zip(samples, samples[1:], strict=False):
+        xs: list[float] = []
+        ys: dict[str, list[float | None]] = {n: [] for n in names}
+        for (t0, a), (t1, b) in itertools.pairwise(samples):
             xs.append(t1)
             for n in names:
                 ys[n].append(None if n not in a or n not in b else max(0, b[n] - a[n]) / max(t1 - t0, 1e-6))
@@ -322,4 +351,7 @@ class Poller:
 
     def failover_series(self) -> dict[str, Any]:
         ev = [e for e in self.events if e.leaderless_s is not None]
-        return {"x": [e.at for e in ev], "series": {"leaderless s": [round(e.leaderless_s or 0, 3) for e in ev]}}
+        return {
+            "x": [e.at for e in ev],
+            "series": {"leaderless s": [round(e.leaderless_s or 0, 3) for e in ev]},
+        }

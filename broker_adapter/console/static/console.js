@@ -18,8 +18,15 @@
     try {
       const r = await fetch(liveUrl(), { credentials: "same-origin", cache: "no-store" });
       if (r.status === 401) { window.location.href = "/login"; return; }
-      if (r.ok) live.innerHTML = await r.text();
-    } catch (e) { /* the console is restarting: next round */ }
+      if (r.ok) {
+        live.innerHTML = await r.text();
+        live.classList.remove("stale");
+      } else {
+        live.classList.add("stale");  // the console failed this round: what shows is older
+      }
+    } catch (e) {
+      live.classList.add("stale");  // the console is restarting: next round
+    }
   }
 
   function draw(el, data) {
