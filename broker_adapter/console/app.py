@@ -162,8 +162,8 @@ class Console:
         if topic and group in p.views and not error:
             _, consumer = p.clients(group)
             try:
-                got, next_offset = await consumer._pull(topic, queue, offset, count)
-                msgs = list(got)
+                msgs = await consumer.pull(topic, queue, offset, count)
+                next_offset = msgs[-1].queue_offset + 1 if msgs else None
             except DLedgerError as e:
                 error = f"{type(e).__name__}: {e}"
         return self.render(

@@ -350,8 +350,10 @@ class Poller:
         return {"x": [t for t, _ in samples], "series": {n: [d.get(n) for _, d in samples] for n in names}}
 
     def failover_series(self) -> dict[str, Any]:
+        """Each failover's leaderless time, between two empty ends (10 minutes ago at least, and now) so that the
+        time axis shows when they happened rather than spanning the points alone."""
         ev = [e for e in self.events if e.leaderless_s is not None]
-        return {
-            "x": [e.at for e in ev],
-            "series": {"leaderless s": [round(e.leaderless_s or 0, 3) for e in ev]},
-        }
+        now = time.time()
+        xs = [min([now - 600.0, *(e.at for e in ev)]), *(e.at for e in ev), now]
+        ys = [None, *(round(e.leaderless_s or 0.0, 3) for e in ev), None]
+        return {"x": xs, "series": {"leaderless s": ys}}
