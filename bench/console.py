@@ -1,6 +1,6 @@
 """The console's cost to the nodes: each node's CPU (``/proc/PID/stat``) over ``--seconds`` of a quiet broker
 group, then over the same time with ``dledger console`` polling it and a headless Chromium reloading a page every
-second (``--page``, the groups page by default). python -m bench.console [--seconds 30]; docs/console.md, "Cost".
+second (``--page``, the groups page by default). python -m bench.console [--seconds 30] [--secure]; docs/console.md, "Cost".
 
 Needs Debian's chromium and chromium-driver (as tests/console). The group is a plain one of three nodes with a
 topic of 4 queues, 1,000 messages and a consumer group that committed on every queue, so every kind of poll runs.
@@ -19,6 +19,7 @@ from selenium.webdriver.common.by import By
 from bench.proc_cpu import cpu_seconds
 from broker_adapter.client import Consumer, Producer
 from dledger import group as grp
+from dledger.security.config import ClientSecurity
 from tests.console.support import Browser, ConsoleProcess
 
 
@@ -39,25 +40,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--page", default="/")
+    ap.add_argument(
+        "--secure", action="store_true", help="a secure group: TLS, signed calls, a signed-in user"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-console-") as tmp:
-        g, _ = grp.up(Path(tmp) / "g", 3, None, state_machine="broker")
+        g, _ = grp.up(Path(tmp) / "g", 3, None, state_machine="broker", secure=args.secure)
+        sec = ClientSecurity.from_file(Path(g.security)) if args.secure else None
         console = browser = None
         try:
             grp.wait_for_all(g, 30)
-            with Producer(g.addresses) as p:
+            with Producer(g.addresses, security=sec) as p:
                 p.create_topic("bench", 4)
                 p.send_batch("bench", [b"x" * 256] * 1000)
-            with Consumer(g.addresses, "readers") as c:
+            with Consumer(g.addresses, "readers", security=sec) as c:
                 for q in range(4):
                     c.commit("bench", q, 100)
             time.sleep(2)
             quiet = node_cpu(g, args.seconds)
             (port,) = grp.free_ports(1)
             console = ConsoleProcess(
-                ["--dir", str(Path(tmp) / "g"), "--consumer-group", "readers"], port, False
+                ["--dir", str(Path(tmp) / "g"), "--consumer-group", "readers"],
+                port,
+                https=sec is not None,
+                ca_file=sec.ca_file if sec else None,
             )
             browser = Browser()
+            if sec is not None:
+                browser.sign_in(console.url, sec.access_key, sec.secret_key)
             browser.driver.get(console.url + args.page)
             time.sleep(2)
             console_before = cpu_seconds([console.proc.pid])
@@ -74,6 +84,7 @@ def main() -> None:
     result = {
         "seconds": args.seconds,
         "page": args.page,
+        "secure": args.secure,
         "quiet_pct_of_a_core": quiet,
         "with_console_pct_of_a_core": watched,
         "rise_pct_points": {i: round(watched[i] - quiet[i], 2) for i in quiet},

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -52,6 +53,13 @@ class Browser:
         opts.accept_insecure_certs = True
         self.driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
         self.driver.set_page_load_timeout(20)
+
+    def sign_in(self, console_url: str, access_key: str, secret_key: str) -> None:
+        """Fill in and send the console's sign-in form."""
+        self.driver.get(console_url + "/login")
+        self.driver.find_element(By.ID, "access_key").send_keys(access_key)
+        self.driver.find_element(By.ID, "secret_key").send_keys(secret_key)
+        self.driver.find_element(By.ID, "login-submit").click()
 
     def close(self) -> None:
         try:

@@ -68,10 +68,7 @@ class Env:
             self.driver.save_screenshot(str(Path(SHOTS) / f"{name}.png"))
 
     def sign_in(self, access_key: str, secret_key: str) -> None:
-        self.open("/login")
-        self.driver.find_element(By.ID, "access_key").send_keys(access_key)
-        self.driver.find_element(By.ID, "secret_key").send_keys(secret_key)
-        self.driver.find_element(By.ID, "login-submit").click()
+        self.browser.sign_in(self.console.url, access_key, secret_key)
 
 
 @pytest.fixture(scope="module")
