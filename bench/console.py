@@ -20,7 +20,7 @@ from bench.proc_cpu import cpu_seconds
 from broker_adapter.client import Consumer, Producer
 from dledger import group as grp
 from dledger.security.config import ClientSecurity
-from tests.console.support import Browser, ConsoleProcess
+from tests.console.support import console_with_browser
 
 
 def node_cpu(g: grp.GroupSpec, seconds: float, during=None) -> dict[str, float]:
@@ -47,7 +47,6 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-console-") as tmp:
         g, _ = grp.up(Path(tmp) / "g", 3, None, state_machine="broker", secure=args.secure)
         sec = ClientSecurity.from_file(Path(g.security)) if args.secure else None
-        console = browser = None
         try:
             grp.wait_for_all(g, 30)
             with Producer(g.addresses, security=sec) as p:
@@ -58,28 +57,22 @@ def main() -> None:
                     c.commit("bench", q, 100)
             time.sleep(2)
             quiet = node_cpu(g, args.seconds)
-            (port,) = grp.free_ports(1)
-            console = ConsoleProcess(
-                ["--dir", str(Path(tmp) / "g"), "--consumer-group", "readers"],
-                port,
-                https=sec is not None,
-                ca_file=sec.ca_file if sec else None,
-            )
-            browser = Browser()
-            if sec is not None:
-                browser.sign_in(console.url, sec.access_key, sec.secret_key)
-            browser.driver.get(console.url + args.page)
-            time.sleep(2)
-            console_before = cpu_seconds([console.proc.pid])
-            watched = node_cpu(g, args.seconds, during=browser.driver.refresh)
-            console_pct = round(100 * (cpu_seconds([console.proc.pid]) - console_before) / args.seconds, 2)
-            nodes_shown = len(browser.driver.find_elements(By.CSS_SELECTOR, "tr.node"))
-            assert nodes_shown == 3, f"the page showed {nodes_shown} nodes: {console.output()}"
+            with console_with_browser(Path(tmp) / "g", ["--consumer-group", "readers"], sec) as (
+                console,
+                browser,
+            ):
+                if sec is not None:
+                    browser.sign_in(console.url, sec.access_key, sec.secret_key)
+                browser.driver.get(console.url + args.page)
+                time.sleep(2)
+                console_before = cpu_seconds([console.proc.pid])
+                watched = node_cpu(g, args.seconds, during=browser.driver.refresh)
+                console_pct = round(
+                    100 * (cpu_seconds([console.proc.pid]) - console_before) / args.seconds, 2
+                )
+                nodes_shown = len(browser.driver.find_elements(By.CSS_SELECTOR, "tr.node"))
+                assert nodes_shown == 3, f"the page showed {nodes_shown} nodes: {console.output()}"
         finally:
-            if browser is not None:
-                browser.close()
-            if console is not None:
-                console.stop()
             grp.stop_group(g)
     result = {
         "seconds": args.seconds,

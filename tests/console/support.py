@@ -3,6 +3,7 @@ console's browser tests and ``bench.console``. Nothing is downloaded: Selenium i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -13,11 +14,15 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+
+from dledger import group as grp
+from dledger.security.config import ClientSecurity
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -120,3 +125,21 @@ class ConsoleProcess:
                 self.proc.wait(5)
         self.log.close()
         os.unlink(self.log.name)
+
+
+@contextlib.contextmanager
+def console_with_browser(
+    group_dir: Path, args: list[str], security: ClientSecurity | None
+) -> Iterator[tuple[ConsoleProcess, Browser]]:
+    """``dledger console --dir group_dir ARGS`` on a free port (over TLS for a secure group) and a browser."""
+    (port,) = grp.free_ports(1)
+    ca = security.ca_file if security is not None else None
+    console = ConsoleProcess(["--dir", str(group_dir), *args], port, https=ca is not None, ca_file=ca)
+    browser = None
+    try:
+        browser = Browser()
+        yield console, browser
+    finally:
+        if browser is not None:
+            browser.close()
+        console.stop()

@@ -25,7 +25,7 @@ from broker_adapter.client import BrokerConnection, Consumer, Producer
 from dledger import group as grp
 from dledger.security.client import call_once
 from dledger.security.config import ClientSecurity
-from tests.console.support import Browser, ConsoleProcess
+from tests.console.support import Browser, ConsoleProcess, console_with_browser
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -74,7 +74,6 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> Iterator[Env]:
     g, _ = grp.up(tmp_path_factory.mktemp("console"), 3, None, state_machine="broker", secure=True)
-    console = browser = None
     try:
         grp.wait_for_all(g, 30)
         admin = ClientSecurity.from_file(Path(g.security))
@@ -86,20 +85,10 @@ def env(tmp_path_factory) -> Iterator[Env]:
         with Consumer(g.addresses, CG, security=admin) as c:
             c.commit(TOPIC, 0, 5)
             c.commit(TOPIC, 1, 10)
-        (port,) = grp.free_ports(1)
-        console = ConsoleProcess(
-            ["--dir", str(Path(g.nodes[0].data_dir).parent), "--consumer-group", CG],
-            port,
-            https=True,
-            ca_file=admin.ca_file,
-        )
-        browser = Browser()
-        yield Env(g, admin, console, browser)
+        group_dir = Path(g.nodes[0].data_dir).parent
+        with console_with_browser(group_dir, ["--consumer-group", CG], admin) as (console, browser):
+            yield Env(g, admin, console, browser)
     finally:
-        if browser is not None:
-            browser.close()
-        if console is not None:
-            console.stop()
         grp.stop_group(g)
 
 
