@@ -8,8 +8,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,8 +19,13 @@ from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, console, fail
 from dledger.errors import DLedgerError
 from dledger.security.config import ClientSecurity
 
+if TYPE_CHECKING:  # the poller (and its clients) are imported when the console runs, not at every CLI start
+    from broker_adapter.console.poller import GroupTarget
 
-def _targets_of_cluster_dir(d: Path):
+    Discovery = Callable[[], tuple[list[GroupTarget], dict[str, list[str]]]]
+
+
+def _targets_of_cluster_dir(d: Path) -> tuple[list[GroupTarget], list[str], ClientSecurity | None]:
     from broker_adapter.cluster import local as cl
     from broker_adapter.console.poller import GroupTarget
 
@@ -34,13 +40,15 @@ def _targets_of_cluster_dir(d: Path):
     return targets, c.nameserver_addresses, sec
 
 
-def _discoverer(nameservers: list[str], security: ClientSecurity | None, fixed: list | None):
+def _discoverer(
+    nameservers: list[str], security: ClientSecurity | None, fixed: list[GroupTarget] | None
+) -> Discovery:
     """Called by the poller every round: the groups the name servers know (or ``fixed``) and the consumer
     groups' members."""
     from broker_adapter.console.poller import GroupTarget
     from broker_adapter.nameserver.client import NameServerClient
 
-    def discover():
+    def discover() -> tuple[list[GroupTarget], dict[str, list[str]]]:
         try:
             with NameServerClient(nameservers, timeout_s=1.0, security=security) as ns:
                 info = ns.cluster_info()
@@ -126,7 +134,7 @@ def console_cmd(
                 dir, addresses, state_machine="broker"
             )  # sets DLEDGER_SECURITY for a secure --dir
             security = ClientSecurity.from_env()
-            name, ids = "group", ()
+            name, ids = "group", tuple[str, ...]()
             if dir is not None:
                 spec = grp.load(dir)
                 name, ids = dir.resolve().name, tuple(n.id for n in spec.nodes) if spec else ()

@@ -228,11 +228,11 @@ class Poller:
                 }
             )
         # A node that is down keeps the id it had when it answered.
-        known = dict(zip(v.target.addresses, v.target.node_ids, strict=False))
-        known.update({r["address"]: r["id"] for r in v.nodes if r["id"] != "?"})
+        known: dict[str, str] = dict(zip(v.target.addresses, v.target.node_ids, strict=False))
+        known.update({str(r["address"]): str(r["id"]) for r in v.nodes if r["id"] != "?"})
         for r in rows:
             if r["id"] == "?":
-                r["id"] = known.get(r["address"], "?")
+                r["id"] = known.get(str(r["address"]), "?")
         v.nodes = rows
         v.polled_at = now
         if lead is None:

@@ -191,7 +191,7 @@ def test_the_new_leader_shows_within_seconds_of_a_kill_and_the_timeline_gains_th
     )
     shown_s = time.monotonic() - t0
     assert new != old.id
-    assert shown_s < 4.0, f"the new leader showed {shown_s:.1f} s after the kill"
+    assert shown_s < 5.0, f"the new leader showed {shown_s:.1f} s after the kill"
     row = eventually(
         "the failover in the timeline",
         lambda: [
