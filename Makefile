@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dledger-py needs Python >= 3.11")'
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,spark]'
+	$(BIN)/pip install -q -e '.[test,spark,console]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -113,7 +113,7 @@ bench-audit: $(STAMP) check-java
 # make bench-compare COMPARE_ARGS=--quick
 .PHONY: bench-compare
 $(VENV)/.bench-installed: $(STAMP) pyproject.toml
-	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q -e '.[test,bench,console]'
 	@touch $@
 
 bench-compare: $(VENV)/.bench-installed

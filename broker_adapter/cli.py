@@ -356,7 +356,10 @@ def _consume_cluster(
 
 
 def register(app: typer.Typer) -> None:
+    from broker_adapter.console.cli import console_cmd  # imports its web libraries only when it runs
+
     app.add_typer(topic_app, name="topic")
     app.add_typer(consumer_group_app, name="consumer-group")
     app.command("produce")(produce)
     app.command("consume")(consume)
+    app.command("console")(console_cmd)

@@ -32,6 +32,7 @@ LONG_FILES = {
     "tests/spark/test_standalone.py": 98,
     "tests/chaos/test_runs.py": 63,
     "tests/rocketmq/test_delivery.py": 56,
+    "tests/console/test_console.py": 37,
     "tests/property/test_raft_safety.py": 53,
     "tests/broker/test_tour.py": 49,
     "tests/integration/test_membership.py": 34,

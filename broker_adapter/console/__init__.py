@@ -1,0 +1,1 @@
+"""``dledger console``: a web console for broker groups and clusters (docs/console.md)."""
