@@ -21,8 +21,18 @@ COMMIT_INDEX_KEY = "commit_index"  # checkpoint in the MetaStore (audit input; n
 # The group's configuration as of the log's compaction point (a config entry body, dledger.core.membership):
 # written before the log is compacted or reset to a snapshot, read at start (docs/membership.md).
 SNAPSHOT_CONF_KEY = "snapshot_conf"
+# The configurations through the last snapshot taken (dledger.core.membership.ConfCheckpoint, JSON): a restart
+# whose log holds that entry reads config entries only after it (docs/membership.md).
+CONF_CHECKPOINT_KEY = "conf_checkpoint"
 
-__all__ = ["COMMIT_INDEX_KEY", "SNAPSHOT_CONF_KEY", "DataDir", "DirectoryInUseError", "lock_data_dir"]
+__all__ = [
+    "COMMIT_INDEX_KEY",
+    "CONF_CHECKPOINT_KEY",
+    "SNAPSHOT_CONF_KEY",
+    "DataDir",
+    "DirectoryInUseError",
+    "lock_data_dir",
+]
 
 
 def lock_data_dir(data_dir: Path) -> int:

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from dledger.core.config import RaftConfig
+from dledger.core.membership import ConfCheckpoint
 from dledger.core.messages import InstallSnapshot, Role, SnapshotMeta
 from dledger.errors import (
     ConfigError,
@@ -33,6 +34,7 @@ from dledger.errors import (
 )
 from dledger.nodeconfig import NodeConfig
 from dledger.nodeconfig import load as load_config
+from dledger.runtime.datadir import CONF_CHECKPOINT_KEY
 from dledger.runtime.node import Node
 from dledger.transport.base import PeerUnreachableError, SnapshotChunk
 from statemachine import kv
@@ -129,6 +131,9 @@ def test_policy_snapshot_compacts_and_restart_loads_snapshot_plus_suffix(tmp_pat
                 # Compaction moved the log's start to just after a snapshot, and whole segments went away.
                 first = n.log_store.first_index
                 assert first > 0 and any(i.index == first - 1 for i in infos)
+                # The configurations through the newest snapshot, so a restart reads the log only after it.
+                checkpoint = n._data.meta_store.get(CONF_CHECKPOINT_KEY)
+                assert checkpoint is not None and ConfCheckpoint.decode(checkpoint).index == infos[-1].index
             first = leader.log_store.first_index
             with pytest.raises(NotFoundError, match="compacted"):
                 leader.get(first - 1)
