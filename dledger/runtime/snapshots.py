@@ -245,7 +245,9 @@ class Snapshots:
         Returns the new snapshot, or None when nothing was applied since the last one. The state is serialized
         on the event loop, where the apply loop runs, so no entry is applied while it is being saved (the apply
         loop only ever applies between awaits); the file is written and fsynced on the snapshot thread and the
-        log compacted on the I/O thread, so the loop keeps serving meanwhile."""
+        log compacted on the I/O thread, so the loop keeps serving meanwhile. A machine with a
+        ``prepare_snapshot()`` (called on the loop just before ``save_snapshot``) returns the work that makes
+        durable what its state points at; it runs on the snapshot thread before the file is written."""
         if self._apply is None:
             raise InvalidRequestError(f"node {self.id} runs no state machine: there is nothing to snapshot")
         if self._closing():
@@ -259,10 +261,18 @@ class Snapshots:
             header = self._attached_log.entries(index, index + 1)[0].header
             applied_bytes = apply.applied_bytes
             t0 = time.perf_counter()
+            # Optional: what the machine's state points at and must be durable before the snapshot is published
+            # (the broker's ConsumeQueue files), synced on the snapshot thread rather than on the loop.
+            prepare: Callable[[], Callable[[], None]] | None = getattr(
+                self._machine, "prepare_snapshot", None
+            )
+            durable = prepare() if prepare is not None else None
             buf = io.BytesIO()
             self._machine.save_snapshot(buf)
             data = buf.getbuffer()
             self.stats["snapshot_serialize_us"] += int((time.perf_counter() - t0) * 1e6)
+            if durable is not None:
+                await loop.run_in_executor(self._thread, durable)
             info = await loop.run_in_executor(
                 self._thread,
                 self._files.save,
