@@ -12,17 +12,24 @@ Real three-node broker groups (separate processes on 127.0.0.1, flush "async"), 
   whole log (``[broker] retention_hours``) and take snapshots every ``[snapshot] entries`` (100,000 by default),
   so a restart loads a snapshot and replays the log after it. Target: under 5 s with 10 million messages.
 
+- **snapshot** (in process, no group): a broker state machine with ``--topics`` topics of 8 queues, one message
+  in each queue since the last snapshot, then a snapshot as the node takes one: how long the event loop is held
+  (``prepare_snapshot`` where the machine has it, then ``save_snapshot``; before it, ``save_snapshot`` flushed
+  every queue itself) and how long the ConsumeQueue syncs take off the loop. Then one message to 8 of the queues
+  and the same again: the cost of a snapshot after a little traffic.
+
 Memory is ``VmRSS`` from ``/proc/PID/status``; CPU (``bench.proc_cpu``) is what the node processes used per
 message sent. Free disk is checked before the log part (about 700 bytes a message over the three nodes).
 
     python -m bench.scale [--quick] [--topics 10000] [--messages 10000000] [--seconds 5] [--rounds 2]
-                          [--part topics|log|all] [--dir DIR]
+                          [--part topics|log|snapshot|all] [--dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import os
 import random
 import shutil
@@ -34,7 +41,10 @@ from pathlib import Path
 from bench.clients import _threads
 from bench.proc_cpu import cpu_seconds
 from broker_adapter.client import AsyncBrokerConnection, AsyncProducer, BrokerConnection, Producer
+from broker_adapter.core import commands, message
+from broker_adapter.core.statemachine import BrokerStateMachine
 from dledger import group as grp
+from statemachine.api import CommittedEntry
 
 BODY = bytes(range(256)) * 4  # 1 KiB: what the send rates use
 SMALL = b"0123456789abcdef"  # the log fill's bodies
@@ -288,6 +298,51 @@ def log_part(root: Path, messages: int) -> None:
         grp.stop_group(empty)
 
 
+def snapshot_part(root: Path, n_topics: int) -> None:
+    sm = BrokerStateMachine(root / "snapshot" / "consumequeue")
+    pos = 0
+
+    def entry(body: bytes) -> CommittedEntry:
+        nonlocal pos
+        e = CommittedEntry(sm.applied_index + 1, 1, pos, body)
+        pos += 48 + len(body)
+        return e
+
+    def messages(targets: list[tuple[str, int]]) -> None:
+        for k in range(0, len(targets), FILL_BATCH):
+            batch = []
+            for t, q in targets[k : k + FILL_BATCH]:
+                raw = bytearray(message.encode(message.Message(topic=t, body=SMALL, queue_id=q)))
+                message.patch_placement(raw, sm.next_offset(t, q), pos + 48)
+                batch.append(entry(bytes(raw)))
+            sm.apply(batch)
+
+    def snapshot(what: str) -> None:
+        t0 = time.perf_counter()
+        prepare = getattr(sm, "prepare_snapshot", None)
+        durable = prepare() if prepare is not None else None
+        sm.save_snapshot(io.BytesIO())
+        t1 = time.perf_counter()
+        if durable is not None:
+            durable()
+        t2 = time.perf_counter()
+        print(
+            f"  snapshot after {what:<34} event loop held {t1 - t0:6.2f} s, syncs off the loop {t2 - t1:6.2f} s"
+        )
+
+    topics = [f"t{i}" for i in range(n_topics)]
+    for k in range(0, n_topics, FILL_BATCH):
+        sm.apply(
+            [entry(commands.encode(commands.CreateTopic(t, QUEUES))) for t in topics[k : k + FILL_BATCH]]
+        )
+    print(f"\nbroker state machine in process, {n_topics * QUEUES:,} queues:")
+    messages([(t, q) for t in topics for q in range(QUEUES)])
+    snapshot(f"a message to each of {n_topics * QUEUES:,} queues")
+    messages([(topics[0], q) for q in range(QUEUES)])
+    snapshot(f"a message to each of {QUEUES} queues")
+    sm.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small numbers: a smoke test of a minute or two")
@@ -295,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=None, help="messages of the long log (10,000,000)")
     ap.add_argument("--seconds", type=float, default=None, help="length of one send measurement (5)")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--part", choices=("topics", "log", "all"), default="all")
+    ap.add_argument("--part", choices=("topics", "log", "snapshot", "all"), default="all")
     ap.add_argument("--dir", type=Path, default=None, help="where the groups live (default: a temporary dir)")
     args = ap.parse_args(argv)
     topics = args.topics or (300 if args.quick else 10_000)
@@ -309,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
             topics_part(root, topics, seconds, args.rounds)
         if args.part in ("log", "all"):
             log_part(root, messages)
+        if args.part in ("snapshot", "all"):
+            snapshot_part(root, topics)
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -23,6 +23,7 @@ import functools
 import os
 import struct
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -82,6 +83,8 @@ class OpenFiles:
         self.io = io or FileIO()
         self.limit = limit
         self._fds: OrderedDict[str, int] = OrderedDict()
+        # Queues with files written since their last flush: a node's flush syncs these, not every queue it holds.
+        self.written: set[ConsumeQueue] = set()
 
     def __len__(self) -> int:
         return len(self._fds)
@@ -105,6 +108,20 @@ class OpenFiles:
     def close_all(self) -> None:
         while self._fds:
             self.io.close(self._fds.popitem()[1])
+
+    def sync(self, paths: Iterable[str]) -> None:
+        """fdatasync each file through a descriptor of its own, not the cached ones, so it may run off the event
+        loop while ``fd`` closes and reuses those; a file deleted since it was written (retention, a truncation)
+        is skipped."""
+        for path in paths:
+            try:
+                fd = self.io.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                self.io.fdatasync(fd)
+            finally:
+                self.io.close(fd)
 
 
 class ConsumeQueue:
@@ -179,6 +196,7 @@ class ConsumeQueue:
     def _written(self, start: int) -> None:
         if self._dirty is None:
             self._dirty = set()
+            self._files.written.add(self)
         self._dirty.add(start)
 
     def _recover(self, files: list[int]) -> int:
@@ -281,10 +299,16 @@ class ConsumeQueue:
         return dropped
 
     def flush(self) -> None:
+        for path in self.take_written():
+            self.io.fdatasync(self._files.fd(path))
+
+    def take_written(self) -> list[str]:
+        """Write the appended units and hand over the files written since the last flush: the caller makes them
+        durable (``flush``, or ``OpenFiles.sync`` off the event loop)."""
         self.write_appended()
         dirty, self._dirty = self._dirty, None
-        for start in sorted(dirty or ()):
-            self.io.fdatasync(self._fd(start))
+        self._files.written.discard(self)
+        return [self._path(start) for start in sorted(dirty or ())]
 
     # -- reads ---------------------------------------------------------------------------------------------
     def get(self, queue_offset: int) -> CQUnit:

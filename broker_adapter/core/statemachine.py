@@ -122,6 +122,7 @@ class BrokerStateMachine:
         self._files = OpenFiles(limit=open_files)
         self._log_end: int | None = None  # the log's end at start: units at or past it are cut at first open
         self._unwritten: list[ConsumeQueue] = []  # queues with units appended in this apply, not yet written
+        self._unsynced: list[str] = []  # ConsumeQueue files a failed snapshot sync did not make durable
         self._on_dispatch = on_dispatch  # (topic, queue_id, next queue offset): wakes long-polling pulls
 
     # -- retention (broker_adapter/core/retention.py; set by the plugin when a policy is configured) ---------------
@@ -402,8 +403,30 @@ class BrokerStateMachine:
         return cq.truncate(lo)
 
     def flush(self) -> None:
-        for cq in self._queues.values():
+        """Make the ConsumeQueue files written since the last flush durable (only those: there may be 80,000
+        queues), on the calling thread."""
+        for cq in list(self._files.written):
             cq.flush()
+        unsynced, self._unsynced = self._unsynced, []
+        self._files.sync(unsynced)
+
+    def prepare_snapshot(self) -> Callable[[], None]:
+        """Called by the runtime on the event loop just before ``save_snapshot``: takes the ConsumeQueue files
+        written since the last flush and returns their syncing, which the runtime runs off the loop before it
+        publishes the snapshot (so a snapshot claims only units that are durable, without stalling the loop for
+        one fdatasync per file). Files a failed sync left are taken again next time."""
+        paths = [path for cq in list(self._files.written) for path in cq.take_written()]
+        paths += self._unsynced
+        self._unsynced = []
+
+        def sync() -> None:
+            try:
+                self._files.sync(paths)
+            except BaseException:
+                self._unsynced += paths
+                raise
+
+        return sync
 
     # -- snapshots: topics and offsets; ConsumeQueue files are derived from the log and kept on disk ----------
     def save_snapshot(self, writer: BinaryIO) -> None:

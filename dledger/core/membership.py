@@ -24,6 +24,7 @@ from dledger.errors import InvalidRequestError
 __all__ = [
     "ConfChange",
     "ConfChangeKind",
+    "ConfCheckpoint",
     "Configuration",
     "ConfigurationError",
     "majorities_overlap",
@@ -182,6 +183,37 @@ class Configuration:
             return cls(tuple(voters), tuple(learners), tuple(sorted(addresses.items())))
         except (InvalidRequestError, TypeError) as e:
             raise ConfigurationError(f"config entry holds a bad configuration: {e}") from e
+
+
+@dataclass(frozen=True, slots=True)
+class ConfCheckpoint:
+    """The configurations of a log through ``index`` (a snapshot point): its base and every config entry at or
+    before ``index``, with the entry's term and chain CRC there, so a restart that finds the same entry in its log
+    (same chain, so the same entries before it) reads config entries only after it instead of from the log's
+    first index (docs/membership.md, "Durability")."""
+
+    index: int
+    term: int
+    chain_crc: int
+    confs: tuple[tuple[int, Configuration], ...]
+
+    def encode(self) -> bytes:
+        doc = {
+            "index": self.index,
+            "term": self.term,
+            "chain_crc": self.chain_crc,
+            "confs": [[i, json.loads(c.encode())] for i, c in self.confs],
+        }
+        return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ConfCheckpoint:
+        try:
+            doc = json.loads(raw)
+            confs = tuple((int(i), Configuration.decode(json.dumps(c).encode())) for i, c in doc["confs"])
+            return cls(int(doc["index"]), int(doc["term"]), int(doc["chain_crc"]), confs)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigurationError(f"not a configuration checkpoint: {e}") from e
 
 
 def majorities_overlap(a: Configuration, b: Configuration) -> bool:

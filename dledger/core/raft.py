@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from dledger.core.config import RaftConfig
 from dledger.core.election import Election
-from dledger.core.membership import Configuration
+from dledger.core.membership import ConfCheckpoint, Configuration
 from dledger.core.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -134,9 +134,11 @@ class RaftCore(Election, Replication, ReadIndex, Reconfiguration):
         *,
         log_event: Callable[[str], None] | None = None,
         conf: Configuration | None = None,
+        conf_checkpoint: ConfCheckpoint | None = None,
     ):
         """``voters`` are the group's initial members; ``conf``, when given, is the configuration as of the
-        store's snapshot point (a snapshot records it) and replaces them. Config entries in the log apply on top.
+        store's snapshot point (a snapshot records it) and replaces them. Config entries in the log apply on top
+        (those up to ``conf_checkpoint``'s index are taken from it when the log holds its entry).
         A node in neither (one joining the group) starts as a non-member: it never campaigns, and learns the
         configuration from the leader's log or snapshot."""
         if len(set(voters)) != len(voters):
@@ -146,7 +148,7 @@ class RaftCore(Election, Replication, ReadIndex, Reconfiguration):
         self._rng = rng
         self._log_event = log_event if log_event is not None else _logger.info
         base = conf if conf is not None else Configuration(tuple(voters))
-        self._raft_log = RaftLog(log, config.segment_size, base_conf=base)
+        self._raft_log = RaftLog(log, config.segment_size, base_conf=base, checkpoint=conf_checkpoint)
         self._set_conf(self._raft_log.configuration)
         self._leader_cache_bytes = config.max_inflight * config.max_append_bytes
         self._election_min, self._election_max = config.election_ticks

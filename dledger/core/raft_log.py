@@ -29,7 +29,7 @@ import struct
 from bisect import bisect_right
 from typing import Final
 
-from dledger.core.membership import Configuration, ConfigurationError
+from dledger.core.membership import ConfCheckpoint, Configuration, ConfigurationError
 from dledger.core.messages import Prepare, SnapshotMeta
 from storage import codec
 from storage.api import LogStore
@@ -79,11 +79,17 @@ class RaftLog:
     )
 
     def __init__(
-        self, store: LogStore, segment_size: int, cache_bytes: int = 0, base_conf: Configuration | None = None
+        self,
+        store: LogStore,
+        segment_size: int,
+        cache_bytes: int = 0,
+        base_conf: Configuration | None = None,
+        checkpoint: ConfCheckpoint | None = None,
     ):
         """``base_conf`` is the configuration as of the store's snapshot point (``first_index - 1``): the one a
         snapshot recorded, or the group's initial members; config entries in the store are found and applied
-        over it."""
+        over it. ``checkpoint`` (the last snapshot's) lists them up to its index: when the store holds that very
+        entry, only the entries after it are read."""
         self.store = store
         self._cache_bytes = cache_bytes
         self._segment_size = segment_size
@@ -108,10 +114,14 @@ class RaftLog:
         self._unhanded: bytes | None = None
         self._read_memo: tuple[int, int, int, bytes, int] | None = None
         # (index of the config entry, configuration), oldest first; the first is the base (snapshot point).
+        first = store.first_index
         self._confs: list[tuple[int, Configuration]] = [
-            (store.first_index - 1, base_conf if base_conf is not None else Configuration(()))
+            (first - 1, base_conf if base_conf is not None else Configuration(()))
         ]
-        self._confs += self._store_confs()
+        if checkpoint is not None and self._store_holds(checkpoint):
+            self._confs += [c for c in checkpoint.confs if first <= c[0] <= checkpoint.index]
+            first = checkpoint.index + 1
+        self._confs += self._store_confs(first)
 
     # -- configuration ---------------------------------------------------------------------------------------------
 
@@ -139,10 +149,27 @@ class RaftLog:
                 return i, conf
         return self._confs[0]
 
-    def _store_confs(self) -> list[tuple[int, Configuration]]:
-        """The config entries in the store, read by headers (the apply loop replays the same range at start)."""
+    def conf_checkpoint(self, index: int, term: int, chain_crc: int) -> ConfCheckpoint:
+        """The configurations through ``index`` (the entry with that term and chain CRC), for a snapshot there."""
+        return ConfCheckpoint(index, term, chain_crc, tuple(c for c in self._confs if c[0] <= index))
+
+    def _store_holds(self, cp: ConfCheckpoint) -> bool:
+        """Whether the store holds the checkpoint's entry (or snapshot point): then it holds the same entries
+        before it (the chain CRC covers them) and the same config entries among them."""
         store = self.store
-        lo, hi = store.first_index, store.last_index + 1
+        if cp.index == store.first_index - 1:
+            p = store.snapshot_point()
+            return (p.last_term, p.chain_crc) == (cp.term, cp.chain_crc)
+        if not store.first_index <= cp.index <= store.last_index:
+            return False
+        h = store.entry(cp.index).header
+        return (h.term, h.chain_crc) == (cp.term, cp.chain_crc)
+
+    def _store_confs(self, lo: int) -> list[tuple[int, Configuration]]:
+        """The config entries in the store from ``lo`` on, read by headers (the apply loop replays the same range
+        at start)."""
+        store = self.store
+        hi = store.last_index + 1
         found: list[tuple[int, Configuration]] = []
         while lo < hi:
             data = store.raw(lo, hi, _STORE_SCAN_BYTES)

@@ -22,6 +22,9 @@ COMMIT_INDEX_KEY = "commit_index"  # checkpoint in the MetaStore (audit input; n
 # The group's configuration as of the log's compaction point (a config entry body, dledger.core.membership):
 # written before the log is compacted or reset to a snapshot, read at start (docs/membership.md).
 SNAPSHOT_CONF_KEY = "snapshot_conf"
+# The configurations through the last snapshot taken (dledger.core.membership.ConfCheckpoint, JSON): a restart
+# whose log holds that entry reads config entries only after it (docs/membership.md).
+CONF_CHECKPOINT_KEY = "conf_checkpoint"
 # The node directory's data format (docs/formats.md section 6): the layouts of the log, index, metadata and
 # snapshots together. A version reads every format up to its own and refuses a newer one.
 DATA_FORMAT_KEY = "data_format"
@@ -29,6 +32,7 @@ DATA_FORMAT = 1
 
 __all__ = [
     "COMMIT_INDEX_KEY",
+    "CONF_CHECKPOINT_KEY",
     "DATA_FORMAT",
     "SNAPSHOT_CONF_KEY",
     "DataDir",

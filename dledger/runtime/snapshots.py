@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from dledger.core.membership import Configuration
+from dledger.core.membership import ConfCheckpoint, Configuration
 from dledger.core.messages import InstallSnapshot, SnapshotMeta
 from dledger.errors import InvalidRequestError, UnavailableError
 from dledger.nodeconfig import NodeConfig
@@ -66,7 +66,8 @@ class Snapshots:
         self._log: LogStore | None = None
         self._apply: ApplyLoop | None = None
         self._conf_at: Callable[[int], Configuration] | None = None
-        self._save_conf: Callable[[Configuration], None] | None = None
+        self._conf_checkpoint: Callable[[int, int, int], ConfCheckpoint] | None = None
+        self._save_conf: Callable[[Configuration, ConfCheckpoint], None] | None = None
         self._lock = asyncio.Lock()
         self.task: asyncio.Task[None] | None = None  # the policy snapshot in progress, if any
         self._install_in_progress = False
@@ -79,13 +80,17 @@ class Snapshots:
         log_store: LogStore,
         apply: ApplyLoop | None,
         conf_at: Callable[[int], Configuration] | None = None,
-        save_conf: Callable[[Configuration], None] | None = None,
+        save_conf: Callable[[Configuration, ConfCheckpoint], None] | None = None,
+        conf_checkpoint: Callable[[int, int, int], ConfCheckpoint] | None = None,
     ) -> None:
-        """``conf_at(index)`` is the group's configuration at an index (the core's); ``save_conf`` records the one
-        at the compaction point before the log before it goes (runs in the I/O thread)."""
+        """``conf_at(index)`` is the group's configuration at an index and ``conf_checkpoint(index, term,
+        chain_crc)`` the configurations through it (the core's); ``save_conf`` records the one at the compaction
+        point before the log before it goes, and the checkpoint at the snapshot so a restart reads the log's
+        config entries only after it (runs in the I/O thread)."""
         self._log = log_store
         self._apply = apply
         self._conf_at = conf_at
+        self._conf_checkpoint = conf_checkpoint
         self._save_conf = save_conf
         if apply is not None:
             self._last_index = apply.applied_index
@@ -240,7 +245,9 @@ class Snapshots:
         Returns the new snapshot, or None when nothing was applied since the last one. The state is serialized
         on the event loop, where the apply loop runs, so no entry is applied while it is being saved (the apply
         loop only ever applies between awaits); the file is written and fsynced on the snapshot thread and the
-        log compacted on the I/O thread, so the loop keeps serving meanwhile."""
+        log compacted on the I/O thread, so the loop keeps serving meanwhile. A machine with a
+        ``prepare_snapshot()`` (called on the loop just before ``save_snapshot``) returns the work that makes
+        durable what its state points at; it runs on the snapshot thread before the file is written."""
         if self._apply is None:
             raise InvalidRequestError(f"node {self.id} runs no state machine: there is nothing to snapshot")
         if self._closing():
@@ -254,10 +261,18 @@ class Snapshots:
             header = self._attached_log.entries(index, index + 1)[0].header
             applied_bytes = apply.applied_bytes
             t0 = time.perf_counter()
+            # Optional: what the machine's state points at and must be durable before the snapshot is published
+            # (the broker's ConsumeQueue files), synced on the snapshot thread rather than on the loop.
+            prepare: Callable[[], Callable[[], None]] | None = getattr(
+                self._machine, "prepare_snapshot", None
+            )
+            durable = prepare() if prepare is not None else None
             buf = io.BytesIO()
             self._machine.save_snapshot(buf)
             data = buf.getbuffer()
             self.stats["snapshot_serialize_us"] += int((time.perf_counter() - t0) * 1e6)
+            if durable is not None:
+                await loop.run_in_executor(self._thread, durable)
             info = await loop.run_in_executor(
                 self._thread,
                 self._files.save,
@@ -273,9 +288,14 @@ class Snapshots:
             self.stats["snapshots_taken"] += 1
             floor = self.retain_from()  # retention keeps what the policy keeps, however often snapshots come
             cut = index + 1 if floor is None else min(index + 1, floor)
-            if self._conf_at is not None and self._save_conf is not None:
+            if (
+                self._conf_at is not None
+                and self._save_conf is not None
+                and self._conf_checkpoint is not None
+            ):
                 # The configuration at the new compaction point: config entries from ``cut`` on stay in the log.
-                await self._io.run(self._save_conf, self._conf_at(cut - 1))
+                checkpoint = self._conf_checkpoint(index, header.term, header.chain_crc)
+                await self._io.run(self._save_conf, self._conf_at(cut - 1), checkpoint)
             await self._io.run(self._attached_log.compact_prefix, cut)
             log.info(
                 "%s: snapshot of %s at index %d (%d bytes); the log now starts at %d",

@@ -1,13 +1,17 @@
 """What a broker node holds as topics and messages grow (issue 27): descriptors, queues opened at start, the
 CommitLog position map."""
 
+import errno
 import io
 import os
+
+import pytest
 
 from broker_adapter.core import commands
 from broker_adapter.core import statemachine as dispatcher
 from broker_adapter.core.consumequeue import UNIT_SIZE, ConsumeQueue, OpenFiles, holds
 from broker_adapter.core.statemachine import BrokerStateMachine
+from storage.fileio import FileIO
 from tests.broker.test_dispatcher import Log
 
 
@@ -110,4 +114,45 @@ def test_the_position_map_keeps_recent_messages_only(tmp_path, monkeypatch):
     last = entries[-1]
     assert sm.index_of(last.pos + 48) == last.index
     assert sm.index_of(entries[0].pos + 48) is None  # found in the log instead (CommitLog.locate)
+    sm.close()
+
+
+class _CountedSyncs(FileIO):
+    """Records the file of every fdatasync; fails them while ``failing``."""
+
+    def __init__(self) -> None:
+        self.synced: list[str] = []
+        self.failing = False
+
+    def fdatasync(self, fd: int) -> None:
+        if self.failing:
+            raise OSError(errno.EIO, "injected")
+        self.synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        super().fdatasync(fd)
+
+
+def test_a_snapshot_syncs_only_the_queue_files_written_since_the_last_and_off_the_calling_thread(tmp_path):
+    sm = BrokerStateMachine(tmp_path / "cq", units_per_file=2)
+    io_ = sm._files.io = _CountedSyncs()
+    log = Log()
+    _fill(sm, log, topics=10, queues=4, per_queue=3)  # 40 queues of two files each
+    assert len(sm._files.written) == 40
+    sm.flush()
+    assert len(io_.synced) == 80 and not sm._files.written
+    io_.synced.clear()
+    sm.apply(log.entries([log.msg("t3", 1, 3)]))  # a third file of one queue
+    sm.apply(log.entries([log.msg("t5", 0, 3)]))
+    assert len(sm._files.written) == 2
+    sync = sm.prepare_snapshot()  # on the loop: takes the files, syncs nothing
+    assert io_.synced == [] and not sm._files.written
+    sm.save_snapshot(io.BytesIO())  # nothing left for it to sync on the loop
+    assert io_.synced == []
+    io_.failing = True
+    with pytest.raises(OSError):
+        sync()  # the runtime runs it on the snapshot thread, before the snapshot is published
+    io_.failing = False
+    sm.prepare_snapshot()()  # a failed sync's files are taken again by the next snapshot
+    assert sorted(io_.synced) == sorted(
+        str(tmp_path / "cq" / t / q / f"{2 * UNIT_SIZE:020d}") for t, q in (("t3", "1"), ("t5", "0"))
+    )
     sm.close()

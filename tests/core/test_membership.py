@@ -11,6 +11,7 @@ import pytest
 from dledger.core.membership import (
     ConfChange,
     ConfChangeKind,
+    ConfCheckpoint,
     Configuration,
     ConfigurationError,
     majorities_overlap,
@@ -130,6 +131,86 @@ def test_configuration_is_recomputed_from_the_log_at_start() -> None:
     )
     assert again.configuration == Configuration(("n1",), ("n2",))
     assert again.status().learners == ("n2",) and again.status().conf_index == 1
+
+
+class _ReadsCounted(MemoryLogStore):
+    """A store that records the lowest index any read asked for."""
+
+    lowest: int | None = None
+
+    def _saw(self, lo: int) -> None:
+        self.lowest = lo if self.lowest is None else min(self.lowest, lo)
+
+    def raw(self, lo: int, hi: int, max_bytes: int | None = None) -> bytes:
+        self._saw(lo)
+        return super().raw(lo, hi, max_bytes)
+
+    def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[codec.Entry]:
+        self._saw(lo)
+        return super().entries(lo, hi, max_bytes)
+
+    def term(self, index: int) -> int:
+        self._saw(index)
+        return super().term(index)
+
+
+def _log_with_two_changes() -> tuple[RaftCore, _ReadsCounted]:
+    """A one-node leader's log: a learner added at index 1, 40 entries, a second learner at 42, 40 entries."""
+    store = _ReadsCounted()
+    core = RaftCore("n1", ["n1"], store, HardState(), BASIC, random.Random(1), log_event=lambda s: None)
+    while core.role is not Role.LEADER:
+        core.tick()
+    drain(core, store)
+    for learner in ("n2", "n3"):
+        core.propose_conf_change(ConfChange(ConfChangeKind.ADD_LEARNER, learner))
+        drain(core, store)
+        for _ in range(40):
+            core.propose([b"x"])
+        drain(core, store)
+    return core, store
+
+
+def test_a_restart_reads_config_entries_only_after_the_checkpoint_and_finds_the_same() -> None:
+    core, store = _log_with_two_changes()
+    assert core.status().conf_index == 42 and store.last_index == 82
+    full = RaftCore("n1", ["n1"], store, HardState(core.term, "n1"), BASIC, random.Random(1))
+    for at in (30, 42, 60):  # between the changes, on the second, after both
+        h = store.entry(at).header
+        cp = core.raft_log.conf_checkpoint(at, h.term, h.chain_crc)
+        assert [i for i, _ in cp.confs] == [i for i in (-1, 1, 42) if i <= at]
+        store.lowest = None
+        again = RaftCore(
+            "n1",
+            ["n1"],
+            store,
+            HardState(core.term, "n1"),
+            BASIC,
+            random.Random(1),
+            conf_checkpoint=ConfCheckpoint.decode(cp.encode()),
+        )
+        # The checkpoint's own entry (the log still holds it?) and nothing before it.
+        assert store.lowest == at
+        assert again.configuration == full.configuration == Configuration(("n1",), ("n2", "n3"))
+        assert again.status().conf_index == 42
+        for i in range(-1, 83):
+            assert again.configuration_at(i) == full.configuration_at(i), i
+
+
+def test_a_checkpoint_the_log_does_not_hold_is_ignored() -> None:
+    core, store = _log_with_two_changes()
+    h = store.entry(30).header
+    stale = [
+        ConfCheckpoint(30, h.term + 1, h.chain_crc, ((-1, Configuration(("n1",))),)),  # another term there
+        ConfCheckpoint(30, h.term, h.chain_crc ^ 1, ((-1, Configuration(("n1",))),)),  # another chain
+        ConfCheckpoint(500, h.term, h.chain_crc, ((-1, Configuration(("n1",))),)),  # past the log's end
+    ]
+    for cp in stale:
+        store.lowest = None
+        again = RaftCore(
+            "n1", ["n1"], store, HardState(core.term, "n1"), BASIC, random.Random(1), conf_checkpoint=cp
+        )
+        assert store.lowest == 0  # the whole log was read
+        assert again.configuration == Configuration(("n1",), ("n2", "n3")) and again.status().conf_index == 42
 
 
 def test_config_entries_go_through_propose_conf_change_only() -> None:

@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
 
 from dledger.core.config import RaftConfig
+from dledger.core.membership import ConfCheckpoint
 from dledger.core.messages import InstallSnapshot, Role, SnapshotMeta
 from dledger.errors import (
     ConfigError,
@@ -33,6 +35,7 @@ from dledger.errors import (
 )
 from dledger.nodeconfig import NodeConfig
 from dledger.nodeconfig import load as load_config
+from dledger.runtime.datadir import CONF_CHECKPOINT_KEY
 from dledger.runtime.node import Node
 from dledger.transport.base import PeerUnreachableError, SnapshotChunk
 from statemachine import kv
@@ -129,6 +132,9 @@ def test_policy_snapshot_compacts_and_restart_loads_snapshot_plus_suffix(tmp_pat
                 # Compaction moved the log's start to just after a snapshot, and whole segments went away.
                 first = n.log_store.first_index
                 assert first > 0 and any(i.index == first - 1 for i in infos)
+                # The configurations through the newest snapshot, so a restart reads the log only after it.
+                checkpoint = n._data.meta_store.get(CONF_CHECKPOINT_KEY)
+                assert checkpoint is not None and ConfCheckpoint.decode(checkpoint).index == infos[-1].index
             first = leader.log_store.first_index
             with pytest.raises(NotFoundError, match="compacted"):
                 leader.get(first - 1)
@@ -399,6 +405,44 @@ def test_a_failing_snapshot_keeps_the_log_and_is_retried_one_interval_later(tmp_
             assert leader.log_store.first_index == 0 and leader.snapshots.infos() == []
             assert all(n.failure is None for n in g.nodes.values())
             assert await leader.linearizable_read(lambda s: s.get(b"k5")) == b"v79" * 3
+        finally:
+            await g.stop()
+
+    asyncio.run(run())
+
+
+class _Durable(kv.KVStore):
+    """A machine whose snapshot needs work made durable first (as the broker's ConsumeQueue files): records the
+    thread that work ran on and how many snapshots were published when it ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node: Node | None = None
+        self.runs: list[tuple[bool, int]] = []  # (off the loop's thread, snapshots published then)
+
+    def prepare_snapshot(self):
+        loop_thread = threading.current_thread()
+
+        def sync() -> None:
+            published = len(self.node.snapshots.infos()) if self.node is not None else 0
+            self.runs.append((threading.current_thread() is not loop_thread, published))
+
+        return sync
+
+
+def test_a_machine_s_snapshot_work_runs_off_the_loop_before_the_snapshot_is_published(tmp_path):
+    async def run():
+        g = LocalGroup(tmp_path, stores=_file_stores, state_machine=lambda pid: _Durable(), raft=RAFT, **SNAP)
+        try:
+            for n in g.nodes.values():
+                n.state_machine.node = n
+            await g.start()
+            leader = await g.leader()
+            await _put(leader, 0, 100)
+            await g.until(lambda: leader.stats["snapshots_taken"] >= 2, what="two snapshots")
+            runs = leader.state_machine.runs
+            assert len(runs) >= 2 and all(off for off, _ in runs)
+            assert [published for _, published in runs[:2]] == [0, 1]  # each before its own snapshot's file
         finally:
             await g.stop()
 
