@@ -82,6 +82,7 @@ def test_an_online_backup_restores_into_a_new_group_with_everything_acknowledged
         grp.stop_group(g)
     manifest = json.loads((out / "manifest.json").read_text())
     end = manifest["end"]
+    printed = " ".join(printed.split())  # the console wraps long lines
     assert f"backup of group {g.name}" in printed and f"the log to index {end['index']}" in printed
     assert end["snapshot_index"] >= 0 and (out / "snapshot" / "data").stat().st_size > 0
     assert sorted(manifest["files"]) == ["log", "snapshot/data", "snapshot/meta.json"]
@@ -90,7 +91,7 @@ def test_an_online_backup_restores_into_a_new_group_with_everything_acknowledged
     assert len(before) >= 300 and after, "writes went on while the backup was taken"
 
     try:
-        printed = _cli("restore", "--from", str(out), "--dir", str(restored_dir))
+        printed = " ".join(_cli("restore", "--from", str(out), "--dir", str(restored_dir)).split())
         restored = grp.load(restored_dir)
         assert f"restored group {g.name} to index {end['index']}" in printed and "leads at" in printed
         assert not set(restored.addresses) & set(g.addresses), "a new group on new ports"
