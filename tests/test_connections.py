@@ -46,6 +46,8 @@ class _Node:
         if step == "refuse":
             context.set_trailing_metadata(convert.error_metadata(UnavailableError("starting")))
             context.abort(grpc.StatusCode.UNAVAILABLE, "starting")
+        if step == "cancel":  # a node shutting down cancels the calls it serves
+            context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
         if step == "break":  # as gRPC reports a connection lost mid-call: a bare status
             context.abort(grpc.StatusCode.UNAVAILABLE, "broke after the request")
         return self.address.encode()
@@ -99,6 +101,19 @@ def test_a_write_broken_in_flight_is_not_retried_but_a_read_is(nodes):
             router.attempts(5.0), lambda addr, t: _echo(channels, addr, t), write=False, rpc_timeout_s=1.0
         )
         assert answer == a.address.encode() and a.calls == 3
+        a.script, a.calls = (
+            ["cancel"],
+            0,
+        )  # cancelled by a stopping node: a read is tried again, a write is unknown
+        read = channels.call(
+            router.attempts(5.0), lambda addr, t: _echo(channels, addr, t), write=False, rpc_timeout_s=1.0
+        )
+        assert read == a.address.encode() and a.calls == 2
+        a.script = ["cancel"]
+        with pytest.raises(OutcomeUnknownError):
+            channels.call(
+                router.attempts(5.0), lambda addr, t: _echo(channels, addr, t), write=True, rpc_timeout_s=1.0
+            )
         a.script = ["refuse"] * 10_000  # a node that never gets ready: give up at the deadline, naming why
         with pytest.raises(UnavailableError, match=r"did not succeed within 0\.3 s; last error: .*starting"):
             channels.call(

@@ -387,8 +387,12 @@ def error_from_rpc(e: grpc.RpcError, address: str = "", *, write: bool = False) 
     from_node = ERROR_CLASS_KEY in md or REFUSED_KEY in md or OUTCOME_UNKNOWN_KEY in md
     if write and not from_node:
         broke = code is grpc.StatusCode.UNAVAILABLE and not never_sent(details)
-        if broke or code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        if broke or code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
             return OutcomeUnknownError(f"{address} failed while the write was in flight: {details}")
+    if code is grpc.StatusCode.CANCELLED and not from_node:
+        # The server cancelled the call (a node shutting down cancels what it serves; a caller's own cancel is
+        # asyncio's CancelledError, not this): a read is simply tried again elsewhere.
+        return UnavailableError(f"{address}: the node cancelled the call ({details}); it may be stopping")
     return error_from_status(code, f"{address}: {details}" if address else details, md)
 
 

@@ -334,11 +334,18 @@ def test_push_consumer_in_a_fifo_group_sees_each_message_group_in_order(broker_g
 
 # -- transactions ----------------------------------------------------------------------------------------------
 class _Checker(TransactionChecker):
+    """As an application's checker: it answers from the application's own record of each transaction (here:
+    the ones it rolls back), so a check-back that races the producer's own end resolves it the same way."""
+
+    rolled_back: set[str] = set()  # shared by the checkers of one test's producers
+
     def __init__(self) -> None:
         self.checked: list[str] = []
 
     def check(self, message) -> TransactionResolution:
         self.checked.append(message.message_id)
+        if message.message_id in self.rolled_back:
+            return TransactionResolution.ROLLBACK
         return TransactionResolution.COMMIT
 
 
@@ -353,6 +360,7 @@ def test_transactions_commit_rollback_and_check_back_through_a_leader_kill(own_g
         committed = producer.send(new_message(topic, b"commit me"), tx1).message_id
         tx2 = producer.begin_transaction()
         rolled = producer.send(new_message(topic, b"roll me back"), tx2).message_id
+        _Checker.rolled_back = {rolled}
         tx3 = producer.begin_transaction()
         orphan = producer.send(
             new_message(topic, b"orphan", props={"CHECK_IMMUNITY_TIME_IN_SECONDS": "5"}), tx3
