@@ -324,3 +324,76 @@ def test_stream_to_parquet_through_two_leader_kills_and_a_restart_exactly_once(d
             per_queue.setdefault(qid, []).extend(offs)
     for qid, offs in per_queue.items():
         assert sorted(offs) == list(range(len(offs))), f"queue {qid}: offsets dense from 0"
+
+
+@pytest.fixture(scope="module")
+def lossy(tmp_path_factory):
+    """A group whose retention (256 KiB of log) deleted the start of topic "lossy": (group, first held offset,
+    end) of its one queue."""
+    from tests.broker.test_retention_group import start
+
+    g = start(tmp_path_factory.mktemp("lossy"), f"retention_bytes = {256 << 10}", snapshot_entries=100_000)
+    try:
+        topic(g, "lossy", 1)
+        with Producer(g.addresses) as p:
+            for _ in range(24):  # about 870 KB
+                p.send_batch("lossy", [b"r" * 600] * 60)
+        with Consumer(g.addresses, "probe") as c:
+
+            def first() -> int:
+                msgs = c.pull("lossy", 0, 0, 1)
+                return msgs[0].queue_offset if msgs else 0
+
+            _wait(lambda: first() > 0, 60, "retention deleting the topic's start")
+            yield g, first(), 24 * 60
+    finally:
+        grp.stop_group(g)
+
+
+def _copy_from_zero(ds, g, out, ck, fail: bool):
+    q = (
+        stream(
+            ds, g, "lossy", startingOffsets=json.dumps({"lossy": {"0": 0}}), failOnDataLoss=str(fail).lower()
+        )
+        .select("queue_offset")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(ck))
+        .trigger(availableNow=True)
+        .start()
+    )
+    return q
+
+
+def test_stream_fails_on_data_loss_naming_the_range(ds, lossy, tmp_path):
+    g, _, _ = lossy
+    q = _copy_from_zero(ds, g, tmp_path / "out", tmp_path / "ck", fail=True)
+    with pytest.raises(Exception, match=r"data loss in default/lossy/0: offsets 0\.\.\d+ are no longer held"):
+        q.awaitTermination(120)
+
+
+def test_stream_skips_lost_offsets_with_a_warning_when_told(ds, lossy, tmp_path, caplog):
+    from spark.datasource.options import read_options
+    from spark.datasource.queues import QueueRange, read_range
+
+    g, first, end = lossy
+    q = _copy_from_zero(ds, g, tmp_path / "out", tmp_path / "ck", fail=False)
+    q.awaitTermination(120)
+    assert q.exception() is None
+    got = sorted(r.queue_offset for r in ds.read.parquet(str(tmp_path / "out")).collect())
+    held = got[0]
+    assert held >= first and got == list(range(held, end)), "everything held from the first kept offset"
+    # the warning names the range (what a task logs)
+    cfg = read_options({"addresses": ",".join(g.addresses), "topic": "lossy"}, streaming=True).connect
+    with caplog.at_level("WARNING", logger="spark.datasource"):
+        rows = sum(
+            b.num_rows
+            for b in read_range(
+                cfg, QueueRange("default", tuple(g.addresses), "lossy", 0, 0, end), 1024, False
+            )
+        )
+    assert rows == end - held or rows <= end - first
+    assert (
+        f"data loss in default/lossy/0: offsets 0..{held - 1}" in caplog.text
+        or "data loss in default/lossy/0: offsets 0.." in caplog.text
+    )
