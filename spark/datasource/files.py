@@ -5,8 +5,8 @@
 
 - ``entries`` (default): one row per log entry of every data segment of every node (``spark.segment``'s scan,
   read-only; a torn or corrupt tail ends a segment's rows, as the audit reports it);
-- ``messages``: the entries that are broker messages, with the queue position the message records and its
-  CommitLog offset;
+- ``messages``: the entries that are broker messages, with the queue position the message records, its CommitLog
+  offset and size (as a ConsumeQueue unit holds them);
 - ``queues``: one row per ConsumeQueue unit of every node (where each queue offset points in the CommitLog).
 
 One Spark partition per data segment (``queues``: per node). Nothing is opened for writing.
@@ -123,6 +123,9 @@ class FilesReader(DataSourceReader):  # type: ignore[misc]
             clo = pc.add(b.column("pos"), HEADER_SIZE)
             cols = b.select(
                 ["index", "term", "size", "topic", "queue_id", "queue_offset", "tags_code", "msg_id"]
+            )
+            cols = cols.set_column(
+                2, "size", pc.subtract(cols.column("size"), pa.scalar(HEADER_SIZE, pa.int32()))
             )
             yield _with_node(node, cols.add_column(2, "commitlog_offset", clo))
 

@@ -397,3 +397,25 @@ def test_stream_skips_lost_offsets_with_a_warning_when_told(ds, lossy, tmp_path,
         f"data loss in default/lossy/0: offsets 0..{held - 1}" in caplog.text
         or "data loss in default/lossy/0: offsets 0.." in caplog.text
     )
+
+
+def test_files_of_a_stopped_group_entries_messages_and_queues(ds, tmp_path):
+    from tests.spark import builder as b
+
+    b.build_group(tmp_path / "g", b.message_items(2, 5), commit=None)
+    read = ds.read.format("dledger-files")
+    entries = read.load(str(tmp_path / "g")).collect()
+    assert {r.node for r in entries} == {"n0", "n1", "n2"}
+    assert sorted(r["index"] for r in entries if r.node == "n1") == list(range(21))  # a no-op and 20 messages
+    msgs = read.option("kind", "messages").load(str(tmp_path / "g"))
+    units = read.option("kind", "queues").load(str(tmp_path / "g"))
+    cols = ["node", "topic", "queue_id", "queue_offset", "commitlog_offset", "size"]
+    assert msgs.count() == 60
+    assert sorted(msgs.select(*cols).collect()) == sorted(units.select(*cols).collect())
+    assert {r.msg_id for r in msgs.collect()} == {
+        f"{t}-{q}-{k}" for t in ("orders", "audit") for q in (0, 1) for k in range(5)
+    }
+    with pytest.raises(Exception, match="option path"):
+        read.load(str(tmp_path / "nothing")).collect()
+    with pytest.raises(Exception, match="option kind"):
+        read.option("kind", "rows").load(str(tmp_path / "g")).collect()
