@@ -28,7 +28,7 @@ from broker_adapter.core.formats import (
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
 )
-from broker_adapter.nameserver.client import NameServerClient
+from broker_adapter.nameserver.client import NameServerClient, NoRouteError
 from broker_adapter.pulled import PulledMessage
 from dledger.errors import DLedgerError
 from spark.datasource.options import Connect, OptionError
@@ -128,11 +128,10 @@ class Topology:
         for topic in self.topics:
             try:
                 routes = self._ns.route(topic)
+            except NoRouteError:
+                routes = []  # no group holds it (yet): groups() says so when it must
             except DLedgerError as e:
-                if "NOT_FOUND" in str(e) or "no route" in str(e).lower():
-                    routes = []
-                else:
-                    raise OptionError(f"option nameservers: cannot ask {cfg.where()}: {e}") from None
+                raise OptionError(f"option nameservers: cannot ask {cfg.where()}: {e}") from None
             for r in routes:
                 out[r.group] = _leader_first(r.leader_address, r.addresses)
         return out

@@ -40,7 +40,7 @@ from pyspark.sql.types import (
 )
 
 from broker_adapter.client import Producer
-from broker_adapter.nameserver.client import NameServerClient
+from broker_adapter.nameserver.client import NameServerClient, NoRouteError
 from broker_adapter.v1 import broker_pb2
 from dledger.errors import DLedgerError
 from spark.datasource.options import Connect, OptionError, WriteOptions
@@ -188,9 +188,9 @@ def plan_groups(connect: Connect, topic: str | None) -> dict[str, tuple[str, ...
     with NameServerClient(connect.nameservers, timeout_s=connect.timeout_s, security=connect.security) as ns:
         try:
             routes = ns.route(topic or "")
+        except NoRouteError:
+            raise OptionError(f"option topic: no group of {connect.where()} holds {topic!r}") from None
         except DLedgerError as e:
-            if topic is not None and "route" in str(e).lower():
-                raise OptionError(f"option topic: no group of {connect.where()} holds {topic!r}") from None
             raise OptionError(f"option nameservers: cannot ask {connect.where()}: {e}") from None
     return {r.group: tuple(r.addresses) for r in routes}
 

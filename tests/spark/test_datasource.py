@@ -419,3 +419,36 @@ def test_files_of_a_stopped_group_entries_messages_and_queues(ds, tmp_path):
         read.load(str(tmp_path / "nothing")).collect()
     with pytest.raises(Exception, match="option kind"):
         read.option("kind", "rows").load(str(tmp_path / "g")).collect()
+
+
+@pytest.mark.slow
+def test_a_cluster_through_its_name_servers_read_and_write(ds, tmp_path):
+    """``nameservers``: the sink spreads rows over both groups' queues, the read finds both groups."""
+    from broker_adapter.cluster import local
+
+    c = local.up(tmp_path / "cluster", groups=2, nodes=3, nameservers=1)
+    try:
+        for name in c.groups:
+            with BrokerConnection(c.group(name).addresses) as b:
+                b.create_topic("ct", 2)
+        ns = ",".join(c.nameserver_addresses)
+
+        def routed() -> bool:
+            from broker_adapter.nameserver.client import NameServerClient, NoRouteError
+
+            with NameServerClient(c.nameserver_addresses) as n:
+                try:
+                    return len(n.route("ct")) == 2
+                except NoRouteError:
+                    return False
+
+        _wait(routed, 30, "both groups routing ct")
+        rows = ds.createDataFrame([(f"x{i}".encode(),) for i in range(100)], "body binary")
+        rows.write.format("dledger").option("nameservers", ns).option("topic", "ct").mode("append").save()
+        got = ds.read.format("dledger").option("nameservers", ns).option("topic", "ct").load()
+        assert got.rdd.getNumPartitions() == 4
+        per_group = {r["group"]: r["count"] for r in got.groupBy("group").count().collect()}
+        assert set(per_group) == set(c.groups) and sum(per_group.values()) == 100
+        assert sorted(bytes(r.body) for r in got.collect()) == sorted(f"x{i}".encode() for i in range(100))
+    finally:
+        local.down(c)
