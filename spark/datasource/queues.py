@@ -30,7 +30,7 @@ from broker_adapter.core.formats import (
 )
 from broker_adapter.nameserver.client import NameServerClient, NoRouteError
 from broker_adapter.pulled import PulledMessage
-from dledger.errors import DLedgerError
+from dledger.errors import DLedgerError, PermissionDeniedError
 from spark.datasource.options import Connect, OptionError
 
 log = logging.getLogger("spark.datasource")
@@ -145,6 +145,8 @@ class Topology:
             try:
                 infos = {t.topic: t for t in self.client(group, addresses).list_topics()}
             except DLedgerError as e:
+                if strict and (isinstance(e, PermissionDeniedError) or "UNAUTHENTICATED" in str(e)):
+                    raise OptionError(f"option accessKey: group {group!r} refused the client: {e}") from None
                 if strict:
                     option = "nameservers" if self.connect.nameservers else "addresses"
                     raise OptionError(

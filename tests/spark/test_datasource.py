@@ -9,6 +9,7 @@ import json
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -452,3 +453,37 @@ def test_a_cluster_through_its_name_servers_read_and_write(ds, tmp_path):
         assert sorted(bytes(r.body) for r in got.collect()) == sorted(f"x{i}".encode() for i in range(100))
     finally:
         local.down(c)
+
+
+@pytest.mark.slow
+def test_a_secure_group_with_the_client_security_options(ds, tmp_path_factory):
+    from dledger.security.config import ClientSecurity
+
+    g, _ = grp.up(tmp_path_factory.mktemp("secure"), 3, None, state_machine="broker", secure=True)
+    try:
+        admin = ClientSecurity.from_file(Path(g.security))
+        with BrokerConnection(g.addresses, security=admin) as c:
+            c.create_topic("sec", 2)
+        opts = {
+            "addresses": ",".join(g.addresses),
+            "topic": "sec",
+            "caFile": str(admin.ca_file),
+            "accessKey": admin.access_key,
+            "secretKey": admin.secret_key,
+        }
+        rows = ds.createDataFrame([(f"s{i}".encode(),) for i in range(20)], "body binary")
+        rows.write.format("dledger").options(**opts).mode("append").save()
+        got = ds.read.format("dledger").options(**opts).load().collect()
+        assert sorted(bytes(r.body) for r in got) == sorted(f"s{i}".encode() for i in range(20))
+        got = (
+            ds.read.format("dledger")
+            .option("securityFile", g.security)
+            .option("topic", "sec")
+            .option("addresses", ",".join(g.addresses))
+        )
+        assert got.load().count() == 20
+        bad = ds.read.format("dledger").options(**{**opts, "secretKey": "wrong", "retryMs": "500"})
+        with pytest.raises(Exception, match="option accessKey"):
+            bad.load().collect()
+    finally:
+        grp.stop_group(g)
