@@ -423,35 +423,66 @@ def test_files_of_a_stopped_group_entries_messages_and_queues(ds, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(420)
 def test_a_cluster_through_its_name_servers_read_and_write(ds, tmp_path):
-    """``nameservers``: the sink spreads rows over both groups' queues, the read finds both groups."""
+    """``nameservers``: a stream started while one group holds the topic picks up the second group when it
+    creates the topic; the sink spreads rows over both groups' queues; the batch read finds both groups."""
     from broker_adapter.cluster import local
+    from broker_adapter.nameserver.client import NameServerClient, NoRouteError
 
     c = local.up(tmp_path / "cluster", groups=2, nodes=3, nameservers=1)
+    q = None
     try:
-        for name in c.groups:
-            with BrokerConnection(c.group(name).addresses) as b:
-                b.create_topic("ct", 2)
         ns = ",".join(c.nameserver_addresses)
 
-        def routed() -> bool:
-            from broker_adapter.nameserver.client import NameServerClient, NoRouteError
-
-            with NameServerClient(c.nameserver_addresses) as n:
+        def routed(n: int) -> bool:
+            with NameServerClient(c.nameserver_addresses) as client:
                 try:
-                    return len(n.route("ct")) == 2
+                    return len(client.route("ct")) == n
                 except NoRouteError:
                     return False
 
-        _wait(routed, 30, "both groups routing ct")
+        first, second = c.groups
+        with BrokerConnection(c.group(first).addresses) as b:
+            b.create_topic("ct", 2)
+        _wait(lambda: routed(1), 30, "the first group routing ct")
+        out = tmp_path / "out"
+        q = (
+            ds.readStream.format("dledger")
+            .option("nameservers", ns)
+            .option("topic", "ct")
+            .option("startingOffsets", "earliest")
+            .load()
+            .select("group", "msg_id")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(processingTime="500 milliseconds")
+            .start()
+        )
+        with BrokerConnection(c.group(second).addresses) as b:
+            b.create_topic("ct", 2)
+        _wait(lambda: routed(2), 30, "both groups routing ct")
         rows = ds.createDataFrame([(f"x{i}".encode(),) for i in range(100)], "body binary")
         rows.write.format("dledger").option("nameservers", ns).option("topic", "ct").mode("append").save()
         got = ds.read.format("dledger").option("nameservers", ns).option("topic", "ct").load()
         assert got.rdd.getNumPartitions() == 4
         per_group = {r["group"]: r["count"] for r in got.groupBy("group").count().collect()}
-        assert set(per_group) == set(c.groups) and sum(per_group.values()) == 100
+        assert set(per_group) == {first, second} and sum(per_group.values()) == 100
         assert sorted(bytes(r.body) for r in got.collect()) == sorted(f"x{i}".encode() for i in range(100))
+
+        def streamed() -> int:
+            if not (out / "_spark_metadata").exists():
+                return 0
+            return ds.read.schema("group string, msg_id string").parquet(str(out)).count()
+
+        _wait(lambda: streamed() >= 100, 120, "the stream reading both groups")
+        copied = ds.read.schema("group string, msg_id string").parquet(str(out)).collect()
+        assert sorted(r.msg_id for r in copied) == sorted(r.msg_id for r in got.collect())
+        assert {r["group"] for r in copied} == {first, second}
     finally:
+        if q is not None:
+            q.stop()
         local.down(c)
 
 
