@@ -185,7 +185,7 @@ def connect(opts: Mapping[str, str]) -> Connect:
     )
 
 
-def _offsets_json(name: str, raw: str, latest_ok: bool) -> dict[str, dict[str, int]]:
+def _offsets_json(name: str, raw: str) -> dict[str, dict[str, int]]:
     try:
         doc = json.loads(raw)
     except ValueError as e:
@@ -207,13 +207,11 @@ def _offsets_json(name: str, raw: str, latest_ok: bool) -> dict[str, dict[str, i
                 raise OptionError(
                     f"option {name}: offset of {topic}/{key} must be -2, -1 or >= 0, not {value!r}"
                 )
-            if value == LATEST and not latest_ok:
-                raise OptionError(f"option {name}: latest (-1) is no starting offset of a stream")
             out[topic][str(key)] = value
     return out
 
 
-def _bound(opts: Mapping[str, str], name: str, ts_name: str, default: str, latest_ok: bool = True) -> Bound:
+def _bound(opts: Mapping[str, str], name: str, ts_name: str, default: str) -> Bound:
     if name in opts and ts_name in opts:
         raise OptionError(f"option {ts_name}: give {name} or {ts_name}, not both")
     if ts_name in opts:
@@ -221,7 +219,7 @@ def _bound(opts: Mapping[str, str], name: str, ts_name: str, default: str, lates
     raw = opts.get(name, default).strip()
     if raw.lower() in ("earliest", "latest"):
         return Bound(raw.lower(), option=name)
-    return Bound("offsets", offsets=_offsets_json(name, raw, latest_ok), option=name)
+    return Bound("offsets", offsets=_offsets_json(name, raw), option=name)
 
 
 def _topics(opts: Mapping[str, str], required: bool) -> tuple[str, ...]:
