@@ -109,6 +109,10 @@ bench-delivery: $(STAMP)
 bench-audit: $(STAMP) check-java
 	$(BIN)/python -m bench.audit
 
+.PHONY: bench-spark
+bench-spark: $(STAMP) check-java
+	$(BIN)/python -m bench.spark_source
+
 # Side by side with etcd (apt-get installs Debian's etcd-server when it can) and PySyncObj: a few minutes.
 # make bench-compare COMPARE_ARGS=--quick
 .PHONY: bench-compare

@@ -20,12 +20,15 @@ from pyspark.sql import SparkSession
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 SHIPPED_PACKAGES: Final = ("spark", "storage", "broker_adapter")
+# The dledger source and sink (spark.datasource) talk to the groups through the broker's clients, which use the
+# log library's routing, transport and security: their workers need grpcio and protobuf installed too.
+DATASOURCE_PACKAGES: Final = (*SHIPPED_PACKAGES, "dledger", "statemachine")
 
 
-def code_zip() -> str:
+def code_zip(packages: tuple[str, ...] = SHIPPED_PACKAGES) -> str:
     """A zip of the packages the workers import, named by its content hash (so adding it twice is harmless)."""
     files = []
-    for pkg in SHIPPED_PACKAGES:
+    for pkg in packages:
         for path in sorted((ROOT / pkg).rglob("*.py")):
             files.append((path.relative_to(ROOT).as_posix(), path.read_bytes()))
     digest = hashlib.sha256()

@@ -2,6 +2,7 @@
 
     storage  <-  statemachine  <-  dledger  <-  broker_adapter
     spark reads storage and broker_adapter.core.formats only
+    spark.datasource also uses the broker's clients (not its core)
 
 Every module of ours is parsed with ``ast`` (nothing is imported): ``import`` and ``from ... import`` anywhere
 (inside functions and ``TYPE_CHECKING`` blocks too, relative ones resolved), ``importlib.import_module("...")`` /
@@ -41,6 +42,18 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "broker_adapter.settings",
     ),
     "spark": ("storage", "spark", "broker_adapter.core.formats"),
+    # the source and sink (issue 29) talk to running groups: through the broker's clients, never its core
+    "spark.datasource": (
+        "storage",
+        "spark",
+        "broker_adapter.core.formats",
+        "broker_adapter.client",
+        "broker_adapter.pulled",
+        "broker_adapter.nameserver.client",
+        "broker_adapter.v1",
+        "dledger.errors",
+        "dledger.security.config",
+    ),
 }
 STDLIB_ONLY = ("broker_adapter.core.formats",)  # read by Spark's executors, which need nothing else installed
 
@@ -186,6 +199,12 @@ def test_relative_imports_and_the_most_specific_rule() -> None:
     assert not violations("spark.x", "from broker_adapter.core.formats import UNIT_SIZE\n", "spark/x.py")
     assert not violations("spark.x", "from broker_adapter.core import formats\n", "spark/x.py")
     bad = violations("spark.x", "from broker_adapter.core import message\n", "spark/x.py")
+    assert [v.imported for v in bad] == ["broker_adapter.core.message"]
+    # the audit may not use the broker's clients; the source and sink may, and still not the broker's core
+    bad = violations("spark.audit", "from broker_adapter.client import Consumer\n", "spark/audit.py")
+    assert [v.imported for v in bad] == ["broker_adapter.client.Consumer"]
+    src = "from broker_adapter.client import Consumer\nfrom broker_adapter.core import message\n"
+    bad = violations("spark.datasource.source", src, "spark/datasource/source.py")
     assert [v.imported for v in bad] == ["broker_adapter.core.message"]
     # the core is stricter than the rest of dledger; a relative import is resolved first
     bad = violations(

@@ -150,3 +150,55 @@ def test_the_audit_runs_on_a_standalone_cluster_and_finds_corruption(standalone,
     failed = [c for c in doc["checks"] if c["violations"]]
     assert failed, doc
     assert "n2" in json.dumps(failed) and "7" in json.dumps(failed)
+
+
+SOURCE_SCRIPT = """
+import sys
+from spark.datasource import register
+from spark.session import build_session
+
+master, servers = sys.argv[1], sys.argv[2]
+spark = build_session(master, app_name="dledger-source-standalone")
+register(spark)
+df = spark.read.format("dledger").option("addresses", servers).option("topic", "sa").load()
+df.selectExpr("body", "keys").write.format("dledger").option("addresses", servers).option(
+    "topic", "sa-copy"
+).mode("append").save()
+print("COUNT", df.count(), df.rdd.getNumPartitions())
+spark.stop()
+"""
+
+
+@pytest.mark.slow
+def test_the_dledger_source_and_sink_run_on_a_standalone_cluster(standalone, tmp_path):
+    """The executors import the source from the zip ``register`` ships (their working directory is the worker's,
+    not this tree): a batch read of a live group's topic and a write of it to another topic."""
+    from broker_adapter.client import BrokerConnection, Consumer, Producer
+    from dledger import group as grp
+    from spark.session import ROOT
+
+    master_url, env = standalone
+    g, _ = grp.up(tmp_path / "g", 3, None, state_machine="broker")
+    try:
+        with BrokerConnection(g.addresses) as c:
+            c.create_topic("sa", 2)
+            c.create_topic("sa-copy", 2)
+        with Producer(g.addresses) as p:
+            p.send_batch("sa", [(f"m{i}".encode(), None, [f"k{i}"]) for i in range(50)])
+        script = tmp_path / "job.py"
+        script.write_text(SOURCE_SCRIPT)
+        r = subprocess.run(
+            [sys.executable, str(script), master_url, ",".join(g.addresses)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+            env={**env, "PYTHONPATH": str(ROOT)},
+        )
+        assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+        assert "COUNT 50 2" in r.stdout
+        with Consumer(g.addresses, "check") as c:
+            copied = list(c.messages("sa-copy", idle_s=1.0))
+        assert sorted(m.body for m in copied) == sorted(f"m{i}".encode() for i in range(50))
+    finally:
+        grp.stop_group(g)
