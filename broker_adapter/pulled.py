@@ -16,6 +16,7 @@ from operator import itemgetter
 from typing import Any, Final
 
 from broker_adapter.core import message
+from broker_adapter.core.formats import property_bytes
 from dledger.errors import DLedgerError
 
 # TOTALSIZE, MAGICCODE, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, BORNTIMESTAMP, STORETIMESTAMP, then BODYLEN at 84
@@ -154,15 +155,9 @@ def _rebuilt(items: tuple) -> PulledMessage:
 
 def _value(raw: bytes, key: bytes) -> str | None:
     """The value of the property named by ``key`` (``name\\x01``) in stored properties, the others undecoded."""
-    at = raw.find(key)
-    while at > 0 and raw[at - 1] != 2:  # inside another property's value: look further
-        at = raw.find(key, at + 1)
-    if at < 0:
-        return None
-    start = at + len(key)
-    end = raw.find(b"\x02", start)
+    value = property_bytes(raw, key)
     try:
-        return raw[start : end if end >= 0 else len(raw)].decode()
+        return value.decode() if value is not None else None
     except UnicodeDecodeError as e:
         raise DLedgerError(f"a pulled message's properties are malformed: {e}") from None
 

@@ -284,8 +284,8 @@ def peek_route(buf: Buffer) -> Route:
         return Route(topic, queue_id, queue_offset, physical_offset, n, None)
     # One copy of the properties section, searched for the three the dispatcher needs.
     raw = bytes(buf[props_at:n])
-    tags = _property(raw, _TAGS_KEY)
-    origin = _property(raw, _ORIGIN_KEY)
+    tags = property_bytes(raw, _TAGS_KEY)
+    origin = property_bytes(raw, _ORIGIN_KEY)
     return Route(
         topic,
         queue_id,
@@ -363,7 +363,7 @@ def peek_store_timestamp(buf: Buffer) -> int:
 
 def peek_property(buf: Buffer, name: str) -> str | None:
     """One property of an encoded message, read without decoding the others (None when absent)."""
-    v = _property(_properties_view(buf), (name + NAME_VALUE_SEPARATOR).encode())
+    v = property_bytes(_properties_view(buf), (name + NAME_VALUE_SEPARATOR).encode())
     return None if v is None else v.decode()
 
 
@@ -394,7 +394,7 @@ _ORIGIN_KEY: Final = (PROPERTY_ORIGIN + NAME_VALUE_SEPARATOR).encode()
 _SEQUENCE_KEY: Final = (PROPERTY_SEQUENCE + NAME_VALUE_SEPARATOR).encode()
 
 
-def _property(raw: bytes, key: bytes) -> bytes | None:
+def property_bytes(raw: bytes, key: bytes) -> bytes | None:
     """The value of the property whose ``name\x01`` is ``key``, found without decoding the others."""
     at = raw.find(key)
     while at > 0 and raw[at - 1] != 2:  # inside another property's value: look further
@@ -407,10 +407,10 @@ def _property(raw: bytes, key: bytes) -> bytes | None:
 
 
 def _producer(raw: bytes) -> tuple[str, int] | None:
-    pid = _property(raw, _PRODUCER_KEY)
+    pid = property_bytes(raw, _PRODUCER_KEY)
     if not pid:
         return None
-    seq = _property(raw, _SEQUENCE_KEY)
+    seq = property_bytes(raw, _SEQUENCE_KEY)
     if seq is None or not seq.isdigit():
         return None
     return pid.decode(), int(seq)

@@ -91,3 +91,19 @@ def refused_start(config: str) -> str:
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stderr, r.stderr
     return r.stderr
+
+
+def assert_audit_passes(data_dirs: list[str]) -> None:
+    """The Spark audit of the nodes' files (integrity, cross-node agreement; docs/audit.md) passes."""
+    audit = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from spark.audit import main; sys.exit(main(sys.argv[1:]))",
+            *data_dirs,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert audit.returncode == 0 and "audit PASS" in audit.stdout, audit.stdout[-3000:] + audit.stderr[-3000:]

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from dledger import group as grp
 from dledger.cli import app
 from dledger.errors import DLedgerError, OutcomeUnknownError
 from dledger.kv.client import AsyncKVClient
-from tests.integration.conftest import wait
+from tests.integration.conftest import assert_audit_passes, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -107,16 +105,7 @@ def test_an_online_backup_restores_into_a_new_group_with_everything_acknowledged
         assert got == before, "every put acknowledged up to the backup's index is there, with its value"
         assert set(later.values()) == {None}, "nothing after the backup's index"
         grp.stop_group(restored)
-        audit = subprocess.run(
-            [sys.executable, "-c", "import sys; from spark.audit import main; sys.exit(main(sys.argv[1:]))"]
-            + [n.data_dir for n in restored.nodes],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert audit.returncode == 0 and "audit PASS" in audit.stdout, (
-            audit.stdout[-3000:] + audit.stderr[-3000:]
-        )
+        assert_audit_passes([n.data_dir for n in restored.nodes])
     finally:
         if restored is not None:
             grp.stop_group(restored)

@@ -18,7 +18,7 @@ from dledger import group as grp
 from dledger import group_members as members
 from dledger.client import AsyncDLedgerClient, DLedgerClient
 from dledger.errors import DLedgerError, InvalidRequestError, NotFoundError, OutcomeUnknownError
-from tests.integration.conftest import read_log, wait
+from tests.integration.conftest import assert_audit_passes, read_log, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -164,14 +164,7 @@ def _grow_and_shrink(g: grp.GroupSpec, d: Path) -> None:
     )
     check_nothing_lost(final, p.acked)
     # The Spark audit over the final members' files: integrity and cross-node agreement (docs/audit.md).
-    audit = subprocess.run(
-        [sys.executable, "-c", "import sys; from spark.audit import main; sys.exit(main(sys.argv[1:]))"]
-        + [n.data_dir for n in final.nodes],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert audit.returncode == 0 and "audit PASS" in audit.stdout, audit.stdout[-3000:] + audit.stderr[-3000:]
+    assert_audit_passes([n.data_dir for n in final.nodes])
 
 
 def test_bad_membership_changes_are_refused_with_actionable_errors(make_group):

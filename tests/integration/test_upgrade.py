@@ -5,13 +5,13 @@ by this code while a producer writes; nothing acknowledged is lost and the Spark
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dledger import group as grp
 from dledger.client import DLedgerClient
+from tests.integration.conftest import assert_audit_passes
 from tests.integration.test_membership import Producer, check_nothing_lost
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -64,11 +64,4 @@ def test_a_group_of_the_previous_release_upgrades_one_node_at_a_time_under_load(
         print(f"\nupgraded 3 nodes under load: {len(p.acked)} acknowledged, {p.unknown} outcome unknown")
     finally:
         grp.stop_group(g)
-    audit = subprocess.run(
-        [sys.executable, "-c", "import sys; from spark.audit import main; sys.exit(main(sys.argv[1:]))"]
-        + [n.data_dir for n in g.nodes],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert audit.returncode == 0 and "audit PASS" in audit.stdout, audit.stdout[-3000:] + audit.stderr[-3000:]
+    assert_audit_passes([n.data_dir for n in g.nodes])
