@@ -1,0 +1,111 @@
+"""The key and message-id index: which CommitLog positions hold a message with a given key or message id, so a
+query by key or id reads a few messages instead of scanning the log (RocketMQ's IndexFile; docs/formats.md
+section 9).
+
+An SQLite database beside the ConsumeQueues (``<data_dir>/index/keys.sqlite``), written by the dispatcher on
+every node: one row per (hash of ``kind:value``, position) in a table clustered on that pair, so a lookup is
+one B-tree range. The dispatcher adds a message's rows as it dispatches it and commits them with the chunk
+(one transaction per apply chunk; WAL, ``synchronous=NORMAL``: a crash keeps a prefix of the chunks). The
+database records the last position it indexed (``meta.last_pos``): positions grow with the log, so a message
+at or below it is never indexed twice, and at start the node indexes the log's messages past it (a missing or
+deleted database is rebuilt from what the log holds). It is derived data, like the ConsumeQueues: a snapshot
+does not hold it.
+
+Hashes collide (64 bits) and rows outlive what they point at (a message deleted by retention, a message of a
+deleted topic): a query reads each candidate message and keeps those whose key or id matches and that their
+ConsumeQueue still points at (``core/admin.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Final
+
+KEY: Final = "k"
+MSG_ID: Final = "i"
+FILE_NAME: Final = "keys.sqlite"
+
+_SCHEMA: Final = (
+    "CREATE TABLE IF NOT EXISTS entries (h INTEGER NOT NULL, pos INTEGER NOT NULL, PRIMARY KEY (h, pos))"
+    " WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL)",
+)
+
+
+def key_hash(kind: str, value: str) -> int:
+    """The row's key: the first 8 bytes of BLAKE2b over ``kind:value`` (UTF-8), as a signed 64-bit integer."""
+    return int.from_bytes(
+        hashlib.blake2b(f"{kind}:{value}".encode(), digest_size=8).digest(), "big", signed=True
+    )
+
+
+class KeyIndex:
+    def __init__(self, directory: str | Path, cache_kib: int = 8192):
+        self.path = Path(directory) / FILE_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(f"PRAGMA cache_size=-{int(cache_kib)}")
+        for statement in _SCHEMA:
+            self._db.execute(statement)
+        row = self._db.execute("SELECT v FROM meta WHERE k = 'last_pos'").fetchone()
+        self.last_pos: int = int(row[0]) if row else -1  # committed
+        self._pending_pos = self.last_pos
+        self._rows: list[tuple[int, int]] = []
+        self.added = 0  # rows committed since start
+
+    def add(self, pos: int, msg_id: str | None, keys: Iterable[str]) -> None:
+        """Index the message at CommitLog position ``pos`` (ignored at or below the last one indexed)."""
+        if pos <= self._pending_pos:
+            return
+        self._pending_pos = pos
+        rows = self._rows
+        if msg_id:
+            rows.append((key_hash(MSG_ID, msg_id), pos))
+        for k in keys:
+            if k:
+                rows.append((key_hash(KEY, k), pos))
+
+    def commit(self) -> None:
+        """Write what ``add`` gathered and the last position, as one transaction."""
+        if self._pending_pos == self.last_pos:
+            return
+        rows, self._rows = self._rows, []
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            db.executemany("INSERT OR IGNORE INTO entries (h, pos) VALUES (?, ?)", rows)
+            db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('last_pos', ?)", (self._pending_pos,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            self._pending_pos = self.last_pos
+            raise
+        self.last_pos = self._pending_pos
+        self.added += len(rows)
+
+    def lookup(self, kind: str, value: str, limit: int) -> list[int]:
+        """Positions of messages that may carry ``value`` as a key (``KEY``) or message id (``MSG_ID``),
+        newest first, at most ``limit``."""
+        self.commit()
+        cur = self._db.execute(
+            "SELECT pos FROM entries WHERE h = ? ORDER BY pos DESC LIMIT ?", (key_hash(kind, value), limit)
+        )
+        return [int(r[0]) for r in cur]
+
+    def prune_below(self, pos: int) -> int:
+        """Forget rows of messages before ``pos`` (the log no longer holds them); returns how many went."""
+        self.commit()
+        cur = self._db.execute("DELETE FROM entries WHERE pos < ?", (pos,))
+        return int(cur.rowcount)
+
+    def rows(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM entries").fetchone()[0])
+
+    def close(self) -> None:
+        self.commit()
+        self._db.close()
