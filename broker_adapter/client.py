@@ -147,6 +147,10 @@ class _Calls:
 class BrokerConnection(_Calls):
     """Channels to the group's nodes and the retry rules every broker call shares; thread-safe."""
 
+    writes: frozenset[str] = (
+        _WRITES  # calls that change state (an unknown outcome is retried only if allowed)
+    )
+
     def __init__(self, servers: Sequence[str], **kw):
         super().__init__(servers, **kw)
         self._channels = Channels(self._credentials)
@@ -157,7 +161,7 @@ class BrokerConnection(_Calls):
     def call(self, method: str, request, *, retry_unknown: bool, address: str | None = None):
         """Call ``method`` on the leader (or only on ``address``), following redirects; ``retry_unknown`` says
         whether a write whose outcome is unknown may be sent again (true for idempotent requests)."""
-        write = method in _WRITES
+        write = method in self.writes
         attempts = self._attempts(method, retry_unknown, address)
         invoke = self._invoke(method, request)
         return self._channels.call(
@@ -413,7 +417,7 @@ class AsyncBrokerConnection(_Calls):
 
     async def call(self, method: str, request, *, retry_unknown: bool, address: str | None = None):
         """As ``BrokerConnection.call``."""
-        write = method in _WRITES
+        write = method in self.writes
         attempts = self._attempts(method, retry_unknown, address)
         invoke = self._invoke(method, request)
         return await self._channels.call(
