@@ -104,7 +104,7 @@ def bench_group(directory: Path, n: int, queries: int) -> None:
                 assert m.msg_id == ids[i]
         print(f"group: query by key among {n:,} messages (gRPC round trip included): {_ms(by_key)}")
         print(f"group: query by message id among {n:,}: {_ms(by_id)}")
-        sizes = [sum(f.stat().st_size for f in (Path(x.data_dir) / "index").iterdir()) for x in g.nodes]
+        sizes = [sum(f.stat().st_size for f in (Path(x.data_dir) / "keyindex").iterdir()) for x in g.nodes]
         print(f"group: index per node {', '.join(f'{s / 1e6:.0f} MB' for s in sizes)}")
     finally:
         grp.stop_group(g)

@@ -50,7 +50,7 @@ class BrokerPlugin:
         self.state_machine = BrokerStateMachine(
             config.data_dir / "consumequeue",
             on_dispatch=self._dispatched,
-            index_dir=config.data_dir / "index",
+            index_dir=config.data_dir / "keyindex",
         )
         self._node: NodeHandle | None = None
         self.state_machine.on_config = self._config_changed

@@ -2,7 +2,7 @@
 query by key or id reads a few messages instead of scanning the log (RocketMQ's IndexFile; docs/formats.md
 section 9).
 
-An SQLite database beside the ConsumeQueues (``<data_dir>/index/keys.sqlite``), written by the dispatcher on
+An SQLite database beside the ConsumeQueues (``<node dir>/keyindex/keys.sqlite``), written by the dispatcher on
 every node: one row per (hash of ``kind:value``, position) in a table clustered on that pair, so a lookup is
 one B-tree range. The dispatcher adds a message's rows as it dispatches it and commits them with the chunk
 (one transaction per apply chunk, written by a thread of its own; WAL, ``synchronous=OFF``: never synced,

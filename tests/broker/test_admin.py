@@ -272,7 +272,7 @@ def test_query_by_key_id_and_time_and_rebuilt_index(g):
     leader = grp.wait_for_leader(g)
     node = next(n for n in g.nodes if n.id != leader.id)
     grp.stop_node(node)
-    shutil.rmtree(Path(node.data_dir) / "index")
+    shutil.rmtree(Path(node.data_dir) / "keyindex")
     grp.start_node(node)
     grp.wait_for_all(g, 30)
     with BrokerAdmin(g.addresses) as a:
