@@ -40,7 +40,7 @@ def _ms(samples: list[float]) -> str:
 
 def bench_index(directory: Path, n: int, queries: int) -> None:
     idx = KeyIndex(directory)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     pos = 0
     for start in range(0, n, CHUNK):
         for i in range(start, min(n, start + CHUNK)):
@@ -48,10 +48,11 @@ def bench_index(directory: Path, n: int, queries: int) -> None:
             idx.add(pos, f"7F00000100002A9F0000{i:012X}", [f"order-{i}"])
         idx.commit()
     idx.wait()
-    took = time.perf_counter() - t0
+    took, cpu = time.perf_counter() - t0, time.process_time() - c0
     size = sum(p.stat().st_size for p in directory.iterdir())
     print(
-        f"index: {n:,} messages ({2 * n:,} rows) in {took:.1f} s: {n / took:,.0f} messages/s, {size / 1e6:.0f} MB"
+        f"index: {n:,} messages ({2 * n:,} rows) in {took:.1f} s: {n / took:,.0f} messages/s, "
+        f"CPU {cpu / n * 1e6:.1f} us a message (both threads), {size / 1e6:.0f} MB"
     )
     rng = random.Random(7)
     lat = []
@@ -65,11 +66,11 @@ def bench_index(directory: Path, n: int, queries: int) -> None:
     idx.close()
 
 
-def bench_group(directory: Path, n: int, queries: int) -> None:
+def bench_group(directory: Path, n: int, queries: int, key_index: bool = True) -> None:
     g = grp.create(directory, 3, None, state_machine="broker")
     for node in g.nodes:
         with open(node.config, "a") as f:
-            f.write("\n[snapshot]\nentries = 100000000\n")
+            f.write(f"\n[snapshot]\nentries = 100000000\n\n[broker]\nkey_index = {str(key_index).lower()}\n")
     for node in g.nodes:
         grp.start_node(node)
     try:
@@ -87,7 +88,11 @@ def bench_group(directory: Path, n: int, queries: int) -> None:
                 )
                 ids += [r.msg_id for r in sent]
         took = time.perf_counter() - t0
-        print(f"group: {n:,} keyed messages sent in {took:.1f} s ({n / took:,.0f} msg/s)")
+        print(
+            f"group: {n:,} keyed messages sent in {took:.1f} s ({n / took:,.0f} msg/s), key_index={key_index}"
+        )
+        if not key_index:
+            return
         rng = random.Random(7)
         with BrokerAdmin(g.addresses) as a:
             a.query_by_key("order-0")  # connect, pass the read barrier
@@ -116,6 +121,7 @@ def main() -> None:
     ap.add_argument("--group-messages", type=int, default=200_000)
     ap.add_argument("--queries", type=int, default=500)
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--compare", action="store_true", help="first the same group without the index")
     args = ap.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-keyindex-"))
     os.makedirs(root, exist_ok=True)
@@ -123,6 +129,8 @@ def main() -> None:
         if args.index_messages:
             (root / "index").mkdir(exist_ok=True)
             bench_index(root / "index", args.index_messages, args.queries)
+        if args.group_messages and args.compare:
+            bench_group(root / "plain", args.group_messages, args.queries, key_index=False)
         if args.group_messages:
             bench_group(root / "group", args.group_messages, args.queries)
     finally:

@@ -120,9 +120,9 @@ def topic_status(
 
 def topic_route(
     topic: TopicOpt,
+    nameservers: NameServersOpt = None,
     dir: DirOpt = None,
     addresses: AddressesOpt = None,
-    nameservers: NameServersOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Where the topic lives: each group's leader, nodes and queues (the name servers' route with

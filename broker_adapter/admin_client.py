@@ -2,7 +2,7 @@
 Administration), for the CLI and the web console. Blocking and thread-safe; it shares the broker clients' core
 (``BrokerConnection``: one channel per node, leader redirects and retries, ``dledger/connections.py``).
 
-Answers are plain dataclasses. Every change (delete, reset, settings) goes through the group's log; errors are
+Answers are plain dataclasses (those of ``broker_adapter.core.model`` and ``FoundMessage``). Every change (delete, reset, settings) goes through the group's log; errors are
 ``dledger.errors`` classes with the server's message (``NotFoundError`` for unknown topics, queues and groups,
 ``InvalidRequestError`` for bad input). Reads go to the leader unless ``allow_follower``.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from broker_adapter.client import BrokerConnection, Producer, _pull_request
 from broker_adapter.core import message, topics
-from broker_adapter.core.model import SendResult
+from broker_adapter.core.model import GroupQueue, GroupSummary, OffsetReset, QueueStatus, SendResult
 from broker_adapter.pulled import PulledMessage
 from broker_adapter.pulled import decode as decode_pulled
 from broker_adapter.v1 import admin_pb2, admin_pb2_grpc, broker_pb2
@@ -37,39 +37,6 @@ _NOT_RESENT = message.ROCKETMQ_RESERVED_PROPERTIES | {
     message.PROPERTY_KEYS,
     message.PROPERTY_UNIQ_KEY,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStatus:
-    queue_id: int
-    min_offset: int
-    max_offset: int
-    last_store_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSummary:
-    group: str
-    topics: tuple[str, ...]
-    lag: int
-    has_settings: bool
-
-
-@dataclass(frozen=True, slots=True)
-class GroupQueue:
-    topic: str
-    queue_id: int
-    committed: int | None
-    max_offset: int
-    lag: int
-    in_flight: int
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetReset:
-    queue_id: int
-    old: int | None
-    new: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,32 +65,19 @@ class FoundMessage:
 
 
 def found(m: broker_pb2.StoredMessage | PulledMessage) -> FoundMessage:
-    if isinstance(m, PulledMessage):
-        return FoundMessage(
-            m.topic,
-            m.queue_id,
-            m.queue_offset,
-            m.commitlog_offset,
-            m.msg_id,
-            m.tags or "",
-            tuple(m.keys),
-            dict(m.properties),
-            m.born_timestamp,
-            m.store_timestamp,
-            bytes(m.body),
-        )
+    """A message as a query (``StoredMessage``) or a pull (``PulledMessage``) gives it: the same fields."""
     return FoundMessage(
         m.topic,
         m.queue_id,
         m.queue_offset,
         m.commitlog_offset,
         m.msg_id,
-        m.tags,
+        m.tags or "",
         tuple(m.keys),
         dict(m.properties),
         m.born_timestamp,
         m.store_timestamp,
-        m.body,
+        bytes(m.body),
     )
 
 
@@ -156,7 +110,10 @@ class BrokerAdmin(BrokerConnection):
             admin_pb2.TopicStatusRequest(topic=topic, allow_follower=allow_follower),
             retry_unknown=True,
         )
-        return [QueueStatus(q.queue_id, q.min_offset, q.max_offset, q.last_store_timestamp) for q in r.queues]
+        return [
+            QueueStatus(topic, q.queue_id, q.min_offset, q.max_offset, q.last_store_timestamp)
+            for q in r.queues
+        ]
 
     def delete_topic(self, topic: str) -> int:
         """Delete the topic (docs/broker.md, Administration); returns how many queues it had."""
@@ -201,7 +158,6 @@ class BrokerAdmin(BrokerConnection):
                 q.queue_id,
                 q.committed_offset if q.has_committed else None,
                 q.max_offset,
-                q.lag,
                 q.in_flight,
             )
             for q in r.queues

@@ -4,8 +4,10 @@ Administration)."""
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -28,19 +30,28 @@ def _config(shown: dict) -> admin_pb2.ConfigResponse:
     )
 
 
+def _answering(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """An RPC whose ``DLedgerError`` becomes the gRPC status of its class (with the leader's address when a
+    follower refused a change)."""
+
+    @functools.wraps(method)
+    async def answered(self: AdminServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except DLedgerError as e:
+            await abort_rpc(context, e, self._node.address_of)
+
+    return answered
+
+
 class AdminServicer(admin_pb2_grpc.BrokerAdminServicer):
     def __init__(self, admin: Admin, node: NodeHandle):
         self._admin = admin
         self._node = node
 
-    async def _abort(self, context: grpc.aio.ServicerContext, err: DLedgerError) -> None:
-        await abort_rpc(context, err, self._node.address_of)
-
+    @_answering
     async def TopicStatus(self, request, context):
-        try:
-            queues = await self._admin.topic_status(request.topic, request.allow_follower)
-        except DLedgerError as e:
-            await self._abort(context, e)
+        queues = await self._admin.topic_status(request.topic, request.allow_follower)
         return admin_pb2.TopicStatusResponse(
             topic=request.topic,
             queues=[
@@ -54,18 +65,14 @@ class AdminServicer(admin_pb2_grpc.BrokerAdminServicer):
             ],
         )
 
+    @_answering
     async def DeleteTopic(self, request, context):
-        try:
-            n = await self._admin.delete_topic(request.topic)
-        except DLedgerError as e:
-            await self._abort(context, e)
+        n = await self._admin.delete_topic(request.topic)
         return admin_pb2.DeleteTopicResponse(queues=n)
 
+    @_answering
     async def ListGroups(self, request, context):
-        try:
-            groups = await self._admin.list_groups(request.allow_follower)
-        except DLedgerError as e:
-            await self._abort(context, e)
+        groups = await self._admin.list_groups(request.allow_follower)
         return admin_pb2.ListGroupsResponse(
             groups=[
                 admin_pb2.GroupSummary(group=g.group, topics=g.topics, lag=g.lag, has_settings=g.has_settings)
@@ -73,13 +80,11 @@ class AdminServicer(admin_pb2_grpc.BrokerAdminServicer):
             ]
         )
 
+    @_answering
     async def DescribeGroup(self, request, context):
-        try:
-            queues = await self._admin.describe_group(
-                request.group, request.topic or None, request.allow_follower
-            )
-        except DLedgerError as e:
-            await self._abort(context, e)
+        queues = await self._admin.describe_group(
+            request.group, request.topic or None, request.allow_follower
+        )
         return admin_pb2.DescribeGroupResponse(
             group=request.group,
             queues=[
@@ -96,24 +101,20 @@ class AdminServicer(admin_pb2_grpc.BrokerAdminServicer):
             ],
         )
 
+    @_answering
     async def DeleteGroup(self, request, context):
-        try:
-            await self._admin.delete_group(request.group)
-        except DLedgerError as e:
-            await self._abort(context, e)
+        await self._admin.delete_group(request.group)
         return admin_pb2.DeleteGroupResponse()
 
+    @_answering
     async def ResetOffsets(self, request, context):
-        try:
-            plan = await self._admin.reset_offsets(
-                request.group,
-                request.topic,
-                request.mode,
-                request.value,
-                request.queue_id if request.HasField("queue_id") else None,
-            )
-        except DLedgerError as e:
-            await self._abort(context, e)
+        plan = await self._admin.reset_offsets(
+            request.group,
+            request.topic,
+            request.mode,
+            request.value,
+            request.queue_id if request.HasField("queue_id") else None,
+        )
         return admin_pb2.ResetOffsetsResponse(
             queues=[
                 admin_pb2.OffsetReset(
@@ -123,29 +124,26 @@ class AdminServicer(admin_pb2_grpc.BrokerAdminServicer):
             ]
         )
 
+    @_answering
     async def QueryMessages(self, request, context):
         limit = request.limit or 32
-        try:
-            if request.by == "time":
-                found = await self._admin.query_time(
-                    request.topic, request.start_ms, request.end_ms, limit, request.allow_follower
-                )
-            else:
-                found = await self._admin.query(
-                    request.by, request.value, request.topic, limit, request.allow_follower
-                )
-        except DLedgerError as e:
-            await self._abort(context, e)
+        if request.by == "time":
+            found = await self._admin.query_time(
+                request.topic, request.start_ms, request.end_ms, limit, request.allow_follower
+            )
+        else:
+            found = await self._admin.query(
+                request.by, request.value, request.topic, limit, request.allow_follower
+            )
         return admin_pb2.QueryMessagesResponse(messages=[stored_message(m) for m in found])
 
+    @_answering
     async def GetConfig(self, request, context):
         return _config(self._admin.config())
 
+    @_answering
     async def SetConfig(self, request, context):
-        try:
-            shown = await self._admin.set_config(dict(request.values))
-        except DLedgerError as e:
-            await self._abort(context, e)
+        shown = await self._admin.set_config(dict(request.values))
         return _config(shown)
 
 

@@ -50,7 +50,7 @@ class BrokerPlugin:
         self.state_machine = BrokerStateMachine(
             config.data_dir / "consumequeue",
             on_dispatch=self._dispatched,
-            index_dir=config.data_dir / "keyindex",
+            index_dir=config.data_dir / "keyindex" if self.settings.key_index else None,
         )
         self._node: NodeHandle | None = None
         self.state_machine.on_config = self._config_changed

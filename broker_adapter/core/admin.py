@@ -12,7 +12,6 @@ modes and offsets are ``InvalidRequestError``, unknown topics, queues and groups
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 from broker_adapter.core import commands, keyindex, message, runtime_settings
@@ -20,7 +19,11 @@ from broker_adapter.core.commitlog import CommitLog, CommitLogError
 from broker_adapter.core.group_commit import GroupCommit
 from broker_adapter.core.leadership import Leadership
 from broker_adapter.core.model import (
+    GroupQueue,
+    GroupSummary,
     OffsetRangeError,
+    OffsetReset,
+    QueueStatus,
     UnknownGroupError,
     check_group,
 )
@@ -34,43 +37,6 @@ from dledger.errors import DLedgerError, InvalidRequestError, NotFoundError
 RESET_MODES: Final = ("earliest", "latest", "offset", "time")
 MAX_QUERY: Final = 1024  # messages one query answers at most
 QUERY_KINDS: Final = {"key": keyindex.KEY, "id": keyindex.MSG_ID}
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStatus:
-    topic: str
-    queue_id: int
-    min_offset: int  # the first offset this node's log still holds
-    max_offset: int  # the queue's end: the offset of its next message
-    last_store_ms: int  # the store time of its last message (0: none held)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupQueue:
-    topic: str
-    queue_id: int
-    committed: int | None  # None: the group committed nothing on this queue
-    max_offset: int
-    in_flight: int  # RocketMQ receives not yet acknowledged (pop consumers)
-
-    @property
-    def lag(self) -> int:
-        return max(0, self.max_offset - (self.committed or 0))
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSummary:
-    group: str
-    topics: tuple[str, ...]
-    lag: int
-    has_settings: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Reset:
-    queue_id: int
-    old: int | None
-    new: int
 
 
 class Admin:
@@ -188,7 +154,7 @@ class Admin:
 
     async def reset_offsets(
         self, group: str, topic: str, mode: str, value: int = 0, queue_id: int | None = None
-    ) -> list[Reset]:
+    ) -> list[OffsetReset]:
         """Set the group's offsets of the topic's queues (or of one) to the first held offset ("earliest"), the
         end ("latest"), ``value`` ("offset"), or the first message stored at or after ``value`` ms since the
         epoch ("time", a binary search over the ConsumeQueue by store time)."""
@@ -214,7 +180,7 @@ class Admin:
                 if value > end:
                     raise OffsetRangeError(f"offset {value} is beyond the end of {topic}/{q} ({end})")
                 new = value
-            plan.append(Reset(q, self._sm.offsets.get((group, topic, q)), new))
+            plan.append(OffsetReset(q, self._sm.offsets.get((group, topic, q)), new))
         await self._submit([commands.CommitOffset(group, topic, r.queue_id, r.new) for r in plan])
         return plan
 
@@ -246,7 +212,7 @@ class Admin:
         if topic:
             self._queues(topic)
         if idx is None:
-            raise InvalidRequestError("this node keeps no key index")
+            raise InvalidRequestError("this node keeps no key index ([broker] key_index = false)")
         await self._state(allow_follower)
         found: list[message.Message] = []
         for pos in idx.lookup(QUERY_KINDS[kind], value, 4 * limit + 16):

@@ -14,18 +14,13 @@ import json
 import time
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from broker_adapter import cli as broker_cli
 from broker_adapter.cluster import local as cl
 from broker_adapter.cluster.client import ClusterConsumer, ClusterProducer
 from broker_adapter.nameserver.client import NameServerClient, NoRouteError
+from tests.broker.test_admin import cli  # the broker's commands, run in-process
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-app = typer.Typer()
-broker_cli.register(app)
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +30,6 @@ def cluster(tmp_path_factory):
         yield c
     finally:
         cl.down(c)
-
-
-def cli(*args: str) -> str:
-    r = CliRunner().invoke(app, list(args))
-    assert r.exit_code == 0, r.output
-    return r.output
 
 
 def test_a_new_topic_is_routable_everywhere_when_the_command_returns(cluster):
@@ -87,18 +76,7 @@ def test_groups_topics_and_queries_through_the_name_servers(cluster):
     assert sum(r["max_offset"] for r in status) == 10
     found = json.loads(cli("message", "query", "--key", "order-7", "--nameservers", ns, "--json"))
     assert [m["body"] for m in found] == ["o7"]
-    cli(
-        "consumer-group",
-        "reset",
-        "--group",
-        "billing",
-        "--topic",
-        "orders",
-        "--to",
-        "earliest",
-        "--nameservers",
-        ns,
-    )
+    cli("consumer-group reset --group billing --topic orders --to earliest --nameservers", ns)
     described = json.loads(
         cli("consumer-group", "describe", "--group", "billing", "--nameservers", ns, "--json")
     )
