@@ -486,6 +486,8 @@ class BrokerStateMachine:
     def flush(self) -> None:
         for cq in self._queues.values():
             cq.flush()
+        if self.keyindex is not None:
+            self.keyindex.flush()
 
     # -- snapshots: topics and offsets; ConsumeQueue files are derived from the log and kept on disk ----------
     def save_snapshot(self, writer: BinaryIO) -> None:

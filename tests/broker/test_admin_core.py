@@ -76,21 +76,26 @@ async def test_group_deleted_and_settings_through_a_snapshot(made):
     restored.close()
 
 
-def test_key_index_skips_what_it_holds_and_survives_a_reopen(tmp_path):
-    idx = KeyIndex(tmp_path)
+def test_key_index_skips_what_it_holds_rolls_over_and_survives_a_kill(tmp_path):
+    idx = KeyIndex(tmp_path, slots=16, capacity=4)
     idx.add(100, "ID1", ["k1", "k2"])
-    idx.add(200, "ID2", ["k1"])
+    idx.add(200, "ID2", ["k1"])  # the second file starts here (4 entries a file)
     idx.add(150, "ID9", ["k9"])  # at or below the last position: already indexed (a replay)
     idx.commit()
     assert idx.lookup(KEY, "k1", 10) == [200, 100]
     assert idx.lookup(MSG_ID, "ID2", 10) == [200]
     assert idx.lookup(KEY, "k9", 10) == []
-    idx.close()
-    again = KeyIndex(tmp_path)
-    assert again.last_pos == 200
-    again.add(200, "ID2", ["k1"])
+    assert idx.lookup(KEY, "k1", 1) == [200]
+    idx.add(300, "ID3", ["k1"])  # not committed: a killed process leaves it past the header's count
+    for f in idx._files:  # what a SIGKILL leaves: the maps' bytes, headers as last written, not clean
+        f.mm.flush()
+    again = KeyIndex(tmp_path, slots=16, capacity=4)
+    assert again.last_pos == 200 and again.rows() == 5
+    assert again.lookup(KEY, "k1", 10) == [200, 100], "the slot moved by the dropped entry was rebuilt"
     again.add(300, "ID3", ["k1"])
-    assert again.lookup(KEY, "k1", 2) == [300, 200]
-    assert again.prune_below(200) == 3  # ID1, k1 and k2 of 100
-    assert again.rows() == 4
+    assert again.lookup(KEY, "k1", 10) == [300, 200, 100]
+    assert again.prune_below(100) == 0, "the first file holds a message at 100"
+    assert again.prune_below(250) == 4  # the first file: ID1, k1, k2, ID2
+    assert again.lookup(KEY, "k1", 10) == [300, 200]
     again.close()
+    assert KeyIndex(tmp_path, slots=16, capacity=4).lookup(MSG_ID, "ID3", 5) == [300]
