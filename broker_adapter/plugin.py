@@ -82,7 +82,12 @@ class BrokerPlugin:
             sm.retention.set_policy(policy)
         else:
             sm.retention = Retention(
-                policy, node.log_store, lambda: sm.applied_index, sm.queues_held, node.config.data_dir
+                policy,
+                node.log_store,
+                lambda: sm.applied_index,
+                sm.queues_held,
+                node.config.data_dir,
+                prune=sm.keyindex.prune_below if sm.keyindex is not None else None,
             )
 
     def _topics_changed(self) -> None:

@@ -162,12 +162,16 @@ class Retention:
         queues: Callable[[], Iterable[tuple[str, int, ConsumeQueue, int]]],
         data_dir: Path,
         clock: Callable[[], float] = time.monotonic,
+        prune: Callable[[int], object] | None = None,
     ):
         self._log = log
         self._applied = applied
         self._queues = queues
         self._data_dir = data_dir
         self._clock = clock
+        self._prune = (
+            prune  # also given the log's first position when it moves (the key index's old files go)
+        )
         self._checked_at = float("-inf")
         self._checked_end = 0
         self._point: int | None = None
@@ -210,3 +214,5 @@ class Retention:
         first_pos = self._log.snapshot_point().end_pos
         for _topic, _qid, cq, end in self._queues():
             self.stats["consumequeue_files_deleted"] += cq.drop_before(first_held(cq, end, first_pos))
+        if self._prune is not None:
+            self._prune(first_pos)

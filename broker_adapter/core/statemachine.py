@@ -303,13 +303,8 @@ class BrokerStateMachine:
 
     def index_message(self, body: bytes | memoryview, pos: int) -> None:
         """Add a message at CommitLog offset ``pos`` to the key index (dispatch, and the index's catch-up)."""
-        keys = message.peek_property(body, message.PROPERTY_KEYS)
         assert self.keyindex is not None
-        self.keyindex.add(
-            pos,
-            message.peek_property(body, message.PROPERTY_UNIQ_KEY),
-            keys.split(message.KEY_SEPARATOR) if keys else (),
-        )
+        self.keyindex.add_raw(pos, *message.peek_id_and_keys(body))
 
     def _pending(self, body: bytes | memoryview, topic: str, offset: int) -> None:
         """A timer or half message: index it (a malformed one is kept out of the index on every node alike)."""
