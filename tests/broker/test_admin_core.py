@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import io
 
+from broker_adapter import admin_service, security_rules
 from broker_adapter.core import commands
 from broker_adapter.core.keyindex import KEY, MSG_ID, KeyIndex
 from broker_adapter.core.statemachine import BrokerStateMachine
+from broker_adapter.v1 import admin_pb2
 from statemachine.api import CommittedEntry
 from storage.codec import MAGIC_NORMAL
 from tests.broker import test_broker
@@ -99,3 +101,16 @@ def test_key_index_skips_what_it_holds_rolls_over_and_survives_a_kill(tmp_path):
     assert again.lookup(KEY, "k1", 10) == [300, 200]
     again.close()
     assert KeyIndex(tmp_path, slots=16, capacity=4).lookup(MSG_ID, "ID3", 5) == [300]
+
+
+def test_on_a_secure_group_reads_need_a_user_and_changes_need_admin():
+    assert security_rules.ADMIN in security_rules.rules()
+    assert security_rules.ADMIN.service == admin_service.SERVICE
+    methods = security_rules.ADMIN.methods
+    for read in ("TopicStatus", "ListGroups", "DescribeGroup", "GetConfig"):
+        assert methods[read](None) == [("user",)]
+    for change in ("DeleteTopic", "DeleteGroup", "ResetOffsets", "SetConfig"):
+        assert change not in methods, f"{change} must need admin (a method not listed does)"
+    query = methods["QueryMessages"]
+    assert query(admin_pb2.QueryMessagesRequest(by="key", value="k", topic="t")) == [("subscribe", "t", None)]
+    assert query(admin_pb2.QueryMessagesRequest(by="key", value="k")) == [("admin",)]
