@@ -219,6 +219,11 @@ def test_topic_status_delete_and_create_again(g):
         assert [m.body for m in a.browse("doomed", q0, 0)] == in_q0
         assert a.query_by_key("old-key-1") == []
         assert [m.msg_id for m in a.query_by_id(new[1].msg_id)] == [new[1].msg_id]
+        addrs = ",".join(g.addresses)
+        browsed = json.loads(cli(f"topic browse --topic doomed --queue {q0} --json --addresses", addrs))
+        assert [m["body"] for m in browsed] == [b.decode() for b in in_q0]
+        (route,) = json.loads(cli("topic route --topic doomed --json --addresses", addrs))
+        assert route["queues"] == 3 and route["leader"] in g.addresses
 
     # A follower restarted (no snapshot) replays the old messages, the deletion and the new topic's messages.
     leader = grp.wait_for_leader(g)
@@ -301,6 +306,8 @@ def test_dead_letters_list_export_and_resend(g, tmp_path):
         cli("dlq", "export", "--group", "dg", "--out", str(out_file), "--addresses", ",".join(g.addresses))
         (line,) = out_file.read_text().splitlines()
         assert json.loads(line)["body"] == "poison"
+        listed = json.loads(cli("dlq list --json --addresses", ",".join(g.addresses)))
+        assert listed == [{"group": "dg", "dead_letters": 1}]
         r = a.resend("dg", 0, d.queue_offset)
         assert (r.topic, r.queue_offset) == ("work", 1) and r.msg_id != m.msg_id
         (back,) = a.browse("work", 0, 1)
