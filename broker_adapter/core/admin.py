@@ -11,7 +11,7 @@ modes and offsets are ``InvalidRequestError``, unknown topics, queues and groups
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from broker_adapter.core import commands, keyindex, message, runtime_settings
@@ -49,6 +49,7 @@ class Admin:
         reader: QueueReader,
         commitlog: CommitLog,
         settings: BrokerSettings,
+        settled: Callable[[], Awaitable[None]],
     ):
         self._sm = sm
         self._leadership = leadership
@@ -57,10 +58,14 @@ class Admin:
         self._reader = reader
         self._commitlog = commitlog
         self._settings = settings  # the node config's [broker] table, under the run-time values
+        # until the leader applied its whole log: a read sees every send acknowledged before it (acknowledged at
+        # commit, dispatched at apply)
+        self._settled = settled
 
     async def _state(self, allow_follower: bool) -> None:
         if not allow_follower:
             await self._leadership.leader_state()
+            await self._settled()
 
     async def _submit(self, cmds: Sequence[commands.Command]) -> list[Any]:
         self._leadership.require_leader()

@@ -105,6 +105,7 @@ class Broker:
             self.reader,
             self.commitlog,
             self.settings,
+            self._sender.settled,
         )
         self.leadership.on_ready = self.delivery.ensure_running
         state_machine.on_tx_check = self.delivery.tx_checked
