@@ -346,9 +346,7 @@ def _recover_from_a_survivor(g: grp.GroupSpec, d: Path) -> None:
 
     done = CliRunner().invoke(app, ["group", "recover", "--dir", str(d), "--from", survivor.id])
     assert done.exit_code == 0, done.output
-    assert (
-        f"node {survivor.id} is now the only voter" in done.output and "leads the group again" in done.output
-    )
+    assert f"node {survivor.id} is now the only voter" in done.output and "leads the group again" in done.output
 
     alone = grp.load(d)
     assert [n.id for n in alone.nodes] == [survivor.id]
