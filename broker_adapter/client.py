@@ -115,6 +115,8 @@ class _Calls:
     """What the blocking and asyncio connections share: the group's addresses, the leader of the moment, and
     how one broker method is tried (``dledger/connections.py`` runs the tries)."""
 
+    writes: frozenset[str] = _WRITES  # calls that change state (an unknown outcome: retried only if allowed)
+
     def __init__(
         self,
         servers: Sequence[str],
@@ -146,10 +148,6 @@ class _Calls:
 
 class BrokerConnection(_Calls):
     """Channels to the group's nodes and the retry rules every broker call shares; thread-safe."""
-
-    writes: frozenset[str] = (
-        _WRITES  # calls that change state (an unknown outcome is retried only if allowed)
-    )
 
     def __init__(self, servers: Sequence[str], **kw):
         super().__init__(servers, **kw)
