@@ -170,9 +170,10 @@ def topic_browse(
 
 
 # -- consumer groups -------------------------------------------------------------------------------------------
-def _members(nameservers: str | None, group: str) -> list[str] | None:
+def _members(targets: list[tuple[str, list[str]]], nameservers: str | None, group: str) -> list[str]:
+    """A cluster's members from the name servers; a group's RocketMQ 5 consumers from its leader."""
     if not nameservers:
-        return None
+        return [m for _, ms in _each(targets, lambda a: a.group_members(group)) for m in ms]
     from broker_adapter.nameserver.client import NameServerClient
 
     with _failing(), NameServerClient(_nameserver_list(nameservers)) as ns:
@@ -202,23 +203,23 @@ def group_describe(
     nameservers: NameServersOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Per queue: committed offset, max offset, lag, in flight; members from the name servers (a cluster's
-    consumers heartbeat there; a group read with --dir has no registry of members)."""
-    described = _each(
-        _targets(dir, addresses, nameservers, topic or ""), lambda a: a.describe_group(group, topic)
-    )
+    """Per queue: committed offset, max offset, lag, in flight; members: a cluster's from the name servers
+    (its consumers heartbeat there), a group's RocketMQ 5 consumers connected to its leader (our own Consumer
+    registers nowhere)."""
+    targets = _targets(dir, addresses, nameservers, topic or "")
+    described = _each(targets, lambda a: a.describe_group(group, topic))
     rows = [
         [g, q.topic, q.queue_id, q.committed, q.max_offset, q.lag, q.in_flight]
         for g, queues in described
         for q in queues
     ]
-    members = _members(nameservers, group)
+    members = _members(targets, nameservers, group)
     if as_json:
         cols = ["broker_group", "topic", "queue", "committed", "max_offset", "lag", "in_flight"]
         queues = [dict(zip(cols, r, strict=True)) for r in rows]
         print(json.dumps({"group": group, "members": members, "queues": queues}))
         return
-    console.print(f"consumer group {group}: members {members if members is not None else 'unknown'}")
+    console.print(f"consumer group {group}: members {', '.join(members) or 'none known'}")
     _table(["broker_group", "topic", "queue", "committed", "max_offset", "lag", "in_flight"], rows, False)
 
 

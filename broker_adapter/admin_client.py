@@ -163,6 +163,12 @@ class BrokerAdmin(BrokerConnection):
             for q in r.queues
         ]
 
+    def group_members(self, group: str) -> list[str]:
+        """The group's RocketMQ 5 consumers connected to the leader (client ids); our own consumers register
+        nowhere (a cluster's members: ``NameServerClient.consumers``)."""
+        request = admin_pb2.DescribeGroupRequest(group=group)
+        return list(self.call("DescribeGroup", request, retry_unknown=True).members)
+
     def delete_group(self, group: str) -> None:
         self.call("DeleteGroup", admin_pb2.DeleteGroupRequest(group=group), retry_unknown=False)
 

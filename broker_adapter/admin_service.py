@@ -45,9 +45,10 @@ def _answering(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable
 
 
 class AdminServicer(admin_pb2_grpc.BrokerAdminServicer):
-    def __init__(self, admin: Admin, node: NodeHandle):
+    def __init__(self, admin: Admin, node: NodeHandle, members: Callable[[str], list[str]] = lambda g: []):
         self._admin = admin
         self._node = node
+        self._members = members  # a group's RocketMQ 5 consumers connected to this node
 
     @_answering
     async def TopicStatus(self, request, context):
@@ -87,6 +88,7 @@ class AdminServicer(admin_pb2_grpc.BrokerAdminServicer):
         )
         return admin_pb2.DescribeGroupResponse(
             group=request.group,
+            members=self._members(request.group),
             queues=[
                 admin_pb2.GroupQueue(
                     topic=q.topic,

@@ -11,6 +11,7 @@ set, the node also registers with those name servers and heartbeats (``broker_ad
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     from dledger.security.guard import ServiceRules
 
 log = logging.getLogger(__name__)
+
+MEMBER_TTL_S = 30.0  # a RocketMQ 5 client heartbeats every 10 s
+PRODUCER = 1  # apache.rocketmq.v2.ClientType.PRODUCER
 
 _SCAN_BYTES = 4 << 20
 
@@ -90,6 +94,17 @@ class BrokerPlugin:
                 prune=sm.keyindex.prune_below if sm.keyindex is not None else None,
             )
 
+    def _members(self, group: str) -> list[str]:
+        """The group's RocketMQ 5 consumers that heartbeat to this node lately (their client ids)."""
+        if self.rocketmq is None:
+            return []
+        now = time.monotonic()
+        return sorted(
+            cid
+            for cid, c in self.rocketmq.clients.items()
+            if c.group == group and c.client_type != PRODUCER and now - c.last_seen < MEMBER_TTL_S
+        )
+
     def _topics_changed(self) -> None:
         """A topic was created or deleted: tell the name servers now, not at the next heartbeat."""
         if self.registrar is not None:
@@ -133,7 +148,7 @@ class BrokerPlugin:
         ).max_delay_ms
         broker_pb2_grpc.add_BrokerServicer_to_server(service.BrokerServicer(self.broker), server)
         admin_pb2_grpc.add_BrokerAdminServicer_to_server(
-            admin_service.AdminServicer(self.broker.admin, node), server
+            admin_service.AdminServicer(self.broker.admin, node, self._members), server
         )
         metrics.register(node, self.state_machine)
         names = (*service.service_names(), *admin_service.service_names())

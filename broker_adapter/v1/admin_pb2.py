@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from broker_adapter.v1 import broker_pb2 as broker__adapter_dot_v1_dot_broker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x62roker_adapter/v1/admin.proto\x12\ndledger.v1\x1a\x1e\x62roker_adapter/v1/broker.proto\";\n\x12TopicStatusRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x61llow_follower\x18\x02 \x01(\x08\"e\n\x0bQueueStatus\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x1c\n\x14last_store_timestamp\x18\x04 \x01(\x03\"M\n\x13TopicStatusResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\'\n\x06queues\x18\x02 \x03(\x0b\x32\x17.dledger.v1.QueueStatus\"#\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"%\n\x13\x44\x65leteTopicResponse\x12\x0e\n\x06queues\x18\x01 \x01(\x05\"+\n\x11ListGroupsRequest\x12\x16\n\x0e\x61llow_follower\x18\x01 \x01(\x08\"P\n\x0cGroupSummary\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12\x0b\n\x03lag\x18\x03 \x01(\x03\x12\x14\n\x0chas_settings\x18\x04 \x01(\x08\">\n\x12ListGroupsResponse\x12(\n\x06groups\x18\x01 \x03(\x0b\x32\x18.dledger.v1.GroupSummary\"L\n\x14\x44\x65scribeGroupRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x16\n\x0e\x61llow_follower\x18\x03 \x01(\x08\"\x92\x01\n\nGroupQueue\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x18\n\x10\x63ommitted_offset\x18\x03 \x01(\x03\x12\x15\n\rhas_committed\x18\x04 \x01(\x08\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x0b\n\x03lag\x18\x06 \x01(\x03\x12\x11\n\tin_flight\x18\x07 \x01(\x05\"N\n\x15\x44\x65scribeGroupResponse\x12\r\n\x05group\x18\x01 \x01(\t\x12&\n\x06queues\x18\x02 \x03(\x0b\x32\x16.dledger.v1.GroupQueue\"#\n\x12\x44\x65leteGroupRequest\x12\r\n\x05group\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteGroupResponse\"t\n\x13ResetOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\r\n\x05value\x18\x04 \x01(\x03\x12\x15\n\x08queue_id\x18\x05 \x01(\x05H\x00\x88\x01\x01\x42\x0b\n\t_queue_id\"X\n\x0bOffsetReset\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nold_offset\x18\x02 \x01(\x03\x12\x0f\n\x07had_old\x18\x03 \x01(\x08\x12\x12\n\nnew_offset\x18\x04 \x01(\x03\"?\n\x14ResetOffsetsResponse\x12\'\n\x06queues\x18\x01 \x03(\x0b\x32\x17.dledger.v1.OffsetReset\"\x89\x01\n\x14QueryMessagesRequest\x12\n\n\x02\x62y\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x10\n\x08start_ms\x18\x04 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x05 \x01(\x03\x12\r\n\x05limit\x18\x06 \x01(\x05\x12\x16\n\x0e\x61llow_follower\x18\x07 \x01(\x08\"D\n\x15QueryMessagesResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.dledger.v1.StoredMessage\"\x12\n\x10GetConfigRequest\"{\n\x10SetConfigRequest\x12\x38\n\x06values\x18\x01 \x03(\x0b\x32(.dledger.v1.SetConfigRequest.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x0b\x43onfigValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\nvalue_json\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\"9\n\x0e\x43onfigResponse\x12\'\n\x06values\x18\x01 \x03(\x0b\x32\x17.dledger.v1.ConfigValue2\xd7\x05\n\x0b\x42rokerAdmin\x12N\n\x0bTopicStatus\x12\x1e.dledger.v1.TopicStatusRequest\x1a\x1f.dledger.v1.TopicStatusResponse\x12N\n\x0b\x44\x65leteTopic\x12\x1e.dledger.v1.DeleteTopicRequest\x1a\x1f.dledger.v1.DeleteTopicResponse\x12K\n\nListGroups\x12\x1d.dledger.v1.ListGroupsRequest\x1a\x1e.dledger.v1.ListGroupsResponse\x12T\n\rDescribeGroup\x12 .dledger.v1.DescribeGroupRequest\x1a!.dledger.v1.DescribeGroupResponse\x12N\n\x0b\x44\x65leteGroup\x12\x1e.dledger.v1.DeleteGroupRequest\x1a\x1f.dledger.v1.DeleteGroupResponse\x12Q\n\x0cResetOffsets\x12\x1f.dledger.v1.ResetOffsetsRequest\x1a .dledger.v1.ResetOffsetsResponse\x12T\n\rQueryMessages\x12 .dledger.v1.QueryMessagesRequest\x1a!.dledger.v1.QueryMessagesResponse\x12\x45\n\tGetConfig\x12\x1c.dledger.v1.GetConfigRequest\x1a\x1a.dledger.v1.ConfigResponse\x12\x45\n\tSetConfig\x12\x1c.dledger.v1.SetConfigRequest\x1a\x1a.dledger.v1.ConfigResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x62roker_adapter/v1/admin.proto\x12\ndledger.v1\x1a\x1e\x62roker_adapter/v1/broker.proto\";\n\x12TopicStatusRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\x0e\x61llow_follower\x18\x02 \x01(\x08\"e\n\x0bQueueStatus\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x1c\n\x14last_store_timestamp\x18\x04 \x01(\x03\"M\n\x13TopicStatusResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\'\n\x06queues\x18\x02 \x03(\x0b\x32\x17.dledger.v1.QueueStatus\"#\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"%\n\x13\x44\x65leteTopicResponse\x12\x0e\n\x06queues\x18\x01 \x01(\x05\"+\n\x11ListGroupsRequest\x12\x16\n\x0e\x61llow_follower\x18\x01 \x01(\x08\"P\n\x0cGroupSummary\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12\x0b\n\x03lag\x18\x03 \x01(\x03\x12\x14\n\x0chas_settings\x18\x04 \x01(\x08\">\n\x12ListGroupsResponse\x12(\n\x06groups\x18\x01 \x03(\x0b\x32\x18.dledger.v1.GroupSummary\"L\n\x14\x44\x65scribeGroupRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x16\n\x0e\x61llow_follower\x18\x03 \x01(\x08\"\x92\x01\n\nGroupQueue\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x18\n\x10\x63ommitted_offset\x18\x03 \x01(\x03\x12\x15\n\rhas_committed\x18\x04 \x01(\x08\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x0b\n\x03lag\x18\x06 \x01(\x03\x12\x11\n\tin_flight\x18\x07 \x01(\x05\"_\n\x15\x44\x65scribeGroupResponse\x12\r\n\x05group\x18\x01 \x01(\t\x12&\n\x06queues\x18\x02 \x03(\x0b\x32\x16.dledger.v1.GroupQueue\x12\x0f\n\x07members\x18\x03 \x03(\t\"#\n\x12\x44\x65leteGroupRequest\x12\r\n\x05group\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteGroupResponse\"t\n\x13ResetOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\r\n\x05value\x18\x04 \x01(\x03\x12\x15\n\x08queue_id\x18\x05 \x01(\x05H\x00\x88\x01\x01\x42\x0b\n\t_queue_id\"X\n\x0bOffsetReset\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nold_offset\x18\x02 \x01(\x03\x12\x0f\n\x07had_old\x18\x03 \x01(\x08\x12\x12\n\nnew_offset\x18\x04 \x01(\x03\"?\n\x14ResetOffsetsResponse\x12\'\n\x06queues\x18\x01 \x03(\x0b\x32\x17.dledger.v1.OffsetReset\"\x89\x01\n\x14QueryMessagesRequest\x12\n\n\x02\x62y\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x10\n\x08start_ms\x18\x04 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x05 \x01(\x03\x12\r\n\x05limit\x18\x06 \x01(\x05\x12\x16\n\x0e\x61llow_follower\x18\x07 \x01(\x08\"D\n\x15QueryMessagesResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.dledger.v1.StoredMessage\"\x12\n\x10GetConfigRequest\"{\n\x10SetConfigRequest\x12\x38\n\x06values\x18\x01 \x03(\x0b\x32(.dledger.v1.SetConfigRequest.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x0b\x43onfigValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\nvalue_json\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\"9\n\x0e\x43onfigResponse\x12\'\n\x06values\x18\x01 \x03(\x0b\x32\x17.dledger.v1.ConfigValue2\xd7\x05\n\x0b\x42rokerAdmin\x12N\n\x0bTopicStatus\x12\x1e.dledger.v1.TopicStatusRequest\x1a\x1f.dledger.v1.TopicStatusResponse\x12N\n\x0b\x44\x65leteTopic\x12\x1e.dledger.v1.DeleteTopicRequest\x1a\x1f.dledger.v1.DeleteTopicResponse\x12K\n\nListGroups\x12\x1d.dledger.v1.ListGroupsRequest\x1a\x1e.dledger.v1.ListGroupsResponse\x12T\n\rDescribeGroup\x12 .dledger.v1.DescribeGroupRequest\x1a!.dledger.v1.DescribeGroupResponse\x12N\n\x0b\x44\x65leteGroup\x12\x1e.dledger.v1.DeleteGroupRequest\x1a\x1f.dledger.v1.DeleteGroupResponse\x12Q\n\x0cResetOffsets\x12\x1f.dledger.v1.ResetOffsetsRequest\x1a .dledger.v1.ResetOffsetsResponse\x12T\n\rQueryMessages\x12 .dledger.v1.QueryMessagesRequest\x1a!.dledger.v1.QueryMessagesResponse\x12\x45\n\tGetConfig\x12\x1c.dledger.v1.GetConfigRequest\x1a\x1a.dledger.v1.ConfigResponse\x12\x45\n\tSetConfig\x12\x1c.dledger.v1.SetConfigRequest\x1a\x1a.dledger.v1.ConfigResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -55,31 +55,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GROUPQUEUE']._serialized_start=666
   _globals['_GROUPQUEUE']._serialized_end=812
   _globals['_DESCRIBEGROUPRESPONSE']._serialized_start=814
-  _globals['_DESCRIBEGROUPRESPONSE']._serialized_end=892
-  _globals['_DELETEGROUPREQUEST']._serialized_start=894
-  _globals['_DELETEGROUPREQUEST']._serialized_end=929
-  _globals['_DELETEGROUPRESPONSE']._serialized_start=931
-  _globals['_DELETEGROUPRESPONSE']._serialized_end=952
-  _globals['_RESETOFFSETSREQUEST']._serialized_start=954
-  _globals['_RESETOFFSETSREQUEST']._serialized_end=1070
-  _globals['_OFFSETRESET']._serialized_start=1072
-  _globals['_OFFSETRESET']._serialized_end=1160
-  _globals['_RESETOFFSETSRESPONSE']._serialized_start=1162
-  _globals['_RESETOFFSETSRESPONSE']._serialized_end=1225
-  _globals['_QUERYMESSAGESREQUEST']._serialized_start=1228
-  _globals['_QUERYMESSAGESREQUEST']._serialized_end=1365
-  _globals['_QUERYMESSAGESRESPONSE']._serialized_start=1367
-  _globals['_QUERYMESSAGESRESPONSE']._serialized_end=1435
-  _globals['_GETCONFIGREQUEST']._serialized_start=1437
-  _globals['_GETCONFIGREQUEST']._serialized_end=1455
-  _globals['_SETCONFIGREQUEST']._serialized_start=1457
-  _globals['_SETCONFIGREQUEST']._serialized_end=1580
-  _globals['_SETCONFIGREQUEST_VALUESENTRY']._serialized_start=1535
-  _globals['_SETCONFIGREQUEST_VALUESENTRY']._serialized_end=1580
-  _globals['_CONFIGVALUE']._serialized_start=1582
-  _globals['_CONFIGVALUE']._serialized_end=1644
-  _globals['_CONFIGRESPONSE']._serialized_start=1646
-  _globals['_CONFIGRESPONSE']._serialized_end=1703
-  _globals['_BROKERADMIN']._serialized_start=1706
-  _globals['_BROKERADMIN']._serialized_end=2433
+  _globals['_DESCRIBEGROUPRESPONSE']._serialized_end=909
+  _globals['_DELETEGROUPREQUEST']._serialized_start=911
+  _globals['_DELETEGROUPREQUEST']._serialized_end=946
+  _globals['_DELETEGROUPRESPONSE']._serialized_start=948
+  _globals['_DELETEGROUPRESPONSE']._serialized_end=969
+  _globals['_RESETOFFSETSREQUEST']._serialized_start=971
+  _globals['_RESETOFFSETSREQUEST']._serialized_end=1087
+  _globals['_OFFSETRESET']._serialized_start=1089
+  _globals['_OFFSETRESET']._serialized_end=1177
+  _globals['_RESETOFFSETSRESPONSE']._serialized_start=1179
+  _globals['_RESETOFFSETSRESPONSE']._serialized_end=1242
+  _globals['_QUERYMESSAGESREQUEST']._serialized_start=1245
+  _globals['_QUERYMESSAGESREQUEST']._serialized_end=1382
+  _globals['_QUERYMESSAGESRESPONSE']._serialized_start=1384
+  _globals['_QUERYMESSAGESRESPONSE']._serialized_end=1452
+  _globals['_GETCONFIGREQUEST']._serialized_start=1454
+  _globals['_GETCONFIGREQUEST']._serialized_end=1472
+  _globals['_SETCONFIGREQUEST']._serialized_start=1474
+  _globals['_SETCONFIGREQUEST']._serialized_end=1597
+  _globals['_SETCONFIGREQUEST_VALUESENTRY']._serialized_start=1552
+  _globals['_SETCONFIGREQUEST_VALUESENTRY']._serialized_end=1597
+  _globals['_CONFIGVALUE']._serialized_start=1599
+  _globals['_CONFIGVALUE']._serialized_end=1661
+  _globals['_CONFIGRESPONSE']._serialized_start=1663
+  _globals['_CONFIGRESPONSE']._serialized_end=1720
+  _globals['_BROKERADMIN']._serialized_start=1723
+  _globals['_BROKERADMIN']._serialized_end=2450
 # @@protoc_insertion_point(module_scope)

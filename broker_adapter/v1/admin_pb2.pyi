@@ -100,12 +100,14 @@ class GroupQueue(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., committed_offset: _Optional[int] = ..., has_committed: _Optional[bool] = ..., max_offset: _Optional[int] = ..., lag: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
 
 class DescribeGroupResponse(_message.Message):
-    __slots__ = ("group", "queues")
+    __slots__ = ("group", "queues", "members")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
     group: str
     queues: _containers.RepeatedCompositeFieldContainer[GroupQueue]
-    def __init__(self, group: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ...) -> None: ...
+    members: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeleteGroupRequest(_message.Message):
     __slots__ = ("group",)

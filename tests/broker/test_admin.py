@@ -355,3 +355,27 @@ def test_run_time_settings_and_metrics(g):
 
     text = poll(scraped, 10, "the broker's metrics")
     assert 'dledger_broker_group_committed{group="rater",topic="rates"} 2.0' in text
+
+
+def test_members_are_the_rocketmq_consumers_heartbeating_to_the_leader(g):
+    from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+
+    leader = grp.wait_for_leader(g)
+    with grpc.insecure_channel(leader.address) as ch:
+        stub = service_pb2_grpc.MessagingServiceStub(ch)
+        for cid, kind in (("c-1", "SIMPLE_CONSUMER"), ("p-1", "PRODUCER")):
+            stub.Heartbeat(
+                service_pb2.HeartbeatRequest(
+                    group=definition_pb2.Resource(name="members"),
+                    client_type=definition_pb2.ClientType.Value(kind),
+                ),
+                metadata=[("x-mq-client-id", cid)],
+                timeout=5,
+            )
+    with BrokerAdmin(g.addresses) as a:
+        a.set_group_settings("members", max_attempts=3)  # a group with state, so describe knows it
+        assert a.group_members("members") == ["c-1"], "consumers only, producers are not members"
+    described = json.loads(
+        cli("consumer-group describe --group members --json --addresses", ",".join(g.addresses))
+    )
+    assert described["members"] == ["c-1"]
