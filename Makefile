@@ -76,6 +76,12 @@ bench-broker: $(STAMP)
 bench-retention: $(STAMP)
 	$(BIN)/python -m bench.retention
 
+# A query by key through the key index: the index alone (1M messages), then a real group (docs/broker.md).
+# make bench-keyindex KEYINDEX_ARGS="--group-messages 1000000 --compare"
+.PHONY: bench-keyindex
+bench-keyindex: $(STAMP)
+	$(BIN)/python -m bench.keyindex $(KEYINDEX_ARGS)
+
 # The blocking clients shared by 64 threads against the async clients with 64 tasks, on one broker group.
 .PHONY: bench-cluster
 bench-cluster: $(STAMP)

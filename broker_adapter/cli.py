@@ -24,7 +24,8 @@ from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, console, fail
 from dledger.errors import DLedgerError
 
 topic_app = typer.Typer(
-    no_args_is_help=True, help="Create and list broker topics (replicated through the log)."
+    no_args_is_help=True,
+    help="Broker topics: create, list, status, route, browse, delete (changes replicated through the log).",
 )
 
 PROGRESS_FROM = 1000  # show a progress bar for runs at least this long
@@ -69,14 +70,40 @@ def topic_create(
     queues: Annotated[int, typer.Option("--queues", help="number of queues")] = 4,
     dir: DirOpt = None,
     addresses: AddressesOpt = None,
+    nameservers: Annotated[
+        str | None,
+        typer.Option(
+            "--nameservers",
+            help="a cluster's name servers: create it in every live group; returns once every name server "
+            "routes it",
+        ),
+    ] = None,
 ) -> None:
     """Create a topic (a log entry, so every node agrees); creating it again with the same queues is a no-op."""
+    if nameservers:
+        _create_in_cluster(_nameserver_list(nameservers), topic, queues)
+        return
     with BrokerConnection(addresses_of(dir, addresses, state_machine="broker")) as c:
         try:
             info = c.create_topic(topic, queues)
         except DLedgerError as e:
             fail(f"{type(e).__name__}: {e}")
     console.print(f"topic {info.topic} with {info.queues} queues")
+
+
+def _create_in_cluster(nameservers: list[str], topic: str, queues: int) -> None:
+    from broker_adapter.nameserver.client import NameServerClient
+
+    try:
+        with NameServerClient(nameservers) as ns:
+            groups = ns.route("")
+            for g in groups:
+                with BrokerConnection(list(g.addresses)) as c:
+                    c.create_topic(topic, queues)
+            ns.wait_routable(topic, [g.group for g in groups], queues)
+    except DLedgerError as e:
+        fail(f"{type(e).__name__}: {e}")
+    console.print(f"topic {topic}: {queues} queues in each of {len(groups)} groups, routable")
 
 
 @topic_app.command("list")
@@ -94,7 +121,8 @@ def topic_list(dir: DirOpt = None, addresses: AddressesOpt = None) -> None:
 
 
 consumer_group_app = typer.Typer(
-    no_args_is_help=True, help="Consumer groups' delivery settings (replicated through the log)."
+    no_args_is_help=True,
+    help="Consumer groups: list, describe, reset, delete, delivery settings (replicated through the log).",
 )
 
 
@@ -356,8 +384,10 @@ def _consume_cluster(
 
 
 def register(app: typer.Typer) -> None:
+    from broker_adapter import admin_cli
     from broker_adapter.console.cli import console_cmd  # imports its web libraries only when it runs
 
+    admin_cli.register(app, topic_app, consumer_group_app)
     app.add_typer(topic_app, name="topic")
     app.add_typer(consumer_group_app, name="consumer-group")
     app.command("produce")(produce)

@@ -115,6 +115,8 @@ class _Calls:
     """What the blocking and asyncio connections share: the group's addresses, the leader of the moment, and
     how one broker method is tried (``dledger/connections.py`` runs the tries)."""
 
+    writes: frozenset[str] = _WRITES  # calls that change state (an unknown outcome: retried only if allowed)
+
     def __init__(
         self,
         servers: Sequence[str],
@@ -157,7 +159,7 @@ class BrokerConnection(_Calls):
     def call(self, method: str, request, *, retry_unknown: bool, address: str | None = None):
         """Call ``method`` on the leader (or only on ``address``), following redirects; ``retry_unknown`` says
         whether a write whose outcome is unknown may be sent again (true for idempotent requests)."""
-        write = method in _WRITES
+        write = method in self.writes
         attempts = self._attempts(method, retry_unknown, address)
         invoke = self._invoke(method, request)
         return self._channels.call(
@@ -413,7 +415,7 @@ class AsyncBrokerConnection(_Calls):
 
     async def call(self, method: str, request, *, retry_unknown: bool, address: str | None = None):
         """As ``BrokerConnection.call``."""
-        write = method in _WRITES
+        write = method in self.writes
         attempts = self._attempts(method, retry_unknown, address)
         invoke = self._invoke(method, request)
         return await self._channels.call(

@@ -11,24 +11,30 @@ set, the node also registers with those name servers and heartbeats (``broker_ad
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from broker_adapter import security_rules, service
+from broker_adapter import admin_service, metrics, security_rules, service
+from broker_adapter.core import runtime_settings
 from broker_adapter.core.allocator import QueueOffsetAllocator
 from broker_adapter.core.broker import Broker
+from broker_adapter.core.commands import is_message
 from broker_adapter.core.retention import Retention, RetentionPolicy
 from broker_adapter.core.statemachine import BrokerStateMachine
 from broker_adapter.nameserver.registrar import Registrar, node_credentials
 from broker_adapter.settings import SECTION, BrokerSettings
-from broker_adapter.v1 import broker_pb2_grpc, nameserver_pb2
+from broker_adapter.v1 import admin_pb2_grpc, broker_pb2_grpc, nameserver_pb2
 from dledger.plugins import NodeHandle
-from storage.codec import MAGIC_NORMAL
+from storage.codec import HEADER_SIZE, MAGIC_NORMAL
 
 if TYPE_CHECKING:
     from dledger.security.guard import ServiceRules
 
 log = logging.getLogger(__name__)
+
+MEMBER_TTL_S = 30.0  # a RocketMQ 5 client heartbeats every 10 s
+PRODUCER = 1  # apache.rocketmq.v2.ClientType.PRODUCER
 
 _SCAN_BYTES = 4 << 20
 
@@ -46,18 +52,72 @@ class BrokerPlugin:
             None  # with [broker] nameservers: this node's name-server heartbeat
         )
         self.state_machine = BrokerStateMachine(
-            config.data_dir / "consumequeue", on_dispatch=self._dispatched
+            config.data_dir / "consumequeue",
+            on_dispatch=self._dispatched,
+            index_dir=config.data_dir / "keyindex" if self.settings.key_index else None,
         )
+        self._node: NodeHandle | None = None
+        self.state_machine.on_config = self._config_changed
+        self.state_machine.on_topics = self._topics_changed
 
     def _dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
         if self.broker is not None:
             self.broker.dispatched(topic, queue_id, next_offset)
 
+    def _config_changed(self, values: dict[str, Any]) -> None:
+        """Run-time settings were applied (or restored from a snapshot): retention and the longest delay follow
+        them on this node at once (docs/broker.md, Administration)."""
+        try:
+            now = runtime_settings.effective(self.settings, values)
+        except Exception as e:  # checked before it was proposed: a value no node accepts is ignored alike
+            log.warning("run-time broker settings %s not applied: %s", values, e)
+            return
+        if self.broker is not None:
+            self.broker.delivery.max_delay_ms = now.max_delay_ms
+        if self._node is not None:
+            self._apply_retention(self._node, now)
+
+    def _apply_retention(self, node: NodeHandle, settings: BrokerSettings) -> None:
+        sm = self.state_machine
+        policy = RetentionPolicy.of(settings)
+        if not policy.active:
+            sm.retention = None
+        elif sm.retention is not None:
+            sm.retention.set_policy(policy)
+        else:
+            sm.retention = Retention(
+                policy,
+                node.log_store,
+                lambda: sm.applied_index,
+                sm.queues_held,
+                node.config.data_dir,
+                prune=sm.keyindex.prune_below if sm.keyindex is not None else None,
+            )
+
+    def _members(self, group: str) -> list[str]:
+        """The group's RocketMQ 5 consumers that heartbeat to this node lately (their client ids)."""
+        if self.rocketmq is None:
+            return []
+        now = time.monotonic()
+        return sorted(
+            cid
+            for cid, c in self.rocketmq.clients.items()
+            if c.group == group and c.client_type != PRODUCER and now - c.last_seen < MEMBER_TTL_S
+        )
+
+    def _topics_changed(self) -> None:
+        """A topic was created or deleted: tell the name servers now, not at the next heartbeat."""
+        if self.registrar is not None:
+            self.registrar.changed()
+
     def attach(self, node: NodeHandle, server: Any) -> Sequence[str]:
         store = node.log_store
+        self._node = node
         self.state_machine.truncate_beyond(store.tail().end_pos)
         if self.state_machine.applied_index < 0:
             self.state_machine.applied_index = node.metadata().applied_index
+        if self.state_machine.keyindex is not None:
+            self._catch_up_index(store)
 
         def read_entries(lo: int, hi: int) -> Iterator[tuple[int, memoryview]]:
             return ((e.index, e.body) for e in _scan(store, lo, min(hi, store.last_index)))
@@ -67,12 +127,7 @@ class BrokerPlugin:
             self.state_machine.repair(
                 (e.index, e.pos, e.body) for e in _scan(store, store.first_index, store.last_index)
             )
-        policy = RetentionPolicy.of(self.settings)
-        if policy.active:
-            sm = self.state_machine
-            sm.retention = Retention(
-                policy, store, lambda: sm.applied_index, sm.queues_held, node.config.data_dir
-            )
+        self._apply_retention(node, runtime_settings.effective(self.settings, self.state_machine.config))
         self.allocator = QueueOffsetAllocator(
             self.state_machine, read_entries, lambda: self.state_machine.applied_index
         )
@@ -88,7 +143,15 @@ class BrokerPlugin:
             )
             node.add_role_listener(self.registrar.changed)
             self.registrar.start()
+        self.broker.delivery.max_delay_ms = runtime_settings.effective(
+            self.settings, self.state_machine.config
+        ).max_delay_ms
         broker_pb2_grpc.add_BrokerServicer_to_server(service.BrokerServicer(self.broker), server)
+        admin_pb2_grpc.add_BrokerAdminServicer_to_server(
+            admin_service.AdminServicer(self.broker.admin, node, self._members), server
+        )
+        metrics.register(node, self.state_machine)
+        names = (*service.service_names(), *admin_service.service_names())
         try:  # RocketMQ 5's protocol: its generated stubs come with the official client package
             from broker_adapter.rocketmq import handlers
             from broker_adapter.rocketmq.servicer import MessagingServicer
@@ -98,10 +161,37 @@ class BrokerPlugin:
                 node.id,
                 err,
             )
-            return service.service_names()
+            return names
         self.rocketmq = MessagingServicer(self.broker, cluster=self.registrar)
         handlers.add_to_server(self.rocketmq, server)
-        return (*service.service_names(), handlers.SERVICE_NAME)
+        return (*names, handlers.SERVICE_NAME)
+
+    def _catch_up_index(self, store: Any) -> None:
+        """Index what the log holds past the key index's last position, up to what was applied (the apply
+        loop's replay indexes the rest): the whole log when the index is missing."""
+        index = self.state_machine.keyindex
+        assert index is not None
+        applied = self.state_machine.applied_index
+        tail = store.tail()
+        if index.last_pos >= tail.end_pos or applied < store.first_index:
+            return
+        lo = store.first_index
+        if index.last_pos >= 0:
+            lo, hi = store.first_index, min(applied, store.last_index)
+            while lo < hi:  # the first entry past the index's last position
+                mid = (lo + hi) // 2
+                if store.entry(mid).pos + HEADER_SIZE <= index.last_pos:
+                    lo = mid + 1
+                else:
+                    hi = mid
+        n = 0
+        for e in _scan(store, lo, min(applied, store.last_index)):
+            if is_message(e.body):
+                self.state_machine.index_message(e.body, e.pos + HEADER_SIZE)
+                n += 1
+        index.commit()
+        if n:
+            log.info("key index: %d messages indexed from the log at start", n)
 
     def security_rules(self) -> Sequence[ServiceRules]:
         """Who may call the broker's services on a secure group (the node's guard asks; only a secure node

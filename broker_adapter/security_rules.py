@@ -42,6 +42,20 @@ BROKER: Final = ServiceRules(
     },
 )
 
+ADMIN_SERVICE: Final = "dledger.v1.BrokerAdmin"
+# Reads any signed user may make; a query names a topic to read from it (without one: admin). Changes (delete,
+# reset, settings) are not listed: they need admin.
+ADMIN: Final = ServiceRules(
+    ADMIN_SERVICE,
+    {
+        "TopicStatus": lambda r: [("user",)],
+        "ListGroups": lambda r: [("user",)],
+        "DescribeGroup": lambda r: [("user",)],
+        "GetConfig": lambda r: [("user",)],
+        "QueryMessages": lambda r: [("subscribe", r.topic, None)] if r.topic else [("admin",)],
+    },
+)
+
 ROCKETMQ_METHODS: Final = {
     "QueryRoute": lambda r: [("user",)],
     "Heartbeat": lambda r: [("user",)],
@@ -93,4 +107,4 @@ ROCKETMQ: Final = ServiceRules(ROCKETMQ_SERVICE, ROCKETMQ_METHODS, _request_clas
 
 
 def rules() -> tuple[ServiceRules, ...]:
-    return (BROKER, ROCKETMQ)
+    return (BROKER, ADMIN, ROCKETMQ)

@@ -15,6 +15,7 @@ from broker_adapter.core import selectors
 from broker_adapter.core.broker import Broker
 from broker_adapter.core.clock import now_ms
 from broker_adapter.core.groups import GroupSettings
+from broker_adapter.core.message import Message
 from broker_adapter.core.model import DELAY, NORMAL
 from broker_adapter.core.sqlfilter import FilterSyntaxError
 from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
@@ -129,23 +130,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             )
         except DLedgerError as e:
             await self._abort(context, e)
-        out = broker_pb2.PullResponse(next_offset=pulled.next_offset, max_offset=pulled.max_offset)
-        add = out.messages.add
-        for m in pulled.messages:
-            add(
-                topic=m.topic,
-                queue_id=m.queue_id,
-                queue_offset=m.queue_offset,
-                commitlog_offset=m.physical_offset,
-                body=m.body,
-                tags=m.tags or "",
-                keys=m.keys,
-                msg_id=m.msg_id or "",
-                properties=m.properties,
-                born_timestamp=m.born_timestamp,
-                store_timestamp=m.store_timestamp,
-            )
-        return out
+        return broker_pb2.PullResponse(
+            next_offset=pulled.next_offset,
+            max_offset=pulled.max_offset,
+            messages=[stored_message(m) for m in pulled.messages],
+        )
 
     async def _pull_raw(self, request, context):
         """A pull at batch granularity: the stored bytes as they are (``broker_adapter.pulled`` decodes them)."""
@@ -207,6 +196,22 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             term=r.term,
             max_commitlog_offset=r.max_commitlog_offset,
         )
+
+
+def stored_message(m: Message) -> broker_pb2.StoredMessage:
+    return broker_pb2.StoredMessage(
+        topic=m.topic,
+        queue_id=m.queue_id,
+        queue_offset=m.queue_offset,
+        commitlog_offset=m.physical_offset,
+        body=m.body,
+        tags=m.tags or "",
+        keys=m.keys,
+        msg_id=m.msg_id or "",
+        properties=m.properties,
+        born_timestamp=m.born_timestamp,
+        store_timestamp=m.store_timestamp,
+    )
 
 
 async def _may_publish(topics: Iterable[str]) -> None:

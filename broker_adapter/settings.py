@@ -13,6 +13,7 @@ Example::
     retention_bytes = 0
     disk_max_used_percent = 0
     max_delay_ms = 86400000               # how far ahead a delayed message may be due (RocketMQ: 1 day)
+    key_index = true                      # index keys and message ids at dispatch (queries by key and id)
 """
 
 from __future__ import annotations
@@ -46,8 +47,12 @@ class BrokerSettings:
     # how far ahead a delayed message's delivery time may be (RocketMQ's proxy default: 1 day); a later one is
     # refused (RocketMQ 5: ILLEGAL_DELIVERY_TIME)
     max_delay_ms: int = DEFAULT_MAX_DELAY_MS
+    # keep the key and message-id index (broker_adapter/core/keyindex.py); off: queries by key and id are refused
+    key_index: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.key_index, bool):
+            raise ConfigError(f"[broker] key_index must be true or false, got {self.key_index!r}")
         n = self.auto_create_topic_queues
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1024:
             raise ConfigError(

@@ -331,3 +331,6 @@ def create_topic(cluster: ClusterSpec, topic: str, queues_per_group: int) -> Non
     for gname in cluster.groups:
         with BrokerConnection(cluster.group(gname).addresses, security=cluster.client_security()) as conn:
             conn.create_topic(topic, queues_per_group)
+    # Routable through every name server before this returns (each group registers a new topic at once).
+    with NameServerClient(cluster.nameserver_addresses, security=cluster.client_security()) as ns:
+        ns.wait_routable(topic, list(cluster.groups), queues_per_group)

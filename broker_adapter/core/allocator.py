@@ -62,6 +62,7 @@ class QueueOffsetAllocator:
             self.rebuild(term, index - 1)
         self._last_index = index
         if not commands.is_message(body):
+            self._placed_command(body)
             return body, None
         r = route if route is not None else message.peek_route(body)
         key = (r.topic, r.queue_id)
@@ -100,8 +101,24 @@ class QueueOffsetAllocator:
                 self._next[(r.topic, r.queue_id)] = r.queue_offset + 1
                 if r.producer is not None:
                     self._pending[r.producer] = index
+            else:
+                self._placed_command(body)
         self._last_index = upto
         self._term = term
+
+    def _placed_command(self, body: bytes | memoryview) -> None:
+        """A topic's deletion in the tail: its queues start again at offset 0 after it, whatever the
+        dispatcher (which has not applied it yet) says."""
+        if not commands.is_command(body) or body[8] != commands.OP_DELETE_TOPIC:
+            return
+        try:
+            cmd = commands.decode(body)
+        except commands.CommandError:
+            return
+        assert isinstance(cmd, commands.DeleteTopic)
+        queues = max([self._sm.topics.get(cmd.topic, 0), *(q + 1 for t, q in self._next if t == cmd.topic)])
+        for q in range(queues):
+            self._next[(cmd.topic, q)] = 0
 
     def ensure_term(self, term: int, upto: int) -> None:
         """Make the view current for a leader of ``term`` whose log ends at ``upto`` (before any prepare)."""

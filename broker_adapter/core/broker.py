@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from broker_adapter.core import commands, groups, message
+from broker_adapter.core.admin import Admin
 from broker_adapter.core.allocator import QueueOffsetAllocator
 from broker_adapter.core.commitlog import CommitLog, CommitLogError
 from broker_adapter.core.delivery import DeadLetters, Delivery
@@ -94,6 +95,17 @@ class Broker:
             self._sender,
             self.pops.revive,
             self.settings.max_delay_ms,
+        )
+        # Administration: groups, topics, message queries, run-time settings (docs/broker.md, Administration)
+        self.admin = Admin(
+            state_machine,
+            self.leadership,
+            self.group_commit,
+            self.topics,
+            self.reader,
+            self.commitlog,
+            self.settings,
+            self._sender.settled,
         )
         self.leadership.on_ready = self.delivery.ensure_running
         state_machine.on_tx_check = self.delivery.tx_checked
@@ -408,15 +420,7 @@ class Broker:
     def first_stored_at(self, topic: str, queue_id: int, ts_ms: int) -> int:
         """The first queue offset whose message was stored at or after ``ts_ms`` (store times grow with the
         offset); messages this node no longer holds count as older."""
-        lo, hi = 0, self.sm.next_offset(topic, queue_id)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            m = self.read(topic, queue_id, mid)
-            if m is None or m.store_timestamp < ts_ms:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return self.admin.first_stored_at(topic, queue_id, ts_ms)
 
     # -- consumer offsets ----------------------------------------------------------------------------------
     async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:

@@ -11,7 +11,8 @@ A command body mirrors the message layout's first two fields so that one look at
     4  MAGIC      4   0x444C4243
     8  OP         1   1 create topic, 2 commit consumer offset, 3 pop, 4 ack, 5 change invisible duration,
                       6 group settings, 7 settle a pending timer / half message, 8 transaction check,
-                      9 recall a timer message
+                      9 recall a timer message, 10 delete a topic, 11 delete a consumer group,
+                      12 run-time broker settings
     9  PAYLOAD    n   UTF-8 JSON object
 
 Ops 3-5 carry the consumption state of RocketMQ 5 consumers (``broker_adapter.rocketmq``): which messages a group
@@ -22,6 +23,10 @@ Ops 6-8 carry delivery state (docs/rocketmq.md, Delivery): a consumer group's FI
 timer or half message that is not delivered (a rolled-back or unreadable one), and a transaction check-back
 counted before it is sent, so the check limit holds across failovers. Op 9 is a producer's recall of a delayed
 message before it is due (RocketMQ 5.3's RecallMessage).
+
+Ops 10-12 are administration (docs/broker.md, Administration): a topic's deletion (its queues, offsets and pop
+state go; its messages stay in the log until retention), a consumer group's deletion (its offsets, pop state and
+settings), and the run-time broker settings (``core/runtime_settings.py``) every node applies alike.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ OP_GROUP_SETTINGS: Final = 6
 OP_SETTLE: Final = 7
 OP_TX_CHECK: Final = 8
 OP_RECALL: Final = 9
+OP_DELETE_TOPIC: Final = 10
+OP_DELETE_GROUP: Final = 11
+OP_SET_CONFIG: Final = 12
 SETTLE_KINDS: Final = ("timer", "half")
 
 MAX_QUEUES: Final = 1024
@@ -145,8 +153,40 @@ class Recall:
     msg_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class DeleteTopic:
+    """Remove a topic: its queues, the consumer offsets and pop state on it (its messages stay in the log)."""
+
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroup:
+    """Remove a consumer group: its committed offsets, pop state and delivery settings."""
+
+    group: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetConfig:
+    """Replace run-time broker settings (``runtime_settings.RuntimeSettings`` as JSON; absent keys unchanged)."""
+
+    settings: dict[str, object]
+
+
 Command = (
-    CreateTopic | CommitOffset | Pop | Ack | ChangeInvisible | GroupSettingsCmd | Settle | TxCheck | Recall
+    CreateTopic
+    | CommitOffset
+    | Pop
+    | Ack
+    | ChangeInvisible
+    | GroupSettingsCmd
+    | Settle
+    | TxCheck
+    | Recall
+    | DeleteTopic
+    | DeleteGroup
+    | SetConfig
 )
 
 
@@ -209,6 +249,12 @@ def encode(cmd: Command) -> bytes:
         if cmd.offset < 0 or not cmd.msg_id:
             raise CommandError(f"a recall names an offset >= 0 and a message id: {cmd!r}")
         op, payload = OP_RECALL, {"offset": cmd.offset, "msg_id": cmd.msg_id}
+    elif isinstance(cmd, DeleteTopic):
+        op, payload = OP_DELETE_TOPIC, {"topic": check_topic(cmd.topic)}
+    elif isinstance(cmd, DeleteGroup):
+        op, payload = OP_DELETE_GROUP, {"group": check_group(cmd.group)}
+    elif isinstance(cmd, SetConfig):
+        op, payload = OP_SET_CONFIG, {"settings": cmd.settings}
     else:
         raise TypeError(f"not a broker command: {cmd!r}")
     raw = json.dumps(payload, separators=(",", ":")).encode()
@@ -276,6 +322,14 @@ def decode(body: bytes | memoryview) -> Command:
             return TxCheck(int(payload["offset"]), int(payload["now_ms"]))
         if op == OP_RECALL:
             return Recall(int(payload["offset"]), str(payload["msg_id"]))
+        if op == OP_DELETE_TOPIC:
+            return DeleteTopic(str(payload["topic"]))
+        if op == OP_DELETE_GROUP:
+            return DeleteGroup(str(payload["group"]))
+        if op == OP_SET_CONFIG:
+            if not isinstance(payload["settings"], dict):
+                raise TypeError("settings must be an object")
+            return SetConfig(payload["settings"])
     except (ValueError, KeyError, TypeError) as err:
         raise CommandError(f"malformed command payload: {err}") from err
     raise CommandError(f"unknown command op {op}")

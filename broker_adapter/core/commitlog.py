@@ -97,6 +97,16 @@ class CommitLog:
         _, raw = self.get(commitlog_offset, size, hi_index)
         return message.decode(raw, check_crc=False)
 
+    def message_at(self, commitlog_offset: int, hi_index: int) -> message.Message:
+        """The message whose entry body starts at ``commitlog_offset``, its size read from the entry."""
+        try:
+            e = self._log.entry(self.locate(commitlog_offset, hi_index))
+        except (Compacted, IndexOutOfRange) as err:
+            raise CommitLogError(
+                f"CommitLog offset {commitlog_offset} is not in this node's log: {err}"
+            ) from err
+        return self.read_message(commitlog_offset, e.header.body_length, hi_index)
+
     def max_offset(self, hi_index: int) -> int:
         """The CommitLog offset just past the entry ``hi_index`` (the committed, dispatched end: RocketMQ's
         getMaxOffset as DLedgerCommitLog confirms it): where the next committed message's entry starts."""

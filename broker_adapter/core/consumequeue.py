@@ -19,6 +19,7 @@ disk?" with one ``stat``, so a restart need not open every queue.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import struct
@@ -360,6 +361,17 @@ class ConsumeQueue:
         if self._dirty is not None:
             self._dirty.discard(start)
         self._files.close(self._path(start))
+
+    def remove(self) -> None:
+        """Delete the queue's files and directory (its topic was deleted): nothing appended is written."""
+        self._appended = bytearray()
+        self._dirty = None
+        for start in self._list():
+            self._files.close(self._path(start))
+            self.io.unlink(self._path(start))
+        with contextlib.suppress(OSError):
+            os.rmdir(self._dir)
+        self.max_offset = self.min_offset = 0
 
     def close(self) -> None:
         self.flush()

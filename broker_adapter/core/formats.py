@@ -392,6 +392,14 @@ _PRODUCER_KEY: Final = (PROPERTY_PRODUCER_ID + NAME_VALUE_SEPARATOR).encode()
 _TAGS_KEY: Final = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
 _ORIGIN_KEY: Final = (PROPERTY_ORIGIN + NAME_VALUE_SEPARATOR).encode()
 _SEQUENCE_KEY: Final = (PROPERTY_SEQUENCE + NAME_VALUE_SEPARATOR).encode()
+_UNIQ_KEY: Final = (PROPERTY_UNIQ_KEY + NAME_VALUE_SEPARATOR).encode()
+_KEYS_KEY: Final = (PROPERTY_KEYS + NAME_VALUE_SEPARATOR).encode()
+
+
+def peek_id_and_keys(buf: Buffer) -> tuple[bytes | None, bytes | None]:
+    """The raw UNIQ_KEY and KEYS values of an encoded message (the key index's input), nothing decoded."""
+    raw = _properties_view(buf)
+    return property_bytes(raw, _UNIQ_KEY), property_bytes(raw, _KEYS_KEY)
 
 
 def property_bytes(raw: bytes, key: bytes) -> bytes | None:

@@ -175,3 +175,41 @@ class RouteInfo:
     leader_address: str | None
     term: int
     max_commitlog_offset: int
+
+
+# -- administration (core/admin.py; the admin client answers with the same) ------------------------------------
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    topic: str
+    queue_id: int
+    min_offset: int  # the first offset this node's log still holds
+    max_offset: int  # the queue's end: the offset of its next message
+    last_store_ms: int  # the store time of its last message (0: none held)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupQueue:
+    topic: str
+    queue_id: int
+    committed: int | None  # None: the group committed nothing on this queue
+    max_offset: int
+    in_flight: int  # RocketMQ receives not yet acknowledged (pop consumers)
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.max_offset - (self.committed or 0))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    group: str
+    topics: tuple[str, ...]
+    lag: int
+    has_settings: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetReset:
+    queue_id: int
+    old: int | None
+    new: int

@@ -162,20 +162,29 @@ class Retention:
         queues: Callable[[], Iterable[tuple[str, int, ConsumeQueue, int]]],
         data_dir: Path,
         clock: Callable[[], float] = time.monotonic,
+        prune: Callable[[int], object] | None = None,
     ):
-        self.policy = policy
         self._log = log
         self._applied = applied
         self._queues = queues
         self._data_dir = data_dir
         self._clock = clock
+        self._prune = (
+            prune  # also given the log's first position when it moves (the key index's old files go)
+        )
         self._checked_at = float("-inf")
         self._checked_end = 0
-        # also evaluated after this many new log bytes, so a fast producer cannot outrun the policy by much
-        self._step = max(64 << 10, policy.max_bytes // 8) if policy.max_bytes else 4 << 20
         self._point: int | None = None
         self._cleaned_first = -1
         self.stats = {"evaluations": 0, "consumequeue_files_deleted": 0}
+        self.set_policy(policy)
+
+    def set_policy(self, policy: RetentionPolicy) -> None:
+        """The policy (at start, and when run-time settings change it): evaluated again at the next
+        ``retain_from``; also evaluated after ``_step`` new log bytes, so a fast producer cannot outrun it."""
+        self.policy = policy
+        self._step = max(64 << 10, policy.max_bytes // 8) if policy.max_bytes else 4 << 20
+        self._checked_at = float("-inf")
 
     def disk(self) -> tuple[int, int] | None:
         if not self.policy.disk_max_used_percent:
@@ -205,3 +214,5 @@ class Retention:
         first_pos = self._log.snapshot_point().end_pos
         for _topic, _qid, cq, end in self._queues():
             self.stats["consumequeue_files_deleted"] += cq.drop_before(first_held(cq, end, first_pos))
+        if self._prune is not None:
+            self._prune(first_pos)

@@ -25,6 +25,7 @@ last delivery that raced the move (the message was then both processed and dead-
 from __future__ import annotations
 
 import json
+import shutil
 from array import array
 from bisect import bisect_left
 from collections import deque
@@ -36,6 +37,7 @@ from typing import Any, BinaryIO, Final
 from broker_adapter.core import commands, groups, message
 from broker_adapter.core.consumequeue import OPEN_FILES, UNITS_PER_FILE, ConsumeQueue, OpenFiles, holds
 from broker_adapter.core.invisibility import PopStates
+from broker_adapter.core.keyindex import KeyIndex
 from broker_adapter.core.timer import TimerIndex, Waiting
 from broker_adapter.core.topics import DLQ_PREFIX, HALF_TOPIC, TIMER_TOPIC
 from broker_adapter.core.transactions import COMMIT, DEFAULT_IMMUNITY_MS, ROLLBACK, Half, HalfMessages
@@ -86,6 +88,7 @@ class BrokerStateMachine:
         on_dispatch: Callable[[str, int, int], None] | None = None,
         tx_immunity_ms: int = DEFAULT_IMMUNITY_MS,
         open_files: int = OPEN_FILES,
+        index_dir: str | Path | None = None,
     ):
         self.tx_immunity_ms = tx_immunity_ms  # a half message's first check-back: the same on every node
         self.root = Path(consumequeue_root)
@@ -124,6 +127,15 @@ class BrokerStateMachine:
         self._unwritten: list[ConsumeQueue] = []  # queues with units appended in this apply, not yet written
         self._unsynced: list[str] = []  # ConsumeQueue files a failed snapshot sync did not make durable
         self._on_dispatch = on_dispatch  # (topic, queue_id, next queue offset): wakes long-polling pulls
+        # Administration (docs/broker.md, Administration): deleted topics (topic -> the deleting entry's index;
+        # a send to one is refused until it is created again), run-time settings set through the log (JSON
+        # values by key, over the node config's [broker] table) and who is told when they change.
+        self.deleted_topics: dict[str, int] = {}
+        self.config: dict[str, Any] = {}
+        self.on_config: Callable[[dict[str, Any]], None] | None = None
+        self.on_topics: Callable[[], None] | None = None  # a topic was created or deleted
+        # The key and message-id index, maintained at dispatch (None: not kept, as in unit tests).
+        self.keyindex: KeyIndex | None = None if index_dir is None else KeyIndex(index_dir)
 
     # -- retention (broker_adapter/core/retention.py; set by the plugin when a policy is configured) ---------------
     retention: Any = None
@@ -204,9 +216,11 @@ class BrokerStateMachine:
             unwritten, self._unwritten = self._unwritten, []
             for cq in unwritten:  # the chunk's units: one write per queue (ConsumeQueue.append buffers them)
                 cq.write_appended()
+            if self.keyindex is not None:
+                self.keyindex.commit()
         if self._on_dispatch is not None:
             for topic, qid in touched:
-                self._on_dispatch(topic, qid, self.next_offsets[(topic, qid)])
+                self._on_dispatch(topic, qid, self.next_offsets.get((topic, qid), 0))
         return results
 
     def _dispatch(self, e: CommittedEntry) -> Dispatched | message.MessageFormatError:
@@ -229,6 +243,7 @@ class BrokerStateMachine:
         if r.topic not in self.topics:
             # Only the leader's auto-create path sends to a topic not yet created; every node does the same.
             self.topics[r.topic] = r.queue_id + 1
+            self.deleted_topics.pop(r.topic, None)
         elif r.queue_id >= self.topics[r.topic]:
             self.topics[r.topic] = r.queue_id + 1
         cq = self.queue(r.topic, r.queue_id)
@@ -245,6 +260,12 @@ class BrokerStateMachine:
             cq.append(commitlog_offset, r.size, message.tags_code(r.tags))
         elif q < cq.max_offset:
             unit = cq.get(q)
+            if unit.commitlog_offset > commitlog_offset:
+                # A replay (a restart from an older snapshot) of a message of a topic deleted and created again
+                # since: the unit belongs to a later message of the new topic (positions grow in a queue). The
+                # deletion, replayed later, removes this queue and the new topic's messages are dispatched again.
+                self.next_offsets[(r.topic, r.queue_id)] = q + 1
+                return Dispatched(r.topic, r.queue_id, q, commitlog_offset, r.size)
             if unit.commitlog_offset != commitlog_offset or unit.size != r.size:
                 raise DispatchError(
                     f"{r.topic}/{r.queue_id} offset {q}: ConsumeQueue points at {unit.commitlog_offset} "
@@ -263,6 +284,8 @@ class BrokerStateMachine:
                 del self._positions[:POSITIONS_KEPT]
                 del self._indices[:POSITIONS_KEPT]
         d = Dispatched(r.topic, r.queue_id, q, commitlog_offset, r.size)
+        if self.keyindex is not None:
+            self.index_message(e.body, commitlog_offset)
         ident = r.producer
         if ident is not None:
             pid, seq = ident
@@ -278,6 +301,11 @@ class BrokerStateMachine:
             if r.origin is not None:
                 self._origin(r.origin, r.topic)
         return d
+
+    def index_message(self, body: bytes | memoryview, pos: int) -> None:
+        """Add a message at CommitLog offset ``pos`` to the key index (dispatch, and the index's catch-up)."""
+        assert self.keyindex is not None
+        self.keyindex.add_raw(pos, *message.peek_id_and_keys(body))
 
     def _pending(self, body: bytes | memoryview, topic: str, offset: int) -> None:
         """A timer or half message: index it (a malformed one is kept out of the index on every node alike)."""
@@ -362,7 +390,19 @@ class BrokerStateMachine:
             if have is not None and have != cmd.queues:
                 return commands.CommandError(f"topic {cmd.topic!r} already exists with {have} queues")
             self.topics[cmd.topic] = cmd.queues
+            self.deleted_topics.pop(cmd.topic, None)
+            if self.on_topics is not None:
+                self.on_topics()
             return cmd
+        if isinstance(cmd, commands.DeleteTopic):
+            return self._delete_topic(cmd)
+        if isinstance(cmd, commands.DeleteGroup):
+            return self._delete_group(cmd)
+        if isinstance(cmd, commands.SetConfig):
+            self.config.update(cmd.settings)
+            if self.on_config is not None:
+                self.on_config(dict(self.config))
+            return dict(self.config)
         if cmd.topic not in self.topics or cmd.queue_id >= self.topics[cmd.topic]:
             return commands.CommandError(f"unknown queue {cmd.topic}/{cmd.queue_id}")
         key = (cmd.group, cmd.topic, cmd.queue_id)
@@ -380,6 +420,43 @@ class BrokerStateMachine:
             result = self.pops.change_invisible(cmd)
         self._follow_low(key)
         return result
+
+    # -- administration ------------------------------------------------------------------------------------
+    def _delete_topic(self, cmd: commands.DeleteTopic) -> Any:
+        """The topic's queues go (their files too), with the groups' offsets and pop state on it; its messages
+        stay in the log (until retention). Created again, its queues start at offset 0."""
+        topic = cmd.topic
+        if self.topics.pop(topic, None) is None:
+            return commands.CommandError(f"unknown topic {topic!r}")
+        self.deleted_topics[topic] = self.applied_index
+        for key in [k for k in self.next_offsets if k[0] == topic]:
+            del self.next_offsets[key]
+            self.short_queues.pop(key, None)
+        self.offsets = {k: o for k, o in self.offsets.items() if k[1] != topic}
+        for pop_key in [k for k in self.pops.queues if k[1] == topic]:
+            del self.pops.queues[pop_key]
+        for key in [k for k in self._queues if k[0] == topic]:
+            cq = self._queues.pop(key)
+            self._unwritten = [u for u in self._unwritten if u is not cq]
+            cq.remove()
+        shutil.rmtree(self.root / topic, ignore_errors=True)  # queues never opened since the start
+        if self.on_topics is not None:
+            self.on_topics()
+        return cmd
+
+    def _delete_group(self, cmd: commands.DeleteGroup) -> Any:
+        group = cmd.group
+        if group not in self.group_names():
+            return commands.CommandError(f"unknown consumer group {group!r}")
+        self.offsets = {k: o for k, o in self.offsets.items() if k[0] != group}
+        for pop_key in [k for k in self.pops.queues if k[0] == group]:
+            del self.pops.queues[pop_key]
+        self.groups.pop(group, None)
+        return cmd
+
+    def group_names(self) -> set[str]:
+        """Every consumer group with state here: committed offsets, pop state or settings."""
+        return {g for g, _, _ in self.offsets} | {g for g, _, _ in self.pops.queues} | set(self.groups)
 
     # -- repair --------------------------------------------------------------------------------------------
     def truncate_beyond(self, log_end_pos: int) -> int:
@@ -409,6 +486,8 @@ class BrokerStateMachine:
             cq.flush()
         unsynced, self._unsynced = self._unsynced, []
         self._files.sync(unsynced)
+        if self.keyindex is not None:
+            self.keyindex.flush()
 
     def prepare_snapshot(self) -> Callable[[], None]:
         """Called by the runtime on the event loop just before ``save_snapshot``: takes the ConsumeQueue files
@@ -446,6 +525,8 @@ class BrokerStateMachine:
             "timer": self.timer.to_json(),
             "halves": self.halves.to_json(),
             "repeats": self.repeats,
+            "deleted_topics": self.deleted_topics,
+            "config": self.config,
         }
         writer.write(json.dumps(state, sort_keys=True).encode())
 
@@ -470,6 +551,10 @@ class BrokerStateMachine:
         self.timer = TimerIndex.from_json(state.get("timer", []))
         self.halves = HalfMessages.from_json(state.get("halves", {}))
         self.repeats = int(state.get("repeats", 0))
+        self.deleted_topics = {str(t): int(i) for t, i in state.get("deleted_topics", {}).items()}
+        self.config = dict(state.get("config", {}))
+        if self.config and self.on_config is not None:
+            self.on_config(dict(self.config))
         for t, q, max_offset in state["queues"]:
             cq = self._queues.get((t, int(q)))
             if cq is None:
@@ -507,6 +592,8 @@ class BrokerStateMachine:
 
     def close(self) -> None:
         self.flush()
+        if self.keyindex is not None:
+            self.keyindex.close()
         self._files.close_all()
         self._queues.clear()
 

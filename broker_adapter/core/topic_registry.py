@@ -24,6 +24,12 @@ class TopicRegistry:
         """The topic's queue count on this node (``InvalidTopicError`` / ``UnknownTopicError`` otherwise)."""
         check_topic(topic)
         n = self._sm.topics.get(topic)
+        if n is None and topic in self._sm.deleted_topics:
+            raise UnknownTopicError(
+                topic,
+                f"topic {topic!r} was deleted (log entry {self._sm.deleted_topics[topic]}): it takes no messages "
+                "until it is created again (dledger topic create)",
+            )
         if n is None:
             raise UnknownTopicError(
                 topic,
@@ -43,7 +49,7 @@ class TopicRegistry:
             return self.queues(topic)
         except UnknownTopicError:
             queues = self.auto_create_queues
-            if not queues:
+            if not queues or topic in self._sm.deleted_topics:
                 raise
         self._leadership.require_leader()
         (result,) = await self._proposer.submit([commands.CreateTopic(topic, queues)])

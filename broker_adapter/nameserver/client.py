@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Sequence
 
 import grpc
@@ -145,3 +146,33 @@ class NameServerClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def wait_routable(
+        self, topic: str, groups: Sequence[str], queues: int | None = None, timeout_s: float = 15.0
+    ) -> None:
+        """Until every name server routes ``topic`` to each of ``groups`` (with ``queues`` queues, when given)
+        and to a leader; ``UnavailableError`` naming what is missing after ``timeout_s``. A topic's creation
+        registers it at once (the leader re-registers as it applies it), so this takes a round trip or two."""
+        deadline = time.monotonic() + timeout_s
+        request = pb.QueryRouteRequest(topic=topic)
+        while True:
+            missing = []
+            for address, stub in zip(self.nameservers, self._stubs, strict=True):
+                try:
+                    routes = stub.QueryRoute(request, timeout=self.timeout_s).groups
+                except grpc.RpcError as err:
+                    if err.code() != grpc.StatusCode.NOT_FOUND:
+                        missing.append(f"{address}: {err.code().name}")
+                        continue
+                    routes = []
+                have = {
+                    g.group for g in routes if g.leader_address and (queues is None or g.queues >= queues)
+                }
+                missing += [f"{address}: {g}" for g in groups if g not in have]
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                raise UnavailableError(
+                    f"topic {topic!r} is not routable after {timeout_s:g} s: missing {', '.join(missing)}"
+                )
+            time.sleep(0.05)

@@ -1,0 +1,224 @@
+"""The key and message-id index: which CommitLog positions hold a message with a given key or message id, so a
+query by key or id reads a few messages instead of scanning the log. RocketMQ's IndexFile layout, in files
+beside the ConsumeQueues (``<node dir>/keyindex/``; docs/formats.md section 8).
+
+Each file is a header, a table of hash slots and an array of entries. An entry is (hash, position, previous
+entry of the same slot); a slot holds its newest entry, so a lookup walks one chain from the newest entry to the
+oldest. The dispatcher adds a message's entries as it dispatches it (an entry, then its slot: a few ``struct``
+operations on a memory map, no system call) and writes the header (entry count, last position) once per apply
+chunk. A file that fills up is followed by a new one; lookups go from the newest file to the oldest.
+
+The files are derived data, like the ConsumeQueues, and never part of a snapshot. The header's last position
+says what is indexed: positions grow with the log, so a message at or below it is never indexed twice, and at
+start the node indexes what its log holds past it (all of it when the directory is missing). A file not closed
+cleanly (the process was killed) gets its slots rebuilt from its entries up to the header's count at open (an
+entry written after the last header write is dropped, and indexed again from the log). Nothing is synced but at
+``flush`` (before every snapshot), so a power loss may lose recent entries: delete the directory to rebuild it.
+
+Hashes collide (64 bits) and entries outlive what they point at (a message deleted by retention, a message of
+a deleted topic): a query reads each candidate message and keeps those whose key or id matches and that their
+ConsumeQueue still points at (``core/admin.py``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Final
+
+KEY: Final = "k"
+MSG_ID: Final = "i"
+MAGIC: Final = b"DLKI"
+VERSION: Final = 1
+HEADER: Final = struct.Struct(
+    ">4sIIIIIqq"
+)  # magic, version, slots, capacity, count, clean, last_pos, first_pos
+HEADER_SIZE: Final = 64
+SLOT: Final = struct.Struct(">I")  # entry number + 1 of the slot's newest entry; 0: empty
+ENTRY: Final = struct.Struct(
+    ">qqI"
+)  # hash, CommitLog position, entry number + 1 of the previous one (0: none)
+SLOTS: Final = 1 << 20  # 4 MiB of slots a file
+CAPACITY: Final = 1 << 22  # entries a file (80 MiB, written as it fills: the file is sparse until then)
+
+
+def _hash(data: bytes) -> int:
+    """Adler-32 (high half) and CRC-32 (low half: the slot, so slots spread as CRC-32 does) of ``data``, as a
+    signed 64-bit integer: cheap, and a collision only costs a lookup one more message read."""
+    h = (zlib.adler32(data) << 32) | zlib.crc32(data)
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def key_hash(kind: str, value: str) -> int:
+    """The hash of ``kind:value`` (UTF-8): ``"k:" + key`` or ``"i:" + message id``."""
+    return _hash(f"{kind}:{value}".encode())
+
+
+class _File:
+    __slots__ = ("base", "capacity", "count", "first_pos", "last_pos", "mask", "mm", "path", "slots")
+
+    def __init__(self, path: Path, slots: int, capacity: int):
+        self.path = path
+        fresh = not path.exists()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if fresh:
+                os.ftruncate(fd, HEADER_SIZE + SLOT.size * slots + ENTRY.size * capacity)
+            self.mm = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        if fresh:
+            HEADER.pack_into(self.mm, 0, MAGIC, VERSION, slots, capacity, 0, 1, -1, -1)
+        magic, version, self.slots, self.capacity, self.count, clean, self.last_pos, self.first_pos = (
+            HEADER.unpack_from(self.mm, 0)
+        )
+        if magic != MAGIC or version != VERSION or self.slots & (self.slots - 1):
+            self.mm.close()
+            raise ValueError(f"{path}: not a key index file of version {VERSION}")
+        self.mask = self.slots - 1
+        self.base = HEADER_SIZE + SLOT.size * self.slots
+        if not clean:
+            self._rebuild_slots()
+        self.write_header(clean=False)
+
+    def _rebuild_slots(self) -> None:
+        """The slots of the entries the header counts (an entry past it may have moved its slot already)."""
+        mm, mask = self.mm, self.mask
+        mm[HEADER_SIZE : self.base] = bytes(self.base - HEADER_SIZE)
+        at = self.base
+        for j in range(self.count):
+            h = struct.unpack_from(">q", mm, at)[0]
+            SLOT.pack_into(mm, HEADER_SIZE + SLOT.size * (h & mask), j + 1)
+            at += ENTRY.size
+
+    def write_header(self, clean: bool) -> None:
+        HEADER.pack_into(
+            self.mm,
+            0,
+            MAGIC,
+            VERSION,
+            self.slots,
+            self.capacity,
+            self.count,
+            int(clean),
+            self.last_pos,
+            self.first_pos,
+        )
+
+    def put(self, h: int, pos: int) -> None:
+        mm = self.mm
+        slot = HEADER_SIZE + SLOT.size * (h & self.mask)
+        prev = SLOT.unpack_from(mm, slot)[0]
+        ENTRY.pack_into(mm, self.base + ENTRY.size * self.count, h, pos, prev)
+        self.count += 1
+        SLOT.pack_into(mm, slot, self.count)
+        if self.first_pos < 0:
+            self.first_pos = pos
+        self.last_pos = pos  # written with the count (the header then says what its entries cover)
+
+    def find(self, h: int, limit: int, out: list[int]) -> None:
+        mm = self.mm
+        e = SLOT.unpack_from(mm, HEADER_SIZE + SLOT.size * (h & self.mask))[0]
+        while e and len(out) < limit:
+            if e > self.count:
+                return  # cannot happen after an open: an entry past the header's count
+            eh, pos, prev = ENTRY.unpack_from(mm, self.base + ENTRY.size * (e - 1))
+            if eh == h and pos not in out:  # an entry indexed twice across a crash at a file's end
+                out.append(pos)
+            e = prev
+
+    def close(self, clean: bool) -> None:
+        self.write_header(clean)
+        self.mm.flush()
+        self.mm.close()
+
+
+class KeyIndex:
+    def __init__(self, directory: str | Path, slots: int = SLOTS, capacity: int = CAPACITY):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._slots, self._capacity = slots, capacity
+        self._files: list[_File] = []
+        for path in sorted(self.dir.glob("*.idx")):
+            try:
+                self._files.append(_File(path, slots, capacity))
+            except ValueError:
+                path.unlink()  # unreadable: what it held is indexed again from the log
+        self.last_pos: int = max((f.last_pos for f in self._files), default=-1)
+        self._pending_pos = self.last_pos
+        self.added = 0  # entries added since start
+
+    def _writable(self, need: int = 1) -> _File:
+        if not self._files or self._files[-1].count + need > self._files[-1].capacity:
+            if self._files:
+                self._files[-1].write_header(clean=False)
+            n = int(self._files[-1].path.stem) + 1 if self._files else 0
+            self._files.append(_File(self.dir / f"{n:08d}.idx", self._slots, self._capacity))
+        return self._files[-1]
+
+    def add(self, pos: int, msg_id: str | None, keys: Iterable[str]) -> None:
+        """Index the message at CommitLog position ``pos`` (ignored at or below the last one indexed)."""
+        self.add_raw(pos, msg_id.encode() if msg_id else None, " ".join(keys).encode() or None)
+
+    def add_raw(self, pos: int, msg_id: bytes | None, keys: bytes | None) -> None:
+        """``add`` with the message's raw UNIQ_KEY and KEYS property values (keys separated by spaces)."""
+        if pos <= self._pending_pos:
+            return
+        self._pending_pos = pos
+        hashes = [_hash(b"i:" + msg_id)] if msg_id else []
+        if keys:
+            hashes += [_hash(b"k:" + k) for k in keys.split(b" ") if k]
+        if not hashes:
+            return
+        f = self._writable(len(hashes))
+        for h in hashes:
+            f.put(h, pos)
+        self.added += len(hashes)
+
+    def commit(self) -> None:
+        """Record what ``add`` wrote (the entry count and the last position) in the header."""
+        if self._pending_pos == self.last_pos:
+            return
+        self.last_pos = self._pending_pos
+        self._writable().write_header(clean=False)
+
+    def flush(self) -> None:
+        """Make what is indexed durable (before a snapshot)."""
+        self.commit()
+        for f in self._files[-1:]:
+            f.mm.flush()
+
+    def lookup(self, kind: str, value: str, limit: int) -> list[int]:
+        """Positions of messages that may carry ``value`` as a key (``KEY``) or message id (``MSG_ID``),
+        newest first, at most ``limit``."""
+        h = key_hash(kind, value)
+        out: list[int] = []
+        for f in reversed(self._files):
+            f.find(h, limit, out)
+            if len(out) >= limit:
+                break
+        return out
+
+    def prune_below(self, pos: int) -> int:
+        """Delete the files (never the newest) whose every entry is before ``pos`` (the log no longer holds
+        them); returns how many entries went."""
+        gone = 0
+        while len(self._files) > 1 and self._files[0].last_pos < pos:
+            f = self._files.pop(0)
+            gone += f.count
+            f.close(clean=True)
+            f.path.unlink()
+        return gone
+
+    def rows(self) -> int:
+        return sum(f.count for f in self._files)
+
+    def close(self) -> None:
+        self.commit()
+        for f in self._files:
+            f.close(clean=True)
+        self._files = []
