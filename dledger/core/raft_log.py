@@ -692,10 +692,8 @@ def _scan(frames: bytes, first_index: int) -> tuple[list[int], list[int], list[t
 
 
 def _count_frames(data: bytes) -> int:
-    n = 0
-    off = 0
-    end = len(data)
-    size_of = _SIZE.unpack_from
+    n = off = 0
+    end, size_of = len(data), _SIZE.unpack_from
     while off < end:
         off += size_of(data, off + 4)[0]
         n += 1
