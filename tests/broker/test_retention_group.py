@@ -19,6 +19,7 @@ import pytest
 from broker_adapter.client import Consumer, Producer
 from broker_adapter.v1 import broker_pb2
 from dledger import group as grp
+from dledger.errors import NotFoundError
 from tests.rocketmq.conftest import create_topic, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -63,6 +64,14 @@ def read_all(g: grp.GroupSpec, topic: str, node: grp.NodeSpec, queues: int) -> l
                 got += batch
                 offset = batch[-1].queue_offset + 1
     return got
+
+
+def _knows(g: grp.GroupSpec, topic: str, node: grp.NodeSpec) -> bool:
+    try:
+        read_all(g, topic, node, 1)
+    except NotFoundError:
+        return False
+    return True
 
 
 def log_end(g: grp.GroupSpec) -> int | None:
@@ -149,6 +158,8 @@ def test_retention_by_age_deletes_what_is_older_than_the_newest_by_the_policy(tm
     g = start(tmp_path / "g", "retention_hours = 0.001", snapshot_entries=100_000)
     groups.append(g)
     create_topic(g, "age", 1)
+    # Every node knows the topic before the test reads each one (a node that joined last may still be catching up).
+    poll(lambda: all(_knows(g, "age", n) for n in g.nodes), 30, "the topic on every node")
     stored: dict[int, int] = {}  # queue offset -> store time, as read while still held
 
     def look() -> list[list]:

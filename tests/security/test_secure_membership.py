@@ -24,7 +24,7 @@ from dledger.v1 import raft_pb2, raft_pb2_grpc
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
-def test_a_secure_group_adds_replaces_and_removes_nodes_without_losing_a_write(tmp_path):
+def test_a_secure_group_adds_replaces_and_removes_nodes_without_losing_a_write(tmp_path, monkeypatch):
     d = tmp_path / "g"
     g, _ = grp.up(d, 3, None, state_machine="kv", secure=True)
     admin = ClientSecurity.from_file(Path(g.security))
@@ -88,6 +88,9 @@ def test_a_secure_group_adds_replaces_and_removes_nodes_without_losing_a_write(t
                     return e
             return None
 
+        # The CLI sets DLEDGER_SECURITY for a secure --dir in its own process; here it is this test's, undone after
+        # it (left set, every later client of this worker would speak TLS to plain groups).
+        monkeypatch.setenv("DLEDGER_SECURITY", g.security)
         app = typer.Typer()
         register_security_commands(
             app
