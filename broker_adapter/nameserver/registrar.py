@@ -25,6 +25,7 @@ from dledger.transport.grpc import open_channel
 log = logging.getLogger(__name__)
 
 RPC_TIMEOUT_S = 1.0
+RETRY_DOWN_S = 1.0  # how soon a registration a name server refused is tried again
 
 
 def node_credentials(group: str, node_id: str, security: Any | None) -> grpc.ChannelCredentials | None:
@@ -84,8 +85,11 @@ class Registrar:
     async def _run(self) -> None:
         while True:
             await self.register_once()
+            # A name server that refused or was not up yet is asked again within a second, not a whole beat
+            # later: a node must not stay unroutable for a heartbeat period because it started first.
+            wait_s = min(self._period_s, RETRY_DOWN_S) if self._down else self._period_s
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._period_s)
+                await asyncio.wait_for(self._wake.wait(), wait_s)
             self._wake.clear()
 
     async def register_once(self) -> None:
@@ -117,7 +121,7 @@ class Registrar:
         except grpc.aio.AioRpcError as err:
             if address not in self._down:
                 log.warning(
-                    "%s/%s: cannot register with name server %s (%s: %s); retrying every beat",
+                    "%s/%s: cannot register with name server %s (%s: %s); retrying every second",
                     reg.group,
                     reg.node_id,
                     address,
