@@ -253,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1 second, 1 round")
     ap.add_argument("--flush", choices=("sync", "async"), default="sync")
     ap.add_argument("--no-stages", action="store_true", help="no py-spy, no stage table")
+    ap.add_argument("--no-key-index", action="store_true", help="nodes without the key and id index ([broker])")
     ap.add_argument("--profile", type=Path, default=None, help="py-spy raw stacks of every node go here")
     args = ap.parse_args(argv)
     if args.quick:
@@ -268,7 +269,14 @@ def main(argv: list[str] | None = None) -> int:
         if use_spy:
             spy_dir = args.profile or Path(tmp) / "stacks"
             spy_dir.mkdir(parents=True, exist_ok=True)
-        g, _ = grp.up(Path(tmp) / "group", 3, None, state_machine="broker", flush=args.flush)
+        g = grp.create(Path(tmp) / "group", 3, None, state_machine="broker", flush=args.flush)
+        if args.no_key_index:  # what the key and id index costs: the same group without it
+            for spec in g.nodes:
+                with open(spec.config, "a") as f:
+                    f.write("\n[broker]\nkey_index = false\n")
+        for spec in g.nodes:
+            grp.start_node(spec)
+        grp.wait_for_leader(g)
         try:
             with BrokerConnection(g.addresses) as c:
                 c.create_topic(TOPIC, 4)
