@@ -253,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1 second, 1 round")
     ap.add_argument("--flush", choices=("sync", "async"), default="sync")
     ap.add_argument("--no-stages", action="store_true", help="no py-spy, no stage table")
-    ap.add_argument("--no-key-index", action="store_true", help="nodes without the key and id index ([broker])")
+    ap.add_argument(
+        "--no-key-index", action="store_true", help="nodes without the key and id index ([broker])"
+    )
     ap.add_argument("--profile", type=Path, default=None, help="py-spy raw stacks of every node go here")
     args = ap.parse_args(argv)
     if args.quick:

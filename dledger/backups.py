@@ -15,6 +15,7 @@ first leader. A backup whose files do not match their manifest is refused, namin
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from dledger import group as grp
 from dledger.core.membership import Configuration
@@ -59,9 +61,9 @@ def take(addresses: list[str], group: str, out: Path, security: ClientSecurity |
     import grpc
 
     from dledger.client import DLedgerClient
-    from dledger.security.tls import client_credentials, sync_channel
+    from dledger.connections import Channels
+    from dledger.security.tls import client_credentials
     from dledger.transport import convert
-    from dledger.transport.grpc import CHANNEL_OPTIONS
     from dledger.v1 import client_pb2, client_pb2_grpc
 
     out = Path(out)
@@ -73,38 +75,40 @@ def take(addresses: list[str], group: str, out: Path, security: ClientSecurity |
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "snapshot").mkdir(parents=True)
-    sums: dict[str, hashlib._Hash] = {}
+    sums: dict[str, Any] = {}  # file -> its running SHA-256
     sizes: dict[str, int] = {}
     end: BackupEnd | None = None
-    channel = sync_channel(address, client_credentials(security), CHANNEL_OPTIONS)
+    channels = Channels(client_credentials(security))
     try:
-        stub = client_pb2_grpc.DLedgerStub(channel)
-        files: dict[str, object] = {}
-        for chunk in stub.Backup(client_pb2.BackupRequest(group=group), timeout=3600):
-            if chunk.file == BACKUP_END:
-                end = BackupEnd.from_json(chunk.data)
-                continue
-            f = files.get(chunk.file)
-            if f is None:
-                f = files[chunk.file] = open(tmp / chunk.file, "wb")  # noqa: SIM115 - closed below
-                sums[chunk.file] = hashlib.sha256()
-                sizes[chunk.file] = 0
-            if chunk.offset != sizes[chunk.file]:
-                raise BackupError(
-                    f"{chunk.file}: chunk at offset {chunk.offset}, expected {sizes[chunk.file]}"
-                )
-            f.write(chunk.data)  # type: ignore[attr-defined]
-            sums[chunk.file].update(chunk.data)
-            sizes[chunk.file] += len(chunk.data)
-        for f in files.values():
-            f.flush()  # type: ignore[attr-defined]
-            os.fsync(f.fileno())  # type: ignore[attr-defined]
-            f.close()  # type: ignore[attr-defined]
+        with contextlib.ExitStack() as opened:
+            files: dict[str, BinaryIO] = {}
+            stub = channels.stub(address, client_pb2_grpc.DLedgerStub)
+            for chunk in stub.Backup(client_pb2.BackupRequest(group=group), timeout=3600):
+                if chunk.file == BACKUP_END:
+                    end = BackupEnd.from_json(chunk.data)
+                    continue
+                f = files.get(chunk.file)
+                if f is None:
+                    f = files[chunk.file] = opened.enter_context(open(tmp / chunk.file, "wb"))
+                    sums[chunk.file], sizes[chunk.file] = hashlib.sha256(), 0
+                if chunk.offset != sizes[chunk.file]:
+                    raise BackupError(
+                        f"{chunk.file}: chunk at offset {chunk.offset}, expected {sizes[chunk.file]}"
+                    )
+                f.write(chunk.data)
+                sums[chunk.file].update(chunk.data)
+                sizes[chunk.file] += len(chunk.data)
+            for f in files.values():
+                f.flush()
+                os.fsync(f.fileno())
     except grpc.RpcError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise convert.error_from_rpc(e, address) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     finally:
-        channel.close()
+        channels.close()
     if end is None:
         shutil.rmtree(tmp, ignore_errors=True)
         raise BackupError(f"the backup stream from {address} ended without its end record")

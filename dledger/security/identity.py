@@ -28,28 +28,24 @@ def load_ec_key(key_pem: bytes) -> ec.EllipticCurvePrivateKey:
 
 def node_identity(cert: x509.Certificate) -> str | None:
     """The node id a certificate names (its ``URI:dledger:node:<id>``), or None for a non-node certificate."""
-    try:
-        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return None
-    ids = [
-        u.removeprefix(NODE_URI_PREFIX)
-        for u in sans.get_values_for_type(x509.UniformResourceIdentifier)
-        if u.startswith(NODE_URI_PREFIX)
-    ]
-    return ids[0] if len(ids) == 1 else None
+    return _named(cert, NODE_URI_PREFIX)
 
 
 def node_group(cert: x509.Certificate) -> str | None:
     """The group a node certificate is bound to (its ``URI:dledger:group:<group>``), or None when it names none
     (a single group's certificates, ``write_group``) or several."""
+    return _named(cert, GROUP_URI_PREFIX)
+
+
+def _named(cert: x509.Certificate, prefix: str) -> str | None:
+    """What the certificate's one ``URI:<prefix><name>`` names; None when it has none or several."""
     try:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return None
-    groups = [
-        u.removeprefix(GROUP_URI_PREFIX)
+    names = [
+        u.removeprefix(prefix)
         for u in sans.get_values_for_type(x509.UniformResourceIdentifier)
-        if u.startswith(GROUP_URI_PREFIX)
+        if u.startswith(prefix)
     ]
-    return groups[0] if len(groups) == 1 else None
+    return names[0] if len(names) == 1 else None
