@@ -24,10 +24,10 @@ from storage import codec
 from storage.api import LogStore
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Applied:
     """One applied entry and what the state machine returned for it (``None`` for a no-op entry; an exception
-    instance when the state machine refused the entry)."""
+    instance when the state machine refused the entry). Not frozen, as ``CommittedEntry``."""
 
     index: int
     term: int
@@ -81,21 +81,22 @@ class ApplyLoop:
         if lo >= hi:
             return []
         entries = self._log.entries(lo, hi, self._max_bytes)
-        normal: list[CommittedEntry] = []
-        for e in entries:
-            if e.magic == codec.MAGIC_NORMAL:
-                normal.append(CommittedEntry(e.index, e.term, e.pos, e.body))
+        normal = [
+            CommittedEntry(h.index, h.term, h.pos, e.body)
+            for e in entries
+            if (h := e.header).magic == codec.MAGIC_NORMAL
+        ]
         results = self.state_machine.apply(normal) if normal else []
         if len(results) != len(normal):
             raise RuntimeError(
                 f"state machine {self.state_machine.name!r} returned {len(results)} results for {len(normal)} entries"
             )
-        by_index = {c.index: r for c, r in zip(normal, results, strict=True)}
-        applied = []
-        for e in entries:
-            result = by_index.get(e.index)
-            applied.append(Applied(e.index, e.term, e.pos, result))
-            self.applied_bytes += e.header.body_length
+        if len(normal) == len(entries):  # the usual chunk: no configuration or no-op entries in it
+            applied = [Applied(c.index, c.term, c.pos, r) for c, r in zip(normal, results, strict=True)]
+        else:
+            by_index = {c.index: r for c, r in zip(normal, results, strict=True)}
+            applied = [Applied(e.index, e.term, e.pos, by_index.get(e.index)) for e in entries]
+        self.applied_bytes += sum(e.header.body_length for e in entries)
         self.applied_index = entries[-1].index
         if self._on_applied is not None:
             self._on_applied(applied)

@@ -65,20 +65,24 @@ class QueueOffsetAllocator:
             self._placed_command(body)
             return body, None
         r = route if route is not None else message.peek_route(body)
-        key = (r.topic, r.queue_id)
-        q = self.next_offset(*key)
+        topic, queue_id = key = r.topic, r.queue_id
+        q = self._next.get(key)
+        if q is None:
+            q = self._sm.next_offset(topic, queue_id)
+        physical = pos + HEADER_SIZE
+        size = len(body)
         buf = bytearray(body)
-        message.patch_placement(buf, q, pos + HEADER_SIZE, now_ms())
+        message.patch_placement(buf, q, physical, now_ms())
         self._sm.placed[index] = (
             term,
-            message.Route(r.topic, r.queue_id, q, pos + HEADER_SIZE, len(buf), r.tags, r.producer, r.origin),
+            message.Route(topic, queue_id, q, physical, size, r.tags, r.producer, r.origin, r.uniq, r.keys),
         )
         self._next[key] = q + 1
         if r.producer is not None:
             self._pending[r.producer] = index
             if len(self._pending) > 2 * self._kept + PENDING_SLACK:
                 self._prune()
-        return bytes(buf), Dispatched(r.topic, r.queue_id, q, pos + HEADER_SIZE, r.size)
+        return bytes(buf), Dispatched(topic, queue_id, q, physical, size)
 
     def _prune(self) -> None:
         """Forget the sends the dispatcher has applied (its producer table answers for them): otherwise a

@@ -85,7 +85,7 @@ class MessageFormatError(ValueError):
     """A message body does not follow the layout; the text says which field and where."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: see ``Route``
 class MessageFields:
     """A message's routing fields: what a reader of the log compares with the ConsumeQueue and the acks."""
 
@@ -260,9 +260,11 @@ def _check_magic(magic: int) -> None:
 
 
 # -- routes: what the dispatcher needs ------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Route:
-    """What the dispatcher needs from a message, read without copying or checking the body."""
+    """What the dispatcher needs from a message, read without copying or checking the body. Not frozen (treat it
+    as read-only): one is built for every message on every node, and a frozen dataclass costs about five times as
+    much to build (docs/send-budget.md)."""
 
     topic: str
     queue_id: int
@@ -272,43 +274,81 @@ class Route:
     tags: str | None
     producer: tuple[str, int] | None = None  # (PRODUCER_ID, PRODUCER_SEQ), as ``peek_producer``
     origin: str | None = None  # PROPERTY_ORIGIN: the copy's source, for copies the broker makes
+    uniq: bytes | None = (
+        None  # the raw UNIQ_KEY and KEYS values: the key index's input (``peek_id_and_keys``)
+    )
+    keys: bytes | None = None
+
+
+# The properties a route holds, by their place in ``_scan_properties``'s answer. The first four decide where a
+# message goes and whose it is: a producer session may carry each at most once (``check_stored``).
+_SCANNED: Final = {
+    PROPERTY_TAGS.encode(): 0,
+    PROPERTY_ORIGIN.encode(): 1,
+    PROPERTY_PRODUCER_ID.encode(): 2,
+    PROPERTY_SEQUENCE.encode(): 3,
+    PROPERTY_UNIQ_KEY.encode(): 4,
+    PROPERTY_KEYS.encode(): 5,
+}
+_ROUTING_SCANNED: Final = 4
+
+
+def _scan_properties(raw: bytes, strict: bool = False) -> list[bytes | None]:
+    """The raw values of the route's properties (``_SCANNED`` order; None when absent) in one pass over the
+    properties section, the first of a repeated name winning as in ``property_bytes``. ``strict`` (a session's
+    message): an item without a value separator, or a routing property twice, is refused."""
+    found: list[bytes | None] = [None] * 6
+    for item in raw.split(b"\x02"):
+        name, sep, value = item.partition(b"\x01")
+        if not sep:
+            if strict and item:
+                raise MessageFormatError(f"property {name.decode(errors='replace')!r} has no value separator")
+            continue
+        k = _SCANNED.get(name)
+        if k is not None:
+            if found[k] is None:
+                found[k] = value
+            elif strict and k < _ROUTING_SCANNED:
+                raise MessageFormatError(f"property {name.decode()} appears twice")
+    return found
+
+
+def _route(
+    topic: str, queue_id: int, queue_offset: int, physical_offset: int, size: int, raw: bytes, strict: bool
+) -> Route:
+    tags, origin, pid, seq, uniq, keys = _scan_properties(raw, strict)
+    return Route(
+        topic,
+        queue_id,
+        queue_offset,
+        physical_offset,
+        size,
+        None if tags is None else tags.decode(),
+        (pid.decode(), int(seq)) if pid and seq is not None and seq.isdigit() else None,
+        None if origin is None else origin.decode(),
+        uniq,
+        keys,
+    )
 
 
 def peek_route(buf: Buffer) -> Route:
-    """Topic, queue, offsets, size and tags of an encoded message (structure checked, BODYCRC not)."""
+    """Topic, queue, offsets, size, tags, producer, origin, id and keys of an encoded message (structure
+    checked, BODYCRC not), with one copy of its properties section read in one pass."""
     _, topic_at, props_at = _sections(buf)
     n = len(buf)
     _total, queue_id, _flag, queue_offset, physical_offset = _ROUTE.unpack_from(buf, 0)
     topic = bytes(buf[topic_at + 1 : props_at - 2]).decode()
     if props_at == n:
         return Route(topic, queue_id, queue_offset, physical_offset, n, None)
-    # One copy of the properties section, searched for the three the dispatcher needs.
-    raw = bytes(buf[props_at:n])
-    tags = property_bytes(raw, _TAGS_KEY)
-    origin = property_bytes(raw, _ORIGIN_KEY)
-    return Route(
-        topic,
-        queue_id,
-        queue_offset,
-        physical_offset,
-        n,
-        None if tags is None else tags.decode(),
-        _producer(raw),
-        None if origin is None else origin.decode(),
-    )
-
-
-_ROUTING_PROPERTIES: Final = frozenset(
-    {PROPERTY_TAGS, PROPERTY_ORIGIN, PROPERTY_PRODUCER_ID, PROPERTY_SEQUENCE}
-)
+    return _route(topic, queue_id, queue_offset, physical_offset, n, bytes(buf[props_at:n]), False)
 
 
 def check_stored(buf: bytes) -> Route:
     """A message a producer sent in its stored form (a producer session, docs/broker.md), checked as the leader
     must before storing bytes it did not encode: the structure, MAGICCODE, BODYCRC, a normal message (SYSFLAG 0,
-    offsets left 0 for the leader) and properties a consumer can read (UTF-8, each ``name\x01value``). Its
-    ``Route`` (what ``peek_route`` reads), in one pass over the properties, or ``MessageFormatError`` naming
-    the field."""
+    offsets left 0 for the leader) and properties a consumer can read (UTF-8, each ``name\x01value``, each
+    routing property once). Its ``Route`` (what ``peek_route`` reads), in one pass over the properties, or
+    ``MessageFormatError`` naming the field."""
     _, topic_at, props_at = _sections(buf)
     _total, magic, crc, queue_id, queue_offset, physical_offset, sys_flag, _ = _STORED_HEAD.unpack_from(buf)
     _check_magic(magic)
@@ -326,21 +366,12 @@ def check_stored(buf: bytes) -> Route:
         topic = buf[topic_at + 1 : props_at - 2].decode()
     except UnicodeDecodeError:
         raise MessageFormatError("TOPIC is not UTF-8") from None
+    raw = buf[props_at:]
     try:
-        props = buf[props_at:].decode()
+        raw.decode()  # a consumer must be able to read them; the scan below reads the bytes
     except UnicodeDecodeError:
         raise MessageFormatError("PROPERTIES are not UTF-8") from None
-    routing: dict[str, str] = {}  # the properties a route holds: each at most once, so every reader agrees
-    for item in props.split(PROPERTY_SEPARATOR):
-        name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
-        if not sep:
-            if item:
-                raise MessageFormatError(f"property {name!r} has no value separator")
-        elif name in _ROUTING_PROPERTIES:
-            if name in routing:
-                raise MessageFormatError(f"property {name} appears twice")
-            routing[name] = value
-    return route_of(topic, queue_id, len(buf), routing)
+    return _route(topic, queue_id, 0, 0, len(buf), raw, True)
 
 
 def route_of(topic: str, queue_id: int, size: int, properties: dict[str, str]) -> Route:
@@ -349,8 +380,19 @@ def route_of(topic: str, queue_id: int, size: int, properties: dict[str, str]) -
     pid = properties.get(PROPERTY_PRODUCER_ID)
     seq = properties.get(PROPERTY_SEQUENCE)
     producer = (pid, int(seq)) if pid and seq is not None and seq.isascii() and seq.isdigit() else None
+    uniq = properties.get(PROPERTY_UNIQ_KEY)
+    keys = properties.get(PROPERTY_KEYS)
     return Route(
-        topic, queue_id, 0, 0, size, properties.get(PROPERTY_TAGS), producer, properties.get(PROPERTY_ORIGIN)
+        topic,
+        queue_id,
+        0,
+        0,
+        size,
+        properties.get(PROPERTY_TAGS),
+        producer,
+        properties.get(PROPERTY_ORIGIN),
+        None if uniq is None else uniq.encode(),
+        None if keys is None else keys.encode(),
     )
 
 

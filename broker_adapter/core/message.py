@@ -186,8 +186,8 @@ ROCKETMQ_RESERVED_PROPERTIES: Final = frozenset(
 )
 
 
-def encode_properties(props: dict[str, str]) -> bytes:
-    text = "".join(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items())
+def encode_properties(props: Mapping[str, str]) -> bytes:
+    text = "".join([f"{k}\x01{v}\x02" for k, v in props.items()])
     # Each name and value adds exactly one of each separator; any more means one of them holds a separator.
     if text.count(NAME_VALUE_SEPARATOR) != len(props) or text.count(PROPERTY_SEPARATOR) != len(props):
         for k, v in props.items():
@@ -196,6 +196,19 @@ def encode_properties(props: dict[str, str]) -> bytes:
                     f"property {k!r} contains a reserved separator character (\\x01 or \\x02)"
                 )
     return text.encode()
+
+
+_U32: Final = struct.Struct(">I")  # BODYLEN
+_U16: Final = struct.Struct(">H")  # PROPERTIESLEN
+
+
+@functools.lru_cache(maxsize=4096)
+def _topic_field(topic: str) -> bytes:
+    """TOPICLEN + TOPIC, checked (cached: a producer writes the same few topics into every message)."""
+    topic_b = topic.encode()
+    if not topic_b or len(topic_b) > MAX_TOPIC_BYTES:
+        raise MessageFormatError(f"topic must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8, got {len(topic_b)}")
+    return bytes((len(topic_b),)) + topic_b
 
 
 @functools.lru_cache(maxsize=256)
@@ -249,14 +262,13 @@ def encode_fields(
     prepared_transaction_offset: int = 0,
 ) -> bytes:
     """``encode`` without building a ``Message`` first (the broker's send path encodes every message)."""
-    topic_b = topic.encode()
-    if not topic_b or len(topic_b) > MAX_TOPIC_BYTES:
-        raise MessageFormatError(f"topic must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8, got {len(topic_b)}")
+    topic_field = _topic_field(topic)
     props = encode_properties(properties)
     if len(props) > MAX_PROPERTIES_BYTES:
         raise MessageFormatError(f"properties are {len(props)} bytes, at most {MAX_PROPERTIES_BYTES} allowed")
+    body_len = len(body)
     head = FIXED.pack(
-        OVERHEAD + len(body) + len(topic_b) + len(props),
+        OVERHEAD + body_len + len(topic_field) - 1 + len(props),
         MAGIC_CODE,
         body_crc(body),
         queue_id,
@@ -271,17 +283,7 @@ def encode_fields(
         reconsume_times,
         prepared_transaction_offset,
     )
-    return b"".join(
-        (
-            head,
-            len(body).to_bytes(4, "big"),
-            body,
-            len(topic_b).to_bytes(1, "big"),
-            topic_b,
-            len(props).to_bytes(2, "big"),
-            props,
-        )
-    )
+    return b"".join((head, _U32.pack(body_len), body, topic_field, _U16.pack(len(props)), props))
 
 
 def encode_send(

@@ -134,10 +134,10 @@ class OutgoingMessage:
     sequence: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendResult:
     """Where one sent message is. ``duplicate``: a retry of a (producer, sequence) already in the log; its offsets
-    are -1 when the first attempt is older than the remembered window."""
+    are -1 when the first attempt is older than the remembered window. Not frozen: see ``formats.Route``."""
 
     msg_id: str
     topic: str

@@ -52,8 +52,10 @@ class DispatchError(RuntimeError):
     """A committed message does not fit its ConsumeQueue: the node's derived state disagrees with the log."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Dispatched:
+    """Where a message is. Not frozen: see ``formats.Route``."""
+
     topic: str
     queue_id: int
     queue_offset: int
@@ -284,8 +286,8 @@ class BrokerStateMachine:
                 del self._positions[:POSITIONS_KEPT]
                 del self._indices[:POSITIONS_KEPT]
         d = Dispatched(r.topic, r.queue_id, q, commitlog_offset, r.size)
-        if self.keyindex is not None:
-            self.index_message(e.body, commitlog_offset)
+        if self.keyindex is not None and (r.uniq is not None or r.keys is not None):
+            self.keyindex.add_raw(commitlog_offset, r.uniq, r.keys)
         ident = r.producer
         if ident is not None:
             pid, seq = ident
