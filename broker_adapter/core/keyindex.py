@@ -26,7 +26,7 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -109,17 +109,6 @@ class _File:
             self.first_pos,
         )
 
-    def put(self, h: int, pos: int) -> None:
-        mm = self.mm
-        slot = HEADER_SIZE + SLOT.size * (h & self.mask)
-        prev = SLOT.unpack_from(mm, slot)[0]
-        ENTRY.pack_into(mm, self.base + ENTRY.size * self.count, h, pos, prev)
-        self.count += 1
-        SLOT.pack_into(mm, slot, self.count)
-        if self.first_pos < 0:
-            self.first_pos = pos
-        self.last_pos = pos  # written with the count (the header then says what its entries cover)
-
     def find(self, h: int, limit: int, out: list[int]) -> None:
         mm = self.mm
         e = SLOT.unpack_from(mm, HEADER_SIZE + SLOT.size * (h & self.mask))[0]
@@ -166,18 +155,41 @@ class KeyIndex:
 
     def add_raw(self, pos: int, msg_id: bytes | None, keys: bytes | None) -> None:
         """``add`` with the message's raw UNIQ_KEY and KEYS property values (keys separated by spaces)."""
-        if pos <= self._pending_pos:
+        self.add_many(((pos, msg_id, keys),))
+
+    def add_many(self, items: Sequence[tuple[int, bytes | None, bytes | None]]) -> None:
+        """``add_raw`` for each (pos, raw UNIQ_KEY, raw KEYS) of an apply chunk, in one loop: the dispatcher
+        collects a chunk's messages and indexes them together (a call per message and per entry cost more
+        than the hashing)."""
+        if not items:
             return
-        self._pending_pos = pos
-        hashes = [_hash(b"i:" + msg_id)] if msg_id else []
-        if keys:
-            hashes += [_hash(b"k:" + k) for k in keys.split(b" ") if k]
-        if not hashes:
-            return
-        f = self._writable(len(hashes))
-        for h in hashes:
-            f.put(h, pos)
-        self.added += len(hashes)
+        unpack_slot, pack_slot, pack_entry = SLOT.unpack_from, SLOT.pack_into, ENTRY.pack_into
+        f = self._writable()
+        last, added = self._pending_pos, 0
+        for pos, uniq, keys in items:
+            if pos <= last:
+                continue
+            last = pos
+            hashes = [_hash(b"i:" + uniq)] if uniq else []
+            if keys:
+                hashes += [_hash(b"k:" + k) for k in keys.split(b" ") if k]
+            if not hashes:
+                continue
+            if f.count + len(hashes) > f.capacity:  # this file is full: on to the next
+                f = self._writable(len(hashes))
+            mm, base, mask, count = f.mm, f.base, f.mask, f.count
+            for h in hashes:
+                slot = HEADER_SIZE + SLOT.size * (h & mask)
+                pack_entry(mm, base + ENTRY.size * count, h, pos, unpack_slot(mm, slot)[0])
+                count += 1
+                pack_slot(mm, slot, count)
+            f.count = count
+            if f.first_pos < 0:
+                f.first_pos = pos
+            f.last_pos = pos
+            added += len(hashes)
+        self._pending_pos = last
+        self.added += added
 
     def commit(self) -> None:
         """Record what ``add`` wrote (the entry count and the last position) in the header."""

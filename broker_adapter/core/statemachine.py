@@ -127,6 +127,7 @@ class BrokerStateMachine:
         self._files = OpenFiles(limit=open_files)
         self._log_end: int | None = None  # the log's end at start: units at or past it are cut at first open
         self._unwritten: list[ConsumeQueue] = []  # queues with units appended in this apply, not yet written
+        self._to_index: list[tuple[int, bytes | None, bytes | None]] = []  # this apply's (pos, id, keys)
         self._unsynced: list[str] = []  # ConsumeQueue files a failed snapshot sync did not make durable
         self._on_dispatch = on_dispatch  # (topic, queue_id, next queue offset): wakes long-polling pulls
         # Administration (docs/broker.md, Administration): deleted topics (topic -> the deleting entry's index;
@@ -218,7 +219,9 @@ class BrokerStateMachine:
             unwritten, self._unwritten = self._unwritten, []
             for cq in unwritten:  # the chunk's units: one write per queue (ConsumeQueue.append buffers them)
                 cq.write_appended()
+            to_index, self._to_index = self._to_index, []
             if self.keyindex is not None:
+                self.keyindex.add_many(to_index)  # the chunk's messages in one loop
                 self.keyindex.commit()
         if self._on_dispatch is not None:
             for topic, qid in touched:
@@ -286,8 +289,8 @@ class BrokerStateMachine:
                 del self._positions[:POSITIONS_KEPT]
                 del self._indices[:POSITIONS_KEPT]
         d = Dispatched(r.topic, r.queue_id, q, commitlog_offset, r.size)
-        if self.keyindex is not None and (r.uniq is not None or r.keys is not None):
-            self.keyindex.add_raw(commitlog_offset, r.uniq, r.keys)
+        if r.uniq is not None or r.keys is not None:
+            self._to_index.append((commitlog_offset, r.uniq, r.keys))
         ident = r.producer
         if ident is not None:
             pid, seq = ident
