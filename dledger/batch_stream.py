@@ -54,6 +54,8 @@ _REFUSED: Final = frozenset(
     {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED}
 )
 
+SWEEP_S: Final = 0.05  # how often a stream fails the calls past their deadline
+
 # (request id, the batch's error or None, one result per item of the batch)
 Answer = tuple[int, DLedgerError | None, Sequence[R]]
 
@@ -80,16 +82,46 @@ class BatchStream(Generic[T, R]):
         self._ids = itertools.count(1)
         self._max_pack = max_pack
         self.broken: BaseException | None = None
+        # (deadline, future) of the calls given a time limit, swept by one task (``_sweep``): a timer per call
+        # (``asyncio.timeout``) cost the caller's process more than packing and answering the call.
+        self._deadlines: list[tuple[float, asyncio.Future[Sequence[R]]]] = []
+        self._sweeper: asyncio.Task[None] | None = None
         self._writer = asyncio.create_task(self._write_loop())
         self._reader = asyncio.create_task(self._read_loop())
 
-    async def submit(self, items: list[T]) -> Sequence[R]:
+    async def submit(self, items: list[T], within_s: float | None = None) -> Sequence[R]:
+        """The items' results, in order. With ``within_s``, no answer by then raises ``TimeoutError`` (within
+        about ``SWEEP_S`` more): the items may still be written and carried out."""
         if self.broken is not None:
             raise UnavailableError(f"{self.address}: stream closed") from self.broken
-        fut: asyncio.Future[Sequence[R]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Sequence[R]] = loop.create_future()
         self._queue.append((items, fut))
         self._has_work.set()
+        if within_s is not None:
+            self._deadlines.append((loop.time() + within_s, fut))
+            if self._sweeper is None:
+                self._sweeper = asyncio.create_task(self._sweep())
         return await fut
+
+    async def _sweep(self) -> None:
+        """Fail the calls past their deadline, every ``SWEEP_S`` while any call has one."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._deadlines:
+                await asyncio.sleep(SWEEP_S)
+                now = loop.time()
+                keep = []
+                for deadline, fut in self._deadlines:
+                    if fut.done():
+                        continue
+                    if deadline <= now:
+                        fut.set_exception(TimeoutError())
+                    else:
+                        keep.append((deadline, fut))
+                self._deadlines = keep
+        finally:
+            self._sweeper = None
 
     async def _write_loop(self) -> None:
         try:
@@ -172,10 +204,11 @@ class BatchStream(Generic[T, R]):
         self._queue.clear()
 
     async def close(self) -> None:
-        self._writer.cancel()
-        self._reader.cancel()
+        tasks = [self._writer, self._reader, *([self._sweeper] if self._sweeper is not None else [])]
+        for t in tasks:
+            t.cancel()
         self._call.cancel()
-        await asyncio.gather(self._writer, self._reader, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 Q = TypeVar("Q")

@@ -164,8 +164,7 @@ class Streams(Generic[T, R]):
             address = attempts.target()
             wait_s = rpc_timeout(attempts, answer_within_s)
             try:
-                async with asyncio.timeout(wait_s):
-                    results = await (await self.stream(address)).submit(items)
+                results = await (await self.stream(address)).submit(items, wait_s)
             except TimeoutError:
                 why = OutcomeUnknownError(
                     f"no answer from {address} within {wait_s:.3g} s: the request may or may not have been "
