@@ -266,4 +266,11 @@ def test_bench_cpu_runs_every_workload_on_a_real_group(capsys) -> None:
     if _py_spy() is not None:
         table = out.split("leader CPU per message by stage")[1].splitlines()
         assert all(s in table[1] for s in stages.STAGES)
-        assert {line.split()[0] for line in table[2 : 2 + len(WORKLOADS)]} == set(WORKLOADS)
+        rows = set()
+        for line in table[2:]:
+            if not line.strip():
+                break
+            rows.add(line.split()[0])
+        # A window in which the leader moved (a loaded machine) gives no stages, and says so.
+        moved = {w for w in WORKLOADS if f"  {w}: the leader changed in the window" in out}
+        assert rows and rows | moved == set(WORKLOADS) and not rows & moved
