@@ -261,12 +261,16 @@ def encode(cmd: Command) -> bytes:
     return _HEAD.pack(_HEAD.size + len(raw), COMMAND_MAGIC, op) + raw
 
 
+_MAGIC_U32 = struct.Struct(">I")  # a command's magic, at bytes 4..8
+_MAGIC_I32 = struct.Struct(">i")  # a message's MAGICCODE, at bytes 4..8 (a Java int)
+
+
 def is_command(body: bytes | memoryview) -> bool:
-    return len(body) >= _HEAD.size and struct.unpack_from(">I", body, 4)[0] == COMMAND_MAGIC
+    return len(body) >= _HEAD.size and _MAGIC_U32.unpack_from(body, 4)[0] == COMMAND_MAGIC
 
 
 def is_message(body: bytes | memoryview) -> bool:
-    return len(body) >= OVERHEAD and struct.unpack_from(">i", body, 4)[0] == MAGIC_CODE
+    return len(body) >= OVERHEAD and _MAGIC_I32.unpack_from(body, 4)[0] == MAGIC_CODE
 
 
 def decode(body: bytes | memoryview) -> Command:

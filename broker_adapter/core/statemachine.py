@@ -245,18 +245,21 @@ class BrokerStateMachine:
                 f"entry {e.index} carries PHYSICALOFFSET {r.physical_offset}, not its place {commitlog_offset}: "
                 "not placed by the broker, not dispatched"
             )
-        if r.topic not in self.topics:
+        topic, queue_id = r.topic, r.queue_id
+        queues = self.topics.get(topic)
+        if queues is None:
             # Only the leader's auto-create path sends to a topic not yet created; every node does the same.
-            self.topics[r.topic] = r.queue_id + 1
-            self.deleted_topics.pop(r.topic, None)
-        elif r.queue_id >= self.topics[r.topic]:
-            self.topics[r.topic] = r.queue_id + 1
-        cq = self.queue(r.topic, r.queue_id)
+            self.topics[topic] = queue_id + 1
+            self.deleted_topics.pop(topic, None)
+        elif queue_id >= queues:
+            self.topics[topic] = queue_id + 1
+        key = (topic, queue_id)
+        cq = self._queues.get(key) or self.queue(topic, queue_id)
         q = r.queue_offset
-        expected = self.next_offsets.get((r.topic, r.queue_id), 0)
+        expected = self.next_offsets.get(key, 0)
         if q != expected:
             raise DispatchError(
-                f"{r.topic}/{r.queue_id}: entry {e.index} carries queue offset {q} but the queue's next offset is "
+                f"{topic}/{queue_id}: entry {e.index} carries queue offset {q} but the queue's next offset is "
                 f"{expected}: the leader allocated offsets that are not dense"
             )
         if q == cq.max_offset:
@@ -269,26 +272,27 @@ class BrokerStateMachine:
                 # A replay (a restart from an older snapshot) of a message of a topic deleted and created again
                 # since: the unit belongs to a later message of the new topic (positions grow in a queue). The
                 # deletion, replayed later, removes this queue and the new topic's messages are dispatched again.
-                self.next_offsets[(r.topic, r.queue_id)] = q + 1
-                return Dispatched(r.topic, r.queue_id, q, commitlog_offset, r.size)
+                self.next_offsets[key] = q + 1
+                return Dispatched(topic, queue_id, q, commitlog_offset, r.size)
             if unit.commitlog_offset != commitlog_offset or unit.size != r.size:
                 raise DispatchError(
-                    f"{r.topic}/{r.queue_id} offset {q}: ConsumeQueue points at {unit.commitlog_offset} "
+                    f"{topic}/{queue_id} offset {q}: ConsumeQueue points at {unit.commitlog_offset} "
                     f"(size {unit.size}) but entry {e.index} puts the message at {commitlog_offset} (size {r.size})"
                 )
         else:
             raise DispatchError(
-                f"{r.topic}/{r.queue_id}: entry {e.index} carries queue offset {q} but the queue ends at "
+                f"{topic}/{queue_id}: entry {e.index} carries queue offset {q} but the queue ends at "
                 f"{cq.max_offset}; rebuild the ConsumeQueue from the log"
             )
-        self.next_offsets[(r.topic, r.queue_id)] = q + 1
-        if not self._positions or commitlog_offset > self._positions[-1]:
-            self._positions.append(commitlog_offset)
+        self.next_offsets[key] = q + 1
+        positions = self._positions
+        if not positions or commitlog_offset > positions[-1]:
+            positions.append(commitlog_offset)
             self._indices.append(e.index)
-            if len(self._positions) >= 2 * POSITIONS_KEPT:
-                del self._positions[:POSITIONS_KEPT]
+            if len(positions) >= 2 * POSITIONS_KEPT:
+                del positions[:POSITIONS_KEPT]
                 del self._indices[:POSITIONS_KEPT]
-        d = Dispatched(r.topic, r.queue_id, q, commitlog_offset, r.size)
+        d = Dispatched(topic, queue_id, q, commitlog_offset, r.size)
         if r.uniq is not None or r.keys is not None:
             self._to_index.append((commitlog_offset, r.uniq, r.keys))
         ident = r.producer
@@ -297,7 +301,7 @@ class BrokerStateMachine:
             st = self.producers.get(pid)
             if st is None:
                 st = self.producers[pid] = ProducerState()
-            if self.sent(pid, seq) is not False:
+            elif self.sent(pid, seq) is not False:
                 self.duplicates += 1
             st.record(seq, d)
         if r.topic == TIMER_TOPIC or r.topic == HALF_TOPIC:
