@@ -95,6 +95,12 @@ bench-clients: $(STAMP)
 bench-cpu: $(STAMP)
 	$(BIN)/python -m bench.cpu_per_message
 
+# The broker's own Python work per message, step by step, in one process (docs/send-budget.md): for comparing two
+# revisions on a loaded machine (CPU time, not wall time).
+.PHONY: bench-broker-path
+bench-broker-path: $(STAMP)
+	$(BIN)/python -m bench.broker_path
+
 # 1 topic against 10,000, an empty log against 10 million messages: send rate, restart, memory (docs/broker.md).
 # make bench-scale SCALE_ARGS=--quick
 .PHONY: bench-scale
