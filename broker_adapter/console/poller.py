@@ -30,7 +30,7 @@ from broker_adapter.client import AsyncConsumer, TopicInfo
 from broker_adapter.core import topics as topic_names
 from broker_adapter.core.model import GroupQueue
 from dledger.client import AsyncDLedgerClient, NodeInfo
-from dledger.errors import DLedgerError
+from dledger.errors import DLedgerError, NotFoundError
 from dledger.security.config import ClientSecurity
 
 HISTORY = 600  # samples kept per series (10 min at the default 1 s)
@@ -314,9 +314,11 @@ class Poller:
         v = self.views[group]
         try:
             members, queues = await asyncio.to_thread(self.admin(group).describe, consumer_group)
-        except DLedgerError:  # unknown here (NotFoundError), or the group did not answer: nothing to show
+        except NotFoundError:  # no state of it in this group (any more)
             v.offsets.pop(consumer_group, None)
             v.members.pop(consumer_group, None)
+            return
+        except DLedgerError:  # the group did not answer this round: what shows is the last answer
             return
         old = v.offsets.get(consumer_group)
         if old is not None and [q.committed for q in old] != [q.committed for q in queues]:
