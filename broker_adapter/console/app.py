@@ -46,7 +46,7 @@ from broker_adapter.admin_client import BrokerAdmin, FoundMessage, epoch_ms, ori
 from broker_adapter.console.poller import GroupView, Poller
 from broker_adapter.core import topics as topic_names
 from broker_adapter.core.admin import RESET_MODES
-from dledger.errors import DLedgerError, PermissionDeniedError
+from dledger.errors import DLedgerError, NotFoundError, PermissionDeniedError
 from dledger.security.client import SecurityClient
 from dledger.security.config import ClientSecurity
 
@@ -430,8 +430,12 @@ class Console:
                 self._views(group)  # checks the name
                 found = await self._admin(group, lambda a: list(a.dead_letters(cg, DLQ_SHOWN)))
                 letters = [(m, origin_topic(m)) for m in found]
-            except (ValueError, DLedgerError) as e:
-                error = str(e) if isinstance(e, ValueError) else _why(e)
+            except ValueError as e:
+                error = str(e)
+            except NotFoundError as e:
+                error = f"{cg!r} has no dead-letter topic in {group}: {_why(e)}"
+            except DLedgerError as e:
+                error = _why(e)
         return self.render(
             request, "dlq.html", dlqs=dlqs, group=group, cg=cg, letters=letters, error=error, shown=DLQ_SHOWN
         )
