@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select
+from selenium.webdriver.support.expected_conditions import staleness_of
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from broker_adapter.admin_client import BrokerAdmin
 from broker_adapter.client import BrokerConnection, Consumer, Producer
@@ -83,6 +84,17 @@ class Env:
 
     def sign_in(self, access_key: str, secret_key: str) -> None:
         self.browser.sign_in(self.console.url, access_key, secret_key)
+
+    def follow(self, element: Any) -> None:
+        """Click a link or a form's button and wait for the page it leads to (the old one gone)."""
+        old = self.driver.find_element(By.TAG_NAME, "html")
+        element.click()
+        WebDriverWait(self.driver, 20).until(staleness_of(old))
+
+    def submit(self, button: Any) -> str:
+        """``follow`` a form's button; the message the page it leads to shows (the POST's outcome)."""
+        self.follow(button)
+        return str(eventually("the outcome's message", lambda: self.text("#flash")))
 
 
 @pytest.fixture(scope="module")
@@ -211,8 +223,8 @@ def test_a_message_is_found_by_key_by_id_and_by_store_time(env: Env):
     assert msg_id == stored.msg_id
     env.shot("search")
     # by id: the id's link
-    row.find_element(By.CSS_SELECTOR, ".msg-id a").click()
-    eventually("the search by id", lambda: "by=id" in env.driver.current_url)
+    env.follow(row.find_element(By.CSS_SELECTOR, ".msg-id a"))
+    assert "by=id" in env.driver.current_url
     (by_id,) = env.driver.find_elements(By.CSS_SELECTOR, "#found tr.found")
     assert by_id.get_attribute("data-msg-id") == msg_id and cells(by_id) == by_key
     # by store time, through the form: stored before invoice-10 (the end is exclusive)
@@ -222,8 +234,8 @@ def test_a_message_is_found_by_key_by_id_and_by_store_time(env: Env):
     env.driver.find_element(By.ID, "search-start").send_keys("0")
     end = datetime.fromtimestamp(tenth.store_ms / 1000, UTC).isoformat(timespec="milliseconds")
     env.driver.find_element(By.ID, "search-end").send_keys(end)
-    env.driver.find_element(By.ID, "search-submit").click()
-    eventually("the search by time", lambda: "by=time" in env.driver.current_url)
+    env.follow(env.driver.find_element(By.ID, "search-submit"))
+    assert "by=time" in env.driver.current_url
     bodies = {r.text for r in env.driver.find_elements(By.CSS_SELECTOR, "#found tr.found .body")}
     assert "invoice-0" in bodies and bodies <= {f"invoice-{i}" for i in range(10)}, bodies
     # bad input: a clear message, no error page
@@ -255,8 +267,7 @@ def test_a_consumer_groups_offsets_reset_from_its_page_and_its_lag_updates(env: 
             env.driver.find_element(By.ID, field).clear()
             if text:
                 env.driver.find_element(By.ID, field).send_keys(text)
-        env.driver.find_element(By.ID, "reset-submit").click()
-        return str(eventually("the reset's outcome", lambda: env.text("#flash")))
+        return env.submit(env.driver.find_element(By.ID, "reset-submit"))
 
     e = ends()
     eventually(
@@ -285,15 +296,14 @@ def test_a_consumer_groups_offsets_reset_from_its_page_and_its_lag_updates(env: 
 def test_a_dead_letter_resent_from_the_dlq_page_is_consumed_by_a_real_consumer(env: Env):
     env.open("/dlq")
     eventually("the DLQ listed", lambda: env.text(f'#dlqs tr[data-cg="{DLQ_CG}"] .count') == "2")
-    env.driver.find_element(By.LINK_TEXT, DLQ_CG).click()
+    env.follow(env.driver.find_element(By.LINK_TEXT, DLQ_CG))
     rows = eventually(
         "two dead letters", lambda: env.driver.find_elements(By.CSS_SELECTOR, "#letters tr.letter")
     )
     assert len(rows) == 2
     assert [r.find_element(By.CSS_SELECTOR, ".origin").text for r in rows] == [DLQ_TOPIC, DLQ_TOPIC]
     dead_id = rows[0].find_element(By.CSS_SELECTOR, ".msg-id").text
-    rows[0].find_element(By.CSS_SELECTOR, "button.resend").click()
-    flash = str(eventually("the resend's outcome", lambda: env.text("#flash")))
+    flash = env.submit(rows[0].find_element(By.CSS_SELECTOR, "button.resend"))
     assert flash.startswith("resent 1:") and f"→ {DLQ_TOPIC}/0:2" in flash, flash
     env.shot("dlq")
 
@@ -313,8 +323,7 @@ def test_a_dead_letter_resent_from_the_dlq_page_is_consumed_by_a_real_consumer(e
     (back,) = consume(1)
     assert (back.body, back.tags, back.keys) == (b"refund-0", "refund", ("refund-key-0",))
     assert back.properties[message.PROPERTY_ORIGIN_MESSAGE_ID] == dead_id and back.msg_id != dead_id
-    env.driver.find_element(By.ID, "resend-all").click()
-    flash = str(eventually("the resend's outcome", lambda: env.text("#flash")))
+    flash = env.submit(env.driver.find_element(By.ID, "resend-all"))
     assert flash.startswith("resent 2:"), flash
     assert sorted(m.body for m in consume(2)) == [b"refund-0", b"refund-1"]
     # a dead letter that is not there: the group's refusal on the page
@@ -370,6 +379,38 @@ def test_failed_sign_ins_from_one_address_are_answered_429_for_a_while(env: Env)
         assert code == 200 and "refused" in page
     finally:
         console.stop()
+
+
+def test_a_user_demoted_after_signing_in_can_no_longer_reset(env: Env):
+    with Consumer(env.g.addresses, RESET_CG, security=env.admin) as c:
+        before = (c.committed(TOPIC, 0), c.committed(TOPIC, 1))
+    dana = {"access_key": "dana", "secret_key": "dana-secret-42"}
+    call_once(env.g.addresses, "AddUser", {**dana, "permissions": ["admin"]}, env.admin)
+    https = urllib.request.HTTPSHandler(context=env.console.ssl)
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(https, urllib.request.HTTPCookieProcessor(jar))
+    code, page = _form(env.console, opener, dana)
+    assert code == 200 and 'id="signed-in">dana<' in page, page
+    with opener.open(env.console.url + "/consumer?cg=" + RESET_CG, timeout=10) as r:
+        token = re.search(r'name="csrf" value="([^"]+)"', r.read().decode())
+    assert token is not None
+    call_once(env.g.addresses, "Revoke", {"access_key": "dana", "permission": "admin"}, env.admin)
+    reset = {"csrf": token.group(1), "cg": RESET_CG, "topic": TOPIC, "mode": "earliest"}
+    req = urllib.request.Request(
+        env.console.url + "/consumer/reset",
+        data=urllib.parse.urlencode(reset).encode(),
+        headers={"Origin": env.console.url},
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        opener.open(req, timeout=10)
+    assert refused.value.code == 403
+    assert "'dana' is no admin of the group any more" in refused.value.read().decode()
+    with Producer(env.g.addresses, security=env.admin) as p:
+        # a broker entry after the user commands: the broker's reads wait for one (reported to the lead)
+        p.create_topic("after-users", 1)
+    with Consumer(env.g.addresses, RESET_CG, security=env.admin) as c:
+        assert (c.committed(TOPIC, 0), c.committed(TOPIC, 1)) == before, "the refused reset changed nothing"
 
 
 def test_a_post_needs_the_sessions_csrf_token_and_this_consoles_origin(env: Env):
