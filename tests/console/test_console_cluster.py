@@ -22,7 +22,8 @@ from broker_adapter.cluster.client import ClusterConsumer, ClusterProducer
 from dledger import group as grp
 from tests.console.support import ConsoleProcess
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+# extra to the normal set (make test stays under 10 minutes): the per-group paths are test_console.py's
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")
