@@ -214,8 +214,8 @@ class Console:
         return [views[group]]
 
     async def _admin(self, group: str, fn: Callable[[BrokerAdmin], Any]) -> Any:
-        """``fn(the group's BrokerAdmin)`` in a worker thread (the client is blocking)."""
-        return await asyncio.to_thread(fn, self.c.poller.admin(group))
+        """``fn(the group's patient BrokerAdmin)`` in a worker thread (the client is blocking)."""
+        return await asyncio.to_thread(fn, self.c.poller.admin(group, patient=True))
 
     def render(self, request: Request, name: str, **ctx: Any) -> Response:
         live = request.query_params.get("live") == "1"
@@ -403,7 +403,7 @@ class Console:
                 failed.append(f"{name}: {_why(e)}")
                 continue
             self.c.poller.watched.add(cg)
-            await self.c.poller.refresh_consumer_group(name, cg)
+            await self.c.poller.refresh_consumer_group(name, cg, patient=True)
             moves = ", ".join(f"{r.queue_id}: {'—' if r.old is None else r.old} → {r.new}" for r in plan)
             done.append(f"{name}: {moves}")
         if done:

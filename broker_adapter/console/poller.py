@@ -108,7 +108,7 @@ class Poller:
         self.rates: deque[tuple[float, dict[str, int]]] = deque(maxlen=HISTORY)  # "group/topic" -> messages
         self.lags: deque[tuple[float, dict[str, int]]] = deque(maxlen=HISTORY)  # consumer group -> total lag
         self._clients: dict[str, tuple[AsyncDLedgerClient, AsyncConsumer]] = {}
-        self._admins: dict[str, BrokerAdmin] = {}
+        self._admins: dict[tuple[str, bool], BrokerAdmin] = {}
         self._describe_cursor = 0
         self.moved_at: dict[str, float] = {}  # consumer group -> when its committed offsets last moved
         self._tasks: list[asyncio.Task[None]] = []
@@ -158,15 +158,20 @@ class Poller:
             c = self._clients[group] = (dl, browse)
         return c
 
-    def admin(self, group: str) -> BrokerAdmin:
+    def admin(self, group: str, patient: bool = False) -> BrokerAdmin:
         """The group's administration client (blocking, thread-safe: call it with ``asyncio.to_thread``),
-        signed with the console's own credentials."""
-        a = self._admins.get(group)
+        signed with the console's own credentials: the poll's gives up within a round's time or so (the next
+        round asks again); the ``patient`` one, for what an operator asked (a change, a search), waits as long
+        as the CLI's does."""
+        a = self._admins.get((group, patient))
         if a is None:
             t = self.views[group].target
-            a = self._admins[group] = BrokerAdmin(
-                list(t.addresses), timeout_s=3.0, retry_for_s=3.0, security=t.security
+            waits = (
+                {"timeout_s": 10.0, "retry_for_s": 20.0}
+                if patient
+                else {"timeout_s": 3.0, "retry_for_s": 3.0}
             )
+            a = self._admins[(group, patient)] = BrokerAdmin(list(t.addresses), security=t.security, **waits)
         return a
 
     # -- nodes and leaders -----------------------------------------------------------------------------------
@@ -190,9 +195,10 @@ class Poller:
                     if old is not None:
                         await old[0].close()
                         await old[1].close()
-                    old_admin = self._admins.pop(t.name, None)
-                    if old_admin is not None:
-                        old_admin.close()
+                    for patient in (False, True):
+                        old_admin = self._admins.pop((t.name, patient), None)
+                        if old_admin is not None:
+                            old_admin.close()
 
     async def _poll_group_nodes(self, v: GroupView) -> None:
         dl, _ = self.clients(v.target.name)
@@ -308,12 +314,12 @@ class Poller:
         v.groups_error = ""
         return names
 
-    async def refresh_consumer_group(self, group: str, consumer_group: str) -> None:
-        """Read a consumer group's queues and members in ``group`` again (each round, and at once after the
-        console reset its offsets)."""
+    async def refresh_consumer_group(self, group: str, consumer_group: str, patient: bool = False) -> None:
+        """Read a consumer group's queues and members in ``group`` again (each round, and at once, ``patient``,
+        after the console reset its offsets)."""
         v = self.views[group]
         try:
-            members, queues = await asyncio.to_thread(self.admin(group).describe, consumer_group)
+            members, queues = await asyncio.to_thread(self.admin(group, patient).describe, consumer_group)
         except NotFoundError:  # no state of it in this group (any more)
             v.offsets.pop(consumer_group, None)
             v.members.pop(consumer_group, None)
