@@ -9,7 +9,6 @@ from __future__ import annotations
 import html
 import http.cookiejar
 import re
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from broker_adapter.cluster import local as cl
 from broker_adapter.cluster.client import ClusterConsumer, ClusterProducer
 from dledger import group as grp
 from tests.console.support import ConsoleProcess
+from tests.rocketmq.conftest import poll
 
 # extra to the normal set (make test stays under 10 minutes): the per-group paths are test_console.py's
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
@@ -49,16 +49,6 @@ def page(console: ConsoleProcess, path: str) -> str:
         return html.unescape(r.read().decode())
 
 
-def until(what: str, fn, timeout_s: float = 15.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout_s} s")
-
-
 def test_a_message_is_found_by_key_in_the_group_that_stored_it(cluster):
     c, console = cluster
 
@@ -67,9 +57,10 @@ def test_a_message_is_found_by_key_in_the_group_that_stored_it(cluster):
             return bool(a.query_by_key("order-7", "orders"))
 
     (owner,) = [g for g in c.groups if holds(g)]
-    found = until(
-        "the groups known",
+    found = poll(
         lambda: re.findall(r'<tr class="found".*?</tr>', page(console, "/search?by=key&value=order-7"), re.S),
+        15.0,
+        "the groups known",
     )
     (row,) = found
     assert f"<td>{owner}</td>" in row and "order-7" in row and "o7" in row
@@ -89,7 +80,7 @@ def test_members_from_the_name_server_and_a_reset_in_every_group_with_the_topic(
                 and text.count('data-topic="orders"') == 2
             )
 
-        until("the member and both groups' offsets", shown)
+        poll(shown, 15.0, "the member and both groups' offsets")
     # the reset form from the page: a POST with the session's cookie and token, from this console's origin
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
     with opener.open(console.url + "/consumer?cg=billing", timeout=10) as r:
