@@ -387,6 +387,10 @@ class Console:
             else:
                 amount = epoch_ms(value) if mode == "time" else 0
             queue_text = form.get("queue", "").strip()
+            if queue_text and not queue_text.isdigit():
+                raise ValueError(
+                    f"queue is a queue number (0 or more) or empty for every queue, got {queue_text!r}"
+                )
             queue = int(queue_text) if queue_text else None
             views = [v for v in self._views(form.get("group", "")) if any(t.topic == topic for t in v.topics)]
             if not views:
@@ -447,32 +451,39 @@ class Console:
         group, cg = form.get("group", ""), form.get("cg", "")
         back = RedirectResponse(f"/dlq?{urlencode({'group': group, 'cg': cg})}", 303)
         try:
-            self._views(group)
+            if group not in self.c.poller.views:
+                raise ValueError(
+                    f"unknown group {group!r}: this console shows {', '.join(self.c.poller.views)}"
+                )
             if not cg:
                 raise ValueError("name the consumer group whose dead letter to resend")
-            which = None if form.get("all") else (int(form.get("queue", "")), int(form.get("offset", "")))
+            queue, offset = form.get("queue", ""), form.get("offset", "")
+            if not form.get("all") and not (queue.isdigit() and offset.isdigit()):
+                raise ValueError(
+                    f"a dead letter is named by its queue and offset, got {queue!r} and {offset!r}"
+                )
         except ValueError as e:
             self.flash(request, f"resend: {e}", error=True)
             return back
+        dlq = topic_names.dlq_topic(cg)
 
-        def resend(a: BrokerAdmin) -> list[str]:
-            if which is not None:
-                r = a.resend(cg, *which)
-                return [
-                    f"{topic_names.dlq_topic(cg)}/{which[0]}:{which[1]} → {r.topic}/{r.queue_id}:{r.queue_offset} ({r.msg_id})"
-                ]
-            return [
-                f"{m.queue_id}:{m.queue_offset} → {r.topic}/{r.queue_id}:{r.queue_offset} ({r.msg_id})"
-                for m in list(a.dead_letters(cg, RESEND_ALL_MAX))
-                for r in [a.resend(cg, m.queue_id, m.queue_offset)]
-            ]
+        def resend(a: BrokerAdmin) -> tuple[list[str], str]:
+            """(what was resent, why it stopped: "" when it did not)."""
+            which = [(int(queue), int(offset))] if not form.get("all") else None
+            sent: list[str] = []
+            try:
+                if which is None:
+                    which = [(m.queue_id, m.queue_offset) for m in a.dead_letters(cg, RESEND_ALL_MAX)]
+                for q, o in which:
+                    r = a.resend(cg, q, o)
+                    sent.append(f"{dlq}/{q}:{o} → {r.topic}/{r.queue_id}:{r.queue_offset} ({r.msg_id})")
+            except DLedgerError as e:
+                return sent, _why(e)
+            return sent, ""
 
-        try:
-            sent = await self._admin(group, resend)
-        except DLedgerError as e:
-            self.flash(request, f"resend failed: {_why(e)}", error=True)
-            return back
-        self.flash(request, f"resent {len(sent)}: {'; '.join(sent)}" if sent else "no dead letter to resend")
+        sent, failed = await self._admin(group, resend)
+        done = f"resent {len(sent)}: {'; '.join(sent)}" if sent else "no dead letter resent"
+        self.flash(request, f"{done}; then failed: {failed}" if failed else done, error=bool(failed))
         return back
 
     # -- the audit ---------------------------------------------------------------------------------------------

@@ -326,6 +326,14 @@ def test_a_dead_letter_resent_from_the_dlq_page_is_consumed_by_a_real_consumer(e
     flash = env.submit(env.driver.find_element(By.ID, "resend-all"))
     assert flash.startswith("resent 2:"), flash
     assert sorted(m.body for m in consume(2)) == [b"refund-0", b"refund-1"]
+    # a dead letter that is not there (the form's offset changed under it): the group's refusal, shown
+    row = env.driver.find_elements(By.CSS_SELECTOR, "#letters tr.letter")[0]
+    env.driver.execute_script("arguments[0].value = '99'", row.find_element(By.NAME, "offset"))
+    flash = env.submit(row.find_element(By.CSS_SELECTOR, "button.resend"))
+    assert (
+        flash.startswith("no dead letter resent; then failed: InvalidRequestError")
+        and "beyond the end" in flash
+    )
     # a dead letter that is not there: the group's refusal on the page
     env.open("/dlq?" + urllib.parse.urlencode({"cg": "nobody"}))
     assert "NotFoundError" in env.text("#dlq-error")
