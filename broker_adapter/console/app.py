@@ -27,6 +27,7 @@ import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,6 +58,7 @@ CSP = (
 )
 REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; sandbox"
 BROWSE_MAX = 100
+ADMIN_THREADS = 4  # blocking admin calls operators asked for, at once (a search of 4 groups is one round)
 SEARCH_MAX = 100  # messages a search shows, per group
 DLQ_SHOWN = 100  # dead letters the DLQ page lists
 RESEND_ALL_MAX = 1000  # dead letters "resend all" sends, at most
@@ -141,6 +143,7 @@ class Console:
         self.env.filters["preview"] = _preview
         self.audits: dict[str, asyncio.subprocess.Process] = {}
         self.limiter = SignInLimiter(config.login_attempts, config.login_backoff_s)
+        self.admin_pool = ThreadPoolExecutor(ADMIN_THREADS, thread_name_prefix="console-admin")
 
     # -- guards ------------------------------------------------------------------------------------------------
     def user(self, request: Request) -> str | None:
@@ -214,8 +217,10 @@ class Console:
         return [views[group]]
 
     async def _admin(self, group: str, fn: Callable[[BrokerAdmin], Any]) -> Any:
-        """``fn(the group's patient BrokerAdmin)`` in a worker thread (the client is blocking)."""
-        return await asyncio.to_thread(fn, self.c.poller.admin(group, patient=True))
+        """``fn(the group's patient BrokerAdmin)`` in a worker thread of the console's own (the client is
+        blocking; the polls have theirs)."""
+        admin = self.c.poller.admin(group, patient=True)
+        return await asyncio.get_running_loop().run_in_executor(self.admin_pool, fn, admin)
 
     def render(self, request: Request, name: str, **ctx: Any) -> Response:
         live = request.query_params.get("live") == "1"
@@ -671,6 +676,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
             yield
         finally:
             await config.poller.stop()
+            con.admin_pool.shutdown(wait=False, cancel_futures=True)
             for proc in list(con.audits.values()):
                 with contextlib.suppress(ProcessLookupError):
                     proc.terminate()

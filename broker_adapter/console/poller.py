@@ -21,9 +21,10 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from broker_adapter.admin_client import BrokerAdmin
 from broker_adapter.client import AsyncConsumer, TopicInfo
@@ -33,6 +34,7 @@ from dledger.client import AsyncDLedgerClient, NodeInfo
 from dledger.errors import DLedgerError, NotFoundError
 from dledger.security.config import ClientSecurity
 
+T = TypeVar("T")
 HISTORY = 600  # samples kept per series (10 min at the default 1 s)
 MAX_DESCRIBES = 64  # DescribeGroup calls per group per round, at most (the rest wait for the next rounds)
 NODE_FIELDS = (
@@ -46,6 +48,7 @@ NODE_FIELDS = (
     "pid",
     "flush",
 )
+POLL_THREADS = 4  # blocking admin calls of the polls at once
 BROWSE_GROUP = "%console%"  # the group of the browsing consumer: a Pull names no group and commits nothing
 
 
@@ -109,6 +112,9 @@ class Poller:
         self.lags: deque[tuple[float, dict[str, int]]] = deque(maxlen=HISTORY)  # consumer group -> total lag
         self._clients: dict[str, tuple[AsyncDLedgerClient, AsyncConsumer]] = {}
         self._admins: dict[tuple[str, bool], BrokerAdmin] = {}
+        # The polls' blocking admin calls run here, not in the loop's default executor: a slow round under load
+        # holds these threads only, never those of what an operator asked (``Console.admin_pool``).
+        self._pool = ThreadPoolExecutor(POLL_THREADS, thread_name_prefix="console-poll")
         self._describe_cursor = 0
         self.moved_at: dict[str, float] = {}  # consumer group -> when its committed offsets last moved
         self._tasks: list[asyncio.Task[None]] = []
@@ -129,6 +135,7 @@ class Poller:
         for dl, c in self._clients.values():
             await dl.close()
             await c.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
         for a in self._admins.values():
             a.close()
 
@@ -159,7 +166,7 @@ class Poller:
         return c
 
     def admin(self, group: str, patient: bool = False) -> BrokerAdmin:
-        """The group's administration client (blocking, thread-safe: call it with ``asyncio.to_thread``),
+        """The group's administration client (blocking, thread-safe: call it in a worker thread),
         signed with the console's own credentials: the poll's gives up within a round's time or so (the next
         round asks again); the ``patient`` one, for what an operator asked (a change, a search), waits as long
         as the CLI's does."""
@@ -293,7 +300,7 @@ class Poller:
         """Each group's consumer groups (``ListGroups``, added to ``watched``) and, for each watched one, its
         queues and members (``DescribeGroup``)."""
         listed = await asyncio.gather(
-            *(asyncio.to_thread(self._list_groups, v, self.admin(v.target.name)) for v in views)
+            *(self._in_pool(self._list_groups, v, self.admin(v.target.name)) for v in views)
         )
         for names in listed:
             self.watched.update(names or ())
@@ -303,6 +310,9 @@ class Poller:
             pairs = (pairs + pairs)[start : start + MAX_DESCRIBES * len(views)]
             self._describe_cursor = start + MAX_DESCRIBES * len(views)
         await asyncio.gather(*(self.refresh_consumer_group(v.target.name, cg) for v, cg in pairs))
+
+    async def _in_pool(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     @staticmethod
     def _list_groups(v: GroupView, admin: BrokerAdmin) -> list[str] | None:
@@ -319,7 +329,7 @@ class Poller:
         after the console reset its offsets)."""
         v = self.views[group]
         try:
-            members, queues = await asyncio.to_thread(self.admin(group, patient).describe, consumer_group)
+            members, queues = await self._in_pool(self.admin(group, patient).describe, consumer_group)
         except NotFoundError:  # no state of it in this group (any more)
             v.offsets.pop(consumer_group, None)
             v.members.pop(consumer_group, None)
