@@ -471,14 +471,11 @@ def test_the_new_leader_shows_within_seconds_of_a_kill_and_the_timeline_gains_th
         ],
     )
     assert old.id in row[0].text and " s" in row[0].text
+    # the failover between the window's two empty ends (more points if the loaded machine saw another election)
+    chart = '.chart[data-series="failovers"]'
     eventually(
         "the failover chart's point",
-        lambda: (
-            env.driver.find_element(By.CSS_SELECTOR, '.chart[data-series="failovers"]').get_attribute(
-                "data-points"
-            )
-            == "3"  # the failover between the window's two empty ends
-        ),
+        lambda: int(env.driver.find_element(By.CSS_SELECTOR, chart).get_attribute("data-points") or 0) >= 3,
     )
     print(f"new leader shown {shown_s:.2f} s after the kill; timeline: {row[0].text}")
     env.shot("failover")
