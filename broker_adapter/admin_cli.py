@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.table import Table
 
-from broker_adapter.admin_client import BrokerAdmin, FoundMessage
+from broker_adapter.admin_client import BrokerAdmin, FoundMessage, epoch_ms
 from broker_adapter.cli import NameServersOpt, _nameserver_list
 from dledger.cliutil import AddressesOpt, DirOpt, addresses_of, console, fail
 from dledger.errors import DLedgerError
@@ -77,13 +77,10 @@ def _table(columns: list[str], rows: list[list[Any]], as_json: bool) -> None:
 
 def _ms(text: str, what: str) -> int:
     """Milliseconds since the epoch, or an ISO 8601 time (UTC when it names no zone)."""
-    if text.isdigit():
-        return int(text)
     try:
-        t = datetime.fromisoformat(text)
-    except ValueError:
-        fail(f"{what} takes ms since the epoch or an ISO 8601 time (2026-11-25T10:00:00), got {text!r}", 2)
-    return int((t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() * 1000)
+        return epoch_ms(text)
+    except ValueError as e:
+        fail(f"{what}: {e}", 2)
 
 
 def _print_messages(found: list[FoundMessage], as_json: bool, group: str = "") -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from broker_adapter.client import BrokerConnection, Producer, _pull_request
@@ -62,6 +63,29 @@ class FoundMessage:
         except UnicodeDecodeError:
             d["body_hex"] = self.body.hex()
         return d
+
+
+def epoch_ms(text: str) -> int:
+    """Milliseconds since the epoch from digits or an ISO 8601 time (UTC when it names no zone); ValueError
+    naming both forms otherwise (``message query --start``, the console's search and reset forms)."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"a time is ms since the epoch or an ISO 8601 time (2026-11-25T10:00:00), got {text!r}"
+        ) from None
+    return int((t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+def origin_topic(m: FoundMessage) -> str:
+    """The topic a dead letter was first sent to (where ``BrokerAdmin.resend`` sends it back)."""
+    topic = m.properties.get(message.PROPERTY_RETRY_TOPIC, "")
+    if topic.startswith(topics.RETRY_PREFIX) or not topic:
+        topic = m.properties.get("DLQ_ORIGIN_TOPIC", topic)
+    return topic
 
 
 def found(m: broker_pb2.StoredMessage | PulledMessage) -> FoundMessage:
@@ -147,12 +171,18 @@ class BrokerAdmin(BrokerConnection):
     def describe_group(
         self, group: str, topic: str | None = None, allow_follower: bool = False
     ) -> list[GroupQueue]:
+        return self.describe(group, topic, allow_follower)[1]
+
+    def describe(
+        self, group: str, topic: str | None = None, allow_follower: bool = False
+    ) -> tuple[list[str], list[GroupQueue]]:
+        """(the members ``group_members`` gives, the queues ``describe_group`` gives) from one call."""
         r = self.call(
             "DescribeGroup",
             admin_pb2.DescribeGroupRequest(group=group, topic=topic or "", allow_follower=allow_follower),
             retry_unknown=True,
         )
-        return [
+        return list(r.members), [
             GroupQueue(
                 q.topic,
                 q.queue_id,
@@ -166,8 +196,7 @@ class BrokerAdmin(BrokerConnection):
     def group_members(self, group: str) -> list[str]:
         """The group's RocketMQ 5 consumers connected to the leader (client ids); our own consumers register
         nowhere (a cluster's members: ``NameServerClient.consumers``)."""
-        request = admin_pb2.DescribeGroupRequest(group=group)
-        return list(self.call("DescribeGroup", request, retry_unknown=True).members)
+        return self.describe(group)[0]
 
     def delete_group(self, group: str) -> None:
         self.call("DeleteGroup", admin_pb2.DeleteGroupRequest(group=group), retry_unknown=False)
@@ -231,9 +260,7 @@ class BrokerAdmin(BrokerConnection):
         if not batch or batch[0].queue_offset != offset:
             raise NotFoundError(f"no dead letter at {topics.dlq_topic(group)}/{queue_id} offset {offset}")
         m = batch[0]
-        topic = m.properties.get(message.PROPERTY_RETRY_TOPIC, "")
-        if topic.startswith(topics.RETRY_PREFIX) or not topic:
-            topic = m.properties.get("DLQ_ORIGIN_TOPIC", topic)
+        topic = origin_topic(m)
         if self._producer is None:
             self._producer = Producer(self.servers, **self._kw)
         out = self._producer.outgoing(topic, m.body, m.tags or None, list(m.keys))

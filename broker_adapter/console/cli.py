@@ -102,15 +102,29 @@ def console_cmd(
         Path | None,
         typer.Option("--reports", help="where audits run from the console write (default DIR/audits)"),
     ] = None,
+    login_attempts: Annotated[
+        int,
+        typer.Option(
+            "--login-attempts", help="failed sign-ins in a row from one address before it must wait"
+        ),
+    ] = 5,
+    login_backoff: Annotated[
+        float,
+        typer.Option("--login-backoff", help="seconds of the first wait; doubled at each failure, up to 300"),
+    ] = 1.0,
 ) -> None:
-    """A web console: groups, nodes, roles, lag, leader changes, topics, consumer groups' lag, queue browsing,
-    users and the audit (docs/console.md). Served on 127.0.0.1; a secure group's console is served over TLS and
+    """A web console: groups, nodes, roles, lag, leader changes, topics, consumer groups' lag and offset reset,
+    queue browsing, message search, dead-letter resend, users and the audit (docs/console.md). Served on 127.0.0.1; a secure group's console is served over TLS and
     asks an admin of the group to sign in."""
     import uvicorn
 
     from broker_adapter.console.app import ConsoleConfig, create_app
     from broker_adapter.console.poller import GroupTarget, Poller
 
+    if login_attempts < 1 or login_backoff <= 0:
+        fail(
+            f"--login-attempts must be >= 1 and --login-backoff > 0, got {login_attempts}, {login_backoff}", 2
+        )
     host, _, port_text = listen.rpartition(":")
     if not host or not port_text.isdigit():
         fail(f"--listen must be host:port, got {listen!r}", 2)
@@ -175,6 +189,8 @@ def console_cmd(
         reports_dir=reports,
         refresh_ms=max(250, int(interval * 1000)),
         session_secret=os.environ.get("DLEDGER_CONSOLE_SECRET") or secrets.token_urlsafe(32),
+        login_attempts=login_attempts,
+        login_backoff_s=login_backoff,
     )
     scheme = "https" if cert is not None else "http"
     console.print(f"console on {scheme}://{host}:{port_text}/ ({len(targets)} group(s))", highlight=False)

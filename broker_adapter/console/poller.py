@@ -1,10 +1,12 @@
 """What the console shows, polled from the groups with the clients every tool uses (``AsyncDLedgerClient``
-metadata for the nodes, ``AsyncConsumer`` (a ``AsyncBrokerConnection``) for topics and committed offsets,
-``NameServerClient`` for a cluster's groups and consumer members).
+metadata for the nodes, ``AsyncConsumer`` (a ``AsyncBrokerConnection``) for topics and browsing,
+``BrokerAdmin`` (``broker_adapter/admin_client.py``) for the consumer groups, their committed offsets, lag and
+members, ``NameServerClient`` for a cluster's groups and consumer members).
 
 One poller serves every browser: pages read its latest view and its history, so the groups' cost does not grow
-with the number of people looking (docs/console.md, "Cost"). Nodes are asked every ``node_interval_s``; topics
-and committed offsets every ``interval_s``.
+with the number of people looking (docs/console.md, "Cost"). Nodes are asked every ``node_interval_s``; topics,
+the consumer groups (``ListGroups``) and each one's offsets (one ``DescribeGroup`` per consumer group, not one
+read per queue) every ``interval_s``. ``BrokerAdmin`` is a blocking client: its calls run in a worker thread.
 
 A leader change is seen as the highest-term node answering ``role == "leader"`` changing (node or term); its
 failover time is from the last poll that saw the old leader to the first that saw the new one, so it is known
@@ -19,18 +21,22 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from broker_adapter.admin_client import BrokerAdmin
 from broker_adapter.client import AsyncConsumer, TopicInfo
 from broker_adapter.core import topics as topic_names
+from broker_adapter.core.model import GroupQueue
 from dledger.client import AsyncDLedgerClient, NodeInfo
-from dledger.errors import DLedgerError
+from dledger.errors import DLedgerError, NotFoundError
 from dledger.security.config import ClientSecurity
 
+T = TypeVar("T")
 HISTORY = 600  # samples kept per series (10 min at the default 1 s)
-MAX_OFFSET_QUERIES = 256  # committed-offset reads per round, at most (the rest wait for the next rounds)
+MAX_DESCRIBES = 64  # DescribeGroup calls per group per round, at most (the rest wait for the next rounds)
 NODE_FIELDS = (
     "term",
     "last_index",
@@ -42,6 +48,7 @@ NODE_FIELDS = (
     "pid",
     "flush",
 )
+POLL_THREADS = 4  # blocking admin calls of the polls at once
 BROWSE_GROUP = "%console%"  # the group of the browsing consumer: a Pull names no group and commits nothing
 
 
@@ -76,8 +83,10 @@ class GroupView:
     leaderless_since: float | None = None
     topics: list[TopicInfo] = field(default_factory=list)
     topics_error: str = ""
-    # consumer group -> topic -> committed offset per queue (None: never committed there)
-    offsets: dict[str, dict[str, list[int | None]]] = field(default_factory=dict)
+    # consumer group -> its queues here (committed offset, end, in flight), as DescribeGroup last told
+    offsets: dict[str, list[GroupQueue]] = field(default_factory=dict)
+    members: dict[str, list[str]] = field(default_factory=dict)  # consumer group -> RocketMQ 5 clients
+    groups_error: str = ""
     polled_at: float = 0.0
 
 
@@ -102,8 +111,12 @@ class Poller:
         self.rates: deque[tuple[float, dict[str, int]]] = deque(maxlen=HISTORY)  # "group/topic" -> messages
         self.lags: deque[tuple[float, dict[str, int]]] = deque(maxlen=HISTORY)  # consumer group -> total lag
         self._clients: dict[str, tuple[AsyncDLedgerClient, AsyncConsumer]] = {}
-        self._consumers: dict[tuple[str, str], AsyncConsumer] = {}
-        self._offset_cursor = 0
+        self._admins: dict[tuple[str, bool], BrokerAdmin] = {}
+        # The polls' blocking admin calls run here, not in the loop's default executor: a slow round under load
+        # holds these threads only, never those of what an operator asked (``Console.admin_pool``).
+        self._pool = ThreadPoolExecutor(POLL_THREADS, thread_name_prefix="console-poll")
+        self._describe_cursor = 0
+        self.moved_at: dict[str, float] = {}  # consumer group -> when its committed offsets last moved
         self._tasks: list[asyncio.Task[None]] = []
         self.rounds = 0
         self.errors = 0  # rounds that failed
@@ -122,8 +135,9 @@ class Poller:
         for dl, c in self._clients.values():
             await dl.close()
             await c.close()
-        for c in self._consumers.values():
-            await c.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for a in self._admins.values():
+            a.close()
 
     async def _loop(self, fn: Callable[[], Any], period: Callable[[], float]) -> None:
         me = asyncio.current_task()
@@ -151,14 +165,21 @@ class Poller:
             c = self._clients[group] = (dl, browse)
         return c
 
-    def _consumer(self, group: str, consumer_group: str) -> AsyncConsumer:
-        c = self._consumers.get((group, consumer_group))
-        if c is None:
+    def admin(self, group: str, patient: bool = False) -> BrokerAdmin:
+        """The group's administration client (blocking, thread-safe: call it in a worker thread),
+        signed with the console's own credentials: the poll's gives up within a round's time or so (the next
+        round asks again); the ``patient`` one, for what an operator asked (a change, a search), waits as long
+        as the CLI's does."""
+        a = self._admins.get((group, patient))
+        if a is None:
             t = self.views[group].target
-            c = self._consumers[(group, consumer_group)] = AsyncConsumer(
-                list(t.addresses), consumer_group, timeout_s=2.0, retry_for_s=2.0, security=t.security
+            waits = (
+                {"timeout_s": 10.0, "retry_for_s": 20.0}
+                if patient
+                else {"timeout_s": 3.0, "retry_for_s": 3.0}
             )
-        return c
+            a = self._admins[(group, patient)] = BrokerAdmin(list(t.addresses), security=t.security, **waits)
+        return a
 
     # -- nodes and leaders -----------------------------------------------------------------------------------
     async def poll_nodes(self) -> None:
@@ -181,6 +202,10 @@ class Poller:
                     if old is not None:
                         await old[0].close()
                         await old[1].close()
+                    for patient in (False, True):
+                        old_admin = self._admins.pop((t.name, patient), None)
+                        if old_admin is not None:
+                            old_admin.close()
 
     async def _poll_group_nodes(self, v: GroupView) -> None:
         dl, _ = self.clients(v.target.name)
@@ -272,57 +297,81 @@ class Poller:
             v.topics_error = f"{type(e).__name__}: {e}"
 
     async def _poll_offsets(self, views: list[GroupView]) -> None:
-        queries = [
-            (v, cg, t.topic, q)
-            for cg in sorted(self.watched)
-            for v in views
-            for t in v.topics
-            if not t.topic.startswith(topic_names.DLQ_PREFIX)
-            and (not t.topic.startswith(topic_names.RETRY_PREFIX) or t.topic == topic_names.retry_topic(cg))
-            for q in range(t.queues)
-        ]
-        if len(queries) > MAX_OFFSET_QUERIES:  # a window that moves round by round
-            start = self._offset_cursor % len(queries)
-            queries = (queries + queries)[start : start + MAX_OFFSET_QUERIES]
-            self._offset_cursor = start + MAX_OFFSET_QUERIES
+        """Each group's consumer groups (``ListGroups``, added to ``watched``) and, for each watched one, its
+        queues and members (``DescribeGroup``)."""
+        listed = await asyncio.gather(
+            *(self._in_pool(self._list_groups, v, self.admin(v.target.name)) for v in views)
+        )
+        for names in listed:
+            self.watched.update(names or ())
+        pairs = [(v, cg) for cg in sorted(self.watched) for v in views]
+        if len(pairs) > MAX_DESCRIBES * len(views):  # a window that moves round by round
+            start = self._describe_cursor % len(pairs)
+            pairs = (pairs + pairs)[start : start + MAX_DESCRIBES * len(views)]
+            self._describe_cursor = start + MAX_DESCRIBES * len(views)
+        await asyncio.gather(*(self.refresh_consumer_group(v.target.name, cg) for v, cg in pairs))
 
-        async def one(v: GroupView, cg: str, topic: str, q: int) -> int | None:
-            try:
-                return await self._consumer(v.target.name, cg).committed(topic, q)
-            except DLedgerError:
-                return None
+    async def _in_pool(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-        got = await asyncio.gather(*(one(*x) for x in queries))
-        for (v, cg, topic, q), off in zip(queries, got, strict=True):
-            queues = next((t.queues for t in v.topics if t.topic == topic), 0)
-            per = v.offsets.setdefault(cg, {}).setdefault(topic, [None] * queues)
-            if len(per) != queues:
-                per[:] = (per + [None] * queues)[:queues]
-            per[q] = off
+    @staticmethod
+    def _list_groups(v: GroupView, admin: BrokerAdmin) -> list[str] | None:
+        try:
+            names = [s.group for s in admin.list_groups()]
+        except DLedgerError as e:
+            v.groups_error = f"{type(e).__name__}: {e}"
+            return None
+        v.groups_error = ""
+        return names
 
-    def consumer_rows(self) -> list[dict[str, Any]]:
-        """One row per (consumer group, group, topic, queue) the consumer group committed on."""
+    async def refresh_consumer_group(self, group: str, consumer_group: str, patient: bool = False) -> None:
+        """Read a consumer group's queues and members in ``group`` again (each round, and at once, ``patient``,
+        after the console reset its offsets)."""
+        v = self.views[group]
+        try:
+            members, queues = await self._in_pool(self.admin(group, patient).describe, consumer_group)
+        except NotFoundError:  # no state of it in this group (any more)
+            v.offsets.pop(consumer_group, None)
+            v.members.pop(consumer_group, None)
+            return
+        except DLedgerError:  # the group did not answer this round: what shows is the last answer
+            return
+        old = v.offsets.get(consumer_group)
+        if old is not None and [q.committed for q in old] != [q.committed for q in queues]:
+            self.moved_at[consumer_group] = time.time()
+        v.offsets[consumer_group] = queues
+        v.members[consumer_group] = members
+
+    def consumer_rows(self, consumer_group: str | None = None) -> list[dict[str, Any]]:
+        """One row per (consumer group, group, topic, queue) the consumer group has state on (or only
+        ``consumer_group``'s)."""
         rows = []
         for v in self.views.values():
-            ends = {t.topic: t.max_offsets for t in v.topics}
-            for cg, by_topic in sorted(v.offsets.items()):
-                for topic, committed in sorted(by_topic.items()):
-                    if all(c is None for c in committed) or topic not in ends:
-                        continue
-                    for q, c in enumerate(committed):
-                        end = ends[topic][q] if q < len(ends[topic]) else 0
-                        rows.append(
-                            {
-                                "consumer_group": cg,
-                                "group": v.target.name,
-                                "topic": topic,
-                                "queue": q,
-                                "max_offset": end,
-                                "committed": c,
-                                "lag": None if c is None else max(0, end - c),
-                            }
-                        )
+            for cg, queues in sorted(v.offsets.items()):
+                if consumer_group is not None and cg != consumer_group:
+                    continue
+                for q in queues:
+                    rows.append(
+                        {
+                            "consumer_group": cg,
+                            "group": v.target.name,
+                            "topic": q.topic,
+                            "queue": q.queue_id,
+                            "max_offset": q.max_offset,
+                            "committed": q.committed,
+                            "lag": None if q.committed is None else q.lag,
+                            "in_flight": q.in_flight,
+                        }
+                    )
         return rows
+
+    def members_of(self, consumer_group: str) -> list[str]:
+        """The consumer group's members: RocketMQ 5 clients heartbeating to a group's leader, and a cluster's
+        consumers heartbeating to the name servers (our own ``Consumer`` registers nowhere: docs/console.md)."""
+        found = set(self.members.get(consumer_group, ()))
+        for v in self.views.values():
+            found.update(v.members.get(consumer_group, ()))
+        return sorted(found)
 
     def total_lags(self) -> dict[str, int]:
         out: dict[str, int] = {}
