@@ -38,8 +38,6 @@ def secure(tmp_path_factory) -> Iterator[tuple[grp.GroupSpec, ClientSecurity, Cl
         # carol: a signed user, no permission
         add = {"access_key": "carol", "secret_key": "carol-secret-42", "permissions": []}
         call_once(g.addresses, "AddUser", add, admin)
-        # The users first: a broker read waits until the broker applied the log's last entry, and a user command
-        # last in the log is not the broker's (reported to the lead; dledger/security/users.py, core/send.py).
         with Producer(g.addresses, security=admin) as p:
             p.create_topic(TOPIC, 2)
             p.send_batch(TOPIC, [(f"m-{i}".encode(), "t", [f"key-{i}"]) for i in range(6)])
@@ -104,3 +102,15 @@ def test_the_admin_changes_and_queries_every_topic(secure):
         assert a.get_config()["max_delay_ms"] == {"value": 60_000, "source": "log"}
     with Consumer(g.addresses, CG, security=bob) as c:
         assert c.committed(TOPIC, 0) == 0, "the user's own group sees the admin's reset"
+
+
+def test_a_read_after_a_user_command_last_in_the_log_answers(secure):
+    """A broker read waits until the node applied its whole log (``Sender.settled``): with a user command as
+    the log's last entry (applied by the security layer, never by the broker's dispatcher) it used to wait for
+    a dispatcher index that never came, and failed after 10 s with an unknown outcome."""
+    g, admin, _ = secure
+    add = {"access_key": "dave", "secret_key": "dave-secret-42", "permissions": []}
+    call_once(g.addresses, "AddUser", add, admin)  # now the last entry of the log
+    with BrokerAdmin(g.addresses, security=admin, timeout_s=8.0, retry_for_s=2.0) as a:
+        assert sum(q.max_offset for q in a.topic_status(TOPIC)) == 6
+        assert [s.group for s in a.list_groups()] == [CG]
