@@ -124,6 +124,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         """Whether the group checks signatures: then followers forward call by call, not on a stream."""
         return self._node.config.security is not None
 
+    def credentials_reloaded(self) -> None:
+        """The node reloaded its certificates: forwarding dials the leader with them from now on."""
+        self._forward.redial()
+
     async def close(self) -> None:
         await self.renewals.close()
         await self._forward.close()

@@ -91,10 +91,16 @@ def _handshake_code(address: str, ca: Path) -> grpc.StatusCode:
     return got.code()
 
 
-def _vote_with(address: str, cert: Path, key: Path, ca: Path, node: str) -> grpc.RpcError | raft_pb2.PeerReply:
-    creds = tls.peer_channel_credentials("dledger", node, cert.read_bytes(), key.read_bytes(), ca.read_bytes())
+def _vote_with(
+    address: str, cert: Path, key: Path, ca: Path, node: str
+) -> grpc.RpcError | raft_pb2.PeerReply:
+    creds = tls.peer_channel_credentials(
+        "dledger", node, cert.read_bytes(), key.read_bytes(), ca.read_bytes()
+    )
     with grpc.secure_channel(address, creds) as ch:
-        req = raft_pb2.VoteRequest(group="dledger", term=0, src=node, dst="n0", last_log_index=-1, last_log_term=0)
+        req = raft_pb2.VoteRequest(
+            group="dledger", term=0, src=node, dst="n0", last_log_index=-1, last_log_term=0
+        )
         try:
             return raft_pb2_grpc.RaftPeerStub(ch).Vote(req, timeout=5)
         except grpc.RpcError as e:
