@@ -167,7 +167,7 @@ def _reload_logged(listen: str, material: Reloadable) -> None:
         log.error("name server %s: SIGHUP: certificates not reloaded: %s", listen, e)
 
 
-def _reload_handler(listen: str, material: Reloadable) -> grpc.GenericRpcHandler:
+def _reload_handler(material: Reloadable) -> grpc.GenericRpcHandler:
     """``dledger.v1.Security/ReloadCertificates`` as a node serves it (``dledger cert reload``; the guard lets
     only the bootstrap admin call it): the answer is the reload's summary (JSON)."""
 
@@ -175,7 +175,7 @@ def _reload_handler(listen: str, material: Reloadable) -> grpc.GenericRpcHandler
         try:
             return json.dumps(material.reload()).encode()
         except ConfigError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"name server {listen}: {e}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"name server: {e}")
             raise  # not reached: abort raises
 
     service, method = RELOAD
@@ -198,7 +198,7 @@ async def serve(
     material: Reloadable | None = None
     if security is not None:
         _cert, _key, _ca, secrets, admin = security.load()
-        files = MaterialFiles(security.cert, security.key, security.ca)
+        files = MaterialFiles(security.cert, security.key, security.ca, prefix="name server --")
         material = Reloadable(files.read, lambda m: check_material(m, files))
         guard = NameServerGuard(
             material.material.ca_pem, secrets, admin, security.skew_s, security.consumer_groups()
@@ -208,7 +208,7 @@ async def serve(
     server = grpc.aio.server(options=list(SERVER_OPTIONS), interceptors=interceptors)
     pb_grpc.add_NameServerServicer_to_server(NameServerServicer(registry), server)
     if material is not None:
-        server.add_generic_rpc_handlers((_reload_handler(listen, material),))
+        server.add_generic_rpc_handlers((_reload_handler(material),))
         port = server.add_secure_port(listen, material.server_credentials())
     else:
         port = server.add_insecure_port(listen)

@@ -142,7 +142,7 @@ def cert_reload(dir: DirOpt = None, addresses: AddressesOpt = None) -> None:
         try:
             out = call_once([address], "ReloadCertificates", {})
         except DLedgerError as e:
-            console.print(f"{address}: NOT reloaded: {e}")
+            console.print(f"{address}: NOT reloaded: {e}", soft_wrap=True)
             failed.append(address)
             continue
         state = "reloaded" if out["changed"] else "unchanged"

@@ -89,12 +89,12 @@ class MaterialFiles:
     cert: Path
     key: Path
     ca: Path
+    prefix: str = "[security] "  # how errors name the settings: a node's config table, a name server's flags
 
     def read(self) -> Material:
+        p = self.prefix
         return Material(
-            read_file(self.cert, "[security] cert"),
-            read_file(self.key, "[security] key"),
-            read_file(self.ca, "[security] ca"),
+            read_file(self.cert, f"{p}cert"), read_file(self.key, f"{p}key"), read_file(self.ca, f"{p}ca")
         )
 
 
@@ -107,7 +107,7 @@ def check_material(
     try:
         cas = ca_certificates(m.ca_pem)
     except ValueError as e:
-        raise ConfigError(f"[security] ca {files.ca}: not a PEM CA bundle ({e})") from None
+        raise ConfigError(f"{files.prefix}ca {files.ca}: not a PEM CA bundle ({e})") from None
     for ca in cas:
         try:
             is_ca = ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
@@ -115,39 +115,41 @@ def check_material(
             is_ca = False
         if not is_ca:
             raise ConfigError(
-                f"[security] ca {files.ca}: {ca.subject.rfc4514_string()} is not a CA certificate"
+                f"{files.prefix}ca {files.ca}: {ca.subject.rfc4514_string()} is not a CA certificate"
             )
     try:
         cert = x509.load_pem_x509_certificate(m.cert_pem)
     except ValueError as e:
-        raise ConfigError(f"[security] cert {files.cert}: not a PEM certificate ({e})") from None
+        raise ConfigError(f"{files.prefix}cert {files.cert}: not a PEM certificate ({e})") from None
     try:
         key = serialization.load_pem_private_key(m.key_pem, None)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"[security] key {files.key}: not an unencrypted PEM private key ({e})") from None
+        raise ConfigError(
+            f"{files.prefix}key {files.key}: not an unencrypted PEM private key ({e})"
+        ) from None
     spki = serialization.PublicFormat.SubjectPublicKeyInfo
     if key.public_key().public_bytes(serialization.Encoding.DER, spki) != cert.public_key().public_bytes(
         serialization.Encoding.DER, spki
     ):
         raise ConfigError(
-            f"[security] key {files.key} is not the key of the certificate {files.cert} (replace both files, "
+            f"{files.prefix}key {files.key} is not the key of the certificate {files.cert} (replace both files, "
             "then reload)"
         )
     if not issued_by_any(cert, cas):
         raise ConfigError(
-            f"[security] cert {files.cert} ({cert.subject.rfc4514_string()}) was not issued by a CA of the bundle "
+            f"{files.prefix}cert {files.cert} ({cert.subject.rfc4514_string()}) was not issued by a CA of the bundle "
             f"{files.ca}: add its CA to the bundle first (docs/security.md, 'Rotating certificates')"
         )
     now = dt.datetime.now(dt.UTC)
     if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
-        raise ConfigError(f"[security] cert {files.cert} is not valid now (expired or not yet valid)")
+        raise ConfigError(f"{files.prefix}cert {files.cert} is not valid now (expired or not yet valid)")
     if node_id is not None and node_identity(cert) != node_id:
         raise ConfigError(
-            f"[security] cert {files.cert} names node {node_identity(cert)!r}, not this node ({node_id!r})"
+            f"{files.prefix}cert {files.cert} names node {node_identity(cert)!r}, not this node ({node_id!r})"
         )
     bound = node_group(cert)
     if group is not None and bound is not None and bound != group:
-        raise ConfigError(f"[security] cert {files.cert} is bound to group {bound!r}, not {group!r}")
+        raise ConfigError(f"{files.prefix}cert {files.cert} is bound to group {bound!r}, not {group!r}")
 
 
 def _server_config(m: Material) -> grpc.ServerCertificateConfiguration:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -17,9 +18,11 @@ import pytest
 
 from broker_adapter.cli import ack_record
 from broker_adapter.client import BrokerConnection, Producer
+from broker_adapter.v1 import nameserver_pb2 as pb
+from broker_adapter.v1 import nameserver_pb2_grpc as pb_grpc
 from dledger import group as grp
 from dledger.errors import DLedgerError
-from dledger.security import tls
+from dledger.security import certs, tls
 from dledger.security.config import ClientSecurity
 from dledger.v1 import client_pb2, client_pb2_grpc, raft_pb2, raft_pb2_grpc
 
@@ -192,3 +195,104 @@ def test_rotation_to_a_new_ca_under_load_by_reload_only(tmp_path):
         env={**os.environ, "DLEDGER_SECURITY": ""},
     )
     assert audit.returncode == 0 and "audit PASS" in audit.stdout, audit.stdout[-3000:] + audit.stderr[-3000:]
+
+
+def _register(address: str, ca: Path, issued: tuple[bytes, bytes], node: str = "n0") -> grpc.StatusCode:
+    """A registration of g1/``node`` with that certificate and key, over TLS trusting ``ca``: its status code."""
+    creds = tls.peer_channel_credentials("g1", node, issued[0], issued[1], ca.read_bytes())
+    reg = pb.BrokerRegistration(cluster="c", group="g1", node_id=node, address="127.0.0.1:1", term=1)
+    with grpc.secure_channel(address, creds) as ch:
+        try:
+            pb_grpc.NameServerStub(ch).RegisterBroker(reg, timeout=5)
+        except grpc.RpcError as e:
+            return e.code()
+    return grpc.StatusCode.OK
+
+
+def test_a_name_server_reloads_on_sighup_and_from_the_cli(tmp_path):
+    d = tmp_path / "tls"
+    ca = certs.load_or_make_ca(d)
+    certs.write_issued(d, "ns0", certs.make_service_cert(ca, "nameserver", "ns0"))
+    old_node = certs.make_node_cert(ca, "n0", group="g1")
+    (tmp_path / "admin.toml").write_text('access_key = "admin"\nsecret_key = "admin-secret-1"\n')
+    (tmp_path / "users.toml").write_text('[[user]]\naccess_key = "reader"\nsecret_key = "reader-secret-1"\n')
+    old_ca = tmp_path / "old-ca.pem"
+    shutil.copy(d / "ca.pem", old_ca)
+    (port,) = grp.free_ports(1)
+    address = f"127.0.0.1:{port}"
+    argv = [
+        sys.executable,
+        "-m",
+        "dledger",
+        "nameserver",
+        "--listen",
+        address,
+        "--admin",
+        str(tmp_path / "admin.toml"),
+    ]
+    argv += ["--cert", str(d / "ns0.pem"), "--key", str(d / "ns0.key"), "--ca", str(d / "ca.pem")]
+    log = tmp_path / "ns.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*argv, "--users", str(tmp_path / "users.toml")], stdout=out, stderr=subprocess.STDOUT
+        )
+
+    def cli_reload(access_key: str = "admin", secret: str = "admin-secret-1") -> subprocess.CompletedProcess:
+        keys = ["--ca-file", str(d / "ca.pem"), "--access-key", access_key, "--secret-key", secret]
+        return subprocess.run(
+            [sys.executable, "-m", "dledger", *keys, "cert", "reload", "--addresses", address],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    try:
+        deadline = time.monotonic() + 30
+        while "listening" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        assert _register(address, d / "ca.pem", (old_node.cert_pem, old_node.key_pem)) == grpc.StatusCode.OK
+
+        # Step 1 by SIGHUP: a node certificate of the new CA is accepted once the bundle is loaded.
+        new = certs.begin_ca_rotation(d)
+        new_node = certs.make_node_cert(new, "n0", group="g1")
+        pair = (new_node.cert_pem, new_node.key_pem)
+        assert _register(address, d / "ca.pem", pair) == grpc.StatusCode.UNAUTHENTICATED
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while _register(address, d / "ca.pem", pair) != grpc.StatusCode.OK:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+
+        # Step 2 from the CLI: its own certificate from the new CA; only the bootstrap admin may ask.
+        certs.reissue_from_next_ca(d)
+        refused = cli_reload("reader", "reader-secret-1")
+        assert (
+            refused.returncode == 1 and "may not call ReloadCertificates" in refused.stdout + refused.stderr
+        )
+        assert _handshake_code(address, d / f"{certs.NEXT_CA}.pem") == grpc.StatusCode.UNAVAILABLE
+        ok = cli_reload()
+        assert ok.returncode == 0 and ": reloaded:" in ok.stdout, ok.stdout + ok.stderr
+        assert _register(address, d / f"{certs.NEXT_CA}.pem", pair) == grpc.StatusCode.OK
+
+        # Files that cannot serve: refused naming the file, and the name server goes on with what it had.
+        good_key = (d / "ns0.key").read_bytes()
+        (d / "ns0.key").write_bytes(new_node.key_pem)
+        bad = cli_reload()
+        assert bad.returncode == 1 and "ns0.key is not the key of the certificate" in bad.stdout + bad.stderr
+        (d / "ns0.key").write_bytes(good_key)
+        assert _register(address, d / f"{certs.NEXT_CA}.pem", pair) == grpc.StatusCode.OK
+
+        # Step 3: the old CA dropped; its node certificate and a client trusting only it are refused.
+        certs.finish_ca_rotation(d)
+        assert cli_reload().returncode == 0
+        assert (
+            _register(address, d / "ca.pem", (old_node.cert_pem, old_node.key_pem))
+            == grpc.StatusCode.UNAUTHENTICATED
+        )
+        assert _register(address, old_ca, pair) == grpc.StatusCode.UNAVAILABLE
+        assert _register(address, d / "ca.pem", pair) == grpc.StatusCode.OK
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert "not issued by this group's CA" in log.read_text() and "admin-secret-1" not in log.read_text()
