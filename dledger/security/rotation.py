@@ -199,7 +199,7 @@ class Reloadable:
         for listener in self._listeners:
             listener(material)
         summary = material.summary(True)
-        log.warning(
+        log.info(
             "certificates reloaded: %s issued by %s (sha256 %s), trusting %s",
             summary["certificate"],
             summary["issuer"],

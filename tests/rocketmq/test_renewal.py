@@ -15,7 +15,9 @@ from rocketmq.grpc_protocol import Code, service_pb2
 from rocketmq.v5.consumer.push.message_listener import ConsumeResult, MessageListener
 
 from broker_adapter.client import Producer as OurProducer
+from broker_adapter.core import commands
 from broker_adapter.core.clock import now_ms
+from broker_adapter.core.invisibility import PopStates, Renewal
 from broker_adapter.rocketmq import renewal
 from broker_adapter.rocketmq.servicer import MessagingServicer
 from tests.broker.test_broker import made, out, run, topic  # noqa: F401  (fixture and helpers)
@@ -81,6 +83,70 @@ async def test_a_silent_client_or_a_plain_receive_is_not_renewed(made):  # noqa:
         assert not s.renewals.tracked
     finally:
         await s.close()
+
+
+@run
+async def test_a_new_leader_takes_over_the_renewal_and_the_first_handle_still_acks(made):  # noqa: F811
+    """The renewal is replicated: the pop names its client, the pop state keeps it (through renewals and
+    snapshots), and another servicer (a new leader's, with an empty table) adopts it from the state alone."""
+    broker, _ = made
+    await topic(broker, queues=1)
+    await broker.send("T", [out(0, b"slow")])
+    old = MessagingServicer(broker)
+    new = MessagingServicer(broker)
+    try:
+        handle = await receive(old, auto_renew=True)
+        ((key, first),) = old.renewals.tracked.items()
+        f = broker.sm.pops.get(("G", "T", 0)).inflight[key[3]]
+        assert f.renew == Renewal("c1", first.handed_epoch, f.renew.since_ms)
+        clock = [now_ms()]
+        old.renewals._clock = lambda: clock[0]
+        clock[0] = first.deadline_ms - old.renewals.lead_ms // 2
+        old.renewals.touch("c1")
+        assert (
+            await old.renewals.renew_due() == 1
+        )  # renewed once by the old leader: a new epoch, same renewal
+        f = broker.sm.pops.get(("G", "T", 0)).inflight[key[3]]
+        assert f.epoch != first.handed_epoch and f.renew is not None and f.renew.handed == first.handed_epoch
+        restored = PopStates.from_json(broker.sm.pops.to_json())  # what a snapshot keeps
+        assert restored.get(("G", "T", 0)).inflight[key[3]] == f
+
+        await old.close()  # the old leader is gone; the new one knows nothing in memory ...
+        assert new.renewals.adopt() == 1  # ... and takes the delivery over from the replicated state
+        (r,) = new.renewals.tracked.values()
+        assert (r.handed_epoch, r.epoch, r.client) == (first.handed_epoch, f.epoch, "c1")
+        new.renewals._clock = lambda: clock[0]
+        clock[0] = r.deadline_ms - new.renewals.lead_ms // 2  # the client called the new leader meanwhile
+        new.renewals.touch("c1")
+        assert await new.renewals.renew_due() == 1
+        resp = await ack(new, handle)  # the handle the client got from the old leader acknowledges it
+        assert resp.status.code == Code.OK, resp.status.message
+        assert not broker.sm.pops.get(("G", "T", 0)).inflight
+    finally:
+        await old.close()
+        await new.close()
+
+
+def test_the_renewal_in_commands_and_state_is_optional_and_ends_with_a_clients_own_change():
+    pop = commands.Pop("G", "T", 0, 1_000, 6_000, (0, 1), renew="c1")
+    assert commands.decode(commands.encode(pop)) == pop
+    plain = commands.Pop("G", "T", 0, 1_000, 6_000, (0, 1))
+    assert b"renew" not in commands.encode(plain)  # a command from before renewals reads the same
+    assert commands.decode(commands.encode(plain)).renew == ""
+    st = PopStates()
+    (d0, _) = st.pop(pop, 0, 2).deliveries
+    renewed = st.change_invisible(
+        commands.ChangeInvisible("G", "T", 0, 0, d0.epoch, 2_000, 6_000, renew=True)
+    )
+    assert st.get(("G", "T", 0)).inflight[0].renew == Renewal("c1", d0.epoch, 1_000)
+    change = commands.ChangeInvisible("G", "T", 0, 0, renewed.epoch, 3_000, 9_000)
+    assert commands.decode(commands.encode(change)) == change
+    st.change_invisible(change)  # the client decides now: no longer renewed, nor adopted by a new leader
+    assert st.get(("G", "T", 0)).inflight[0].renew is None and st.get(("G", "T", 0)).inflight[1].renew
+    rows = st.to_json()
+    assert PopStates.from_json(rows).queues == st.queues
+    old_reader_row = rows[0][6][1][:5]  # a row as a reader from before renewals keeps it: the message group
+    assert old_reader_row[4] == ""
 
 
 class _Slow(MessageListener):
