@@ -2,12 +2,14 @@
 changes the invisible time of a message its client still processes shortly before it runs out, the handle the
 client holds then acknowledges the renewed delivery, and a client that went silent is not renewed. Driven through
 the real servicer over the in-memory node double of ``tests/broker`` (the renewal's clock moved by the test), and
-(``-m slow``, 80 s) with the official PushConsumer on a real group."""
+with the official PushConsumer on a real group: through a leader kill (the new leader takes the renewal over),
+and (``-m slow``, 80 s) with the default 60 s invisible time."""
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from rocketmq import FilterExpression, PushConsumer, SimpleConsumer
@@ -20,6 +22,7 @@ from broker_adapter.core.clock import now_ms
 from broker_adapter.core.invisibility import PopStates, Renewal
 from broker_adapter.rocketmq import renewal
 from broker_adapter.rocketmq.servicer import MessagingServicer
+from dledger import group as grp
 from tests.broker.test_broker import made, out, run, topic  # noqa: F401  (fixture and helpers)
 from tests.rocketmq.conftest import client_config, create_topic, running
 from tests.rocketmq.test_routes import Context
@@ -184,5 +187,61 @@ def test_official_push_consumer_listener_outlasting_the_invisible_time_gets_its_
     assert listener.calls == [b"slow-one"], f"delivered {len(listener.calls)} times"
     with running(
         SimpleConsumer(client_config(g), "rmq-renew-g", {"rmq-renew": FilterExpression()}, await_duration=1)
+    ) as c:
+        assert c.receive(8, 20) == [], "the acknowledged message came back"
+
+
+SHORT_SLICE_MS = 6_000  # [broker] auto_renew_invisible_ms of the failover test's group: renewals every 5 s
+
+
+@pytest.fixture
+def short_slice_group(tmp_path):
+    """A broker group whose auto-renewed receives are invisible for ``SHORT_SLICE_MS`` (the default is 60 s)."""
+    g = grp.create(tmp_path / "g", 3, None, state_machine="broker")
+    for n in g.nodes:
+        with open(n.config, "a") as f:
+            f.write(f"\n[broker]\nauto_renew_invisible_ms = {SHORT_SLICE_MS}\n")
+        grp.start_node(n)
+    try:
+        grp.wait_for_all(g, 30)
+        yield g
+    finally:
+        grp.stop_group(g)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_leader_kill_while_the_push_consumers_listener_runs_does_not_redeliver_its_message(
+    short_slice_group,
+):
+    """The official PushConsumer's listener holds a message for more than three invisible times; the leader is
+    killed while it runs. The new leader takes the renewal over, so the message is delivered once and the
+    listener's ack (with the handle the old leader gave) sticks. Without the takeover it comes back within one
+    invisible time of the kill, to the same consumer's other thread."""
+    g = short_slice_group
+    create_topic(g, "renew-failover", 1)
+    with OurProducer(g.addresses) as p:
+        p.send("renew-failover", b"slow-one")
+    listener = _Slow(3.5 * SHORT_SLICE_MS / 1000)
+    consumer = PushConsumer(
+        client_config(g), "renew-failover-g", listener, {"renew-failover": FilterExpression()}
+    )
+    with running(consumer):
+        deadline = time.monotonic() + 60
+        while not listener.calls:
+            assert time.monotonic() < deadline, "the message was never delivered"
+            time.sleep(0.05)
+        killed = grp.wait_for_leader(g)
+        grp.kill_node(g.node(killed.id))
+        new_leader = grp.wait_for_leader(g, 30, exclude=killed.id)
+        assert listener.finished.wait(listener.hold_s + 60), "the listener never finished"
+        time.sleep(SHORT_SLICE_MS / 1000 + 2)  # room for a wrong redelivery to show up, and for the ack
+    assert listener.calls == [b"slow-one"], f"delivered {len(listener.calls)} times"
+    log = (Path(g.node(new_leader.id).data_dir) / "node.log").read_text()
+    assert "took over the renewal of 1 auto-renewed deliveries" in log
+    with running(
+        SimpleConsumer(
+            client_config(g), "renew-failover-g", {"renew-failover": FilterExpression()}, await_duration=1
+        )
     ) as c:
         assert c.receive(8, 20) == [], "the acknowledged message came back"
