@@ -26,7 +26,7 @@ from dledger.security import certs, tls
 from dledger.security.config import ClientSecurity
 from dledger.v1 import client_pb2, client_pb2_grpc, raft_pb2, raft_pb2_grpc
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 TOPIC = "rotation"
 
