@@ -177,6 +177,19 @@ def test_rotation_to_a_new_ca_under_load_by_reload_only(tmp_path):
         with ack_log.open("a") as f:
             f.write(json.dumps(ack_record(r)) + "\n")
         assert {n.id: grp.read_pid(n) for n in g.nodes} == pids
+        # The peers' channels were made anew at the reloads: a follower killed now and started again (serving
+        # its new-CA certificate) is dialled and caught up. A channel still trusting only the old CA would fail
+        # every handshake with it.
+        follower = next(n for n in g.nodes if n.id != grp.wait_for_leader(g).id)
+        grp.kill_node(follower)
+        with Producer(g.addresses, security=ClientSecurity.from_file(Path(g.security))) as p:
+            r2 = p.send(TOPIC, b"while a follower is down")
+        grp.start_node(follower)
+        top = max(row.commit_index or 0 for row in grp.status(g))
+        row = grp.wait_caught_up(g, follower.id, top, timeout_s=60)
+        assert row is not None and (row.commit_index or -1) >= top, f"the restarted follower: {row}"
+        with ack_log.open("a") as f:
+            f.write(json.dumps(ack_record(r2)) + "\n")
     finally:
         grp.stop_group(g)
     # Every acknowledged message is in the committed log exactly once, and the nodes agree.
