@@ -5,7 +5,9 @@ store (``users.SecuredStateMachine``), its services gain the Security service, a
 server's TLS credentials and the interceptor (``guard``), and the peer channels' credentials (``tls``). With
 replicated users, ``catchup`` makes an acknowledged user change hold on every node (the guard catches up before
 a refusal; the service confirms a change on the other members before answering). A node without a state
-machine has no replicated users: only the bootstrap admin (docs/security.md).
+machine has no replicated users: only the bootstrap admin (docs/security.md). Its certificate, key and CA bundle
+are a ``rotation.Reloadable``: ``reload`` swaps them for what the files hold now, and everything built from them
+follows (the proof, the command signer, the verifiers, the channels: docs/security.md "Rotating certificates").
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class SecuredPlugin:
             self._peers.set_ca(m.ca_pem)
         if self._catch_up is not None:
             self._catch_up.redial()
-        hook = getattr(self.__dict__.get("inner"), "credentials_reloaded", None)
+        hook = getattr(self.inner, "credentials_reloaded", None)  # ``NodePlugin``'s optional hook
         if hook is not None:  # the plugin's own channels (a broker's to its leader and name servers)
             hook(self.peer_credentials())
 
