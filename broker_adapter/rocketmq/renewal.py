@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from broker_adapter.core.invisibility import Handled, Outcome, Popped, PopStates
 from dledger.core.messages import Role
-from dledger.errors import DLedgerError
+from dledger.errors import DLedgerError, NotLeaderError
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ CLIENT_TTL_MS: Final = 60_000  # a client silent this long is gone: its messages
 MAX_RENEW_MS: Final = 3 * 3600 * 1000  # a listener that runs longer gets the message delivered again
 MAX_TRACKED: Final = 100_000
 TICK_S: Final = 1.0
+RETRY_READY_S: Final = 0.1  # a new leader not yet past its read barrier asks again this soon
 
 Key = tuple[str, str, int, int]  # (group, topic, queue_id, offset)
 
@@ -128,13 +129,20 @@ class Renewals:
             )
 
     async def _adopt(self) -> None:
+        """Adopt once the log is applied. Until then ``ready`` may time out (a loaded node): it is asked again,
+        until it passes or the role changes (``role_changed`` cancels this)."""
         assert self._ready is not None
-        try:
-            await self._ready()
-        except DLedgerError as e:  # lost leadership again, or not applied in time: the next leader adopts
-            log.info("not taking over the auto-renewed deliveries: %s", e)
+        while True:
+            try:
+                await self._ready()
+            except NotLeaderError:
+                return  # another node leads: it adopts
+            except DLedgerError as e:
+                log.info("taking over the auto-renewed deliveries waits: %s", e)
+                await asyncio.sleep(RETRY_READY_S)
+                continue
+            self.adopt()
             return
-        self.adopt()
 
     def adopt(self) -> int:
         """Track every auto-renewed delivery of the replicated pop state not tracked yet; their clients count
