@@ -166,6 +166,14 @@ class BrokerPlugin:
         handlers.add_to_server(self.rocketmq, server)
         return (*names, handlers.SERVICE_NAME)
 
+    def credentials_reloaded(self, peer: Any) -> None:
+        """A secure node reloaded its certificates (``SecuredPlugin``, docs/security.md "Rotating certificates"):
+        the channels this plugin dials (name servers, the leader for forwarded calls) are made anew with them."""
+        if self.registrar is not None:
+            self.registrar.set_credentials(peer)
+        if self.rocketmq is not None:
+            self.rocketmq.credentials_reloaded()
+
     def _catch_up_index(self, store: Any) -> None:
         """Index what the log holds past the key index's last position, up to what was applied (the apply
         loop's replay indexes the rest): the whole log when the index is missing."""

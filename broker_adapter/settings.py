@@ -14,6 +14,7 @@ Example::
     disk_max_used_percent = 0
     max_delay_ms = 86400000               # how far ahead a delayed message may be due (RocketMQ: 1 day)
     key_index = true                      # index keys and message ids at dispatch (queries by key and id)
+    auto_renew_invisible_ms = 60000       # a PushConsumer's message: invisible this long, renewed while it runs
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class BrokerSettings:
     max_delay_ms: int = DEFAULT_MAX_DELAY_MS
     # keep the key and message-id index (broker_adapter/core/keyindex.py); off: queries by key and id are refused
     key_index: bool = True
+    # the invisible time of a PushConsumer's auto-renewed receive, and of each renewal (RocketMQ's proxy:
+    # defaultInvisibleTimeMills, 60 s); renewed a sixth of it before it runs out (broker_adapter/rocketmq/renewal.py)
+    auto_renew_invisible_ms: int = 60_000
 
     def __post_init__(self) -> None:
         if not isinstance(self.key_index, bool):
@@ -80,6 +84,11 @@ class BrokerSettings:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= hi:
                 raise ConfigError(f"[broker] {name} must be a number in 0..{hi:g} (0: off), got {v!r}")
+        r = self.auto_renew_invisible_ms
+        if isinstance(r, bool) or not isinstance(r, int) or not 3_000 <= r <= 3_600_000:
+            raise ConfigError(
+                f"[broker] auto_renew_invisible_ms must be an integer in 3000..3600000, got {r!r}"
+            )
         d = self.max_delay_ms
         if isinstance(d, bool) or not isinstance(d, int) or not 1_000 <= d <= 400 * 86_400_000:
             raise ConfigError(

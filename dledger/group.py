@@ -264,20 +264,30 @@ def is_running(spec: NodeSpec, pid: int | None = None) -> bool:
     return spec.config.encode() in cmdline
 
 
-def start_node(spec: NodeSpec, module: str = "dledger", code: Path | None = None) -> int:
+def start_node(spec: NodeSpec, module: str = "dledger", python: Path | None = None) -> int:
     """Start one node process in the background (its own session, output to node.log); returns its pid.
 
     ``module`` is the ``python -m`` entry that runs ``node --config``: a fault-injection launcher
-    (``dledger.chaos.faultnode``) runs the same node with a file layer that can be told to fail. ``code``: run
-    the source tree there instead of this one (another release, for an upgrade)."""
+    (``dledger.chaos.faultnode``) runs the same node with a file layer that can be told to fail. ``python``: run
+    it with that interpreter and what is installed beside it instead of this code (another release in its own
+    venv, for an upgrade); neither the working directory nor PYTHONPATH then reaches its imports."""
     if is_running(spec):
         pid = read_pid(spec)
         assert pid is not None
         return pid
-    env = None if code is None else {**os.environ, "PYTHONPATH": str(code), "PYTHONSAFEPATH": "1"}
-    pid = _spawn_detached(
-        [sys.executable, "-m", module, "node", "--config", spec.config], Path(spec.data_dir) / "node.log", env
-    )
+    env = None
+    if python is not None:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env["PYTHONSAFEPATH"] = "1"
+    argv = [
+        str(python) if python is not None else sys.executable,
+        "-m",
+        module,
+        "node",
+        "--config",
+        spec.config,
+    ]
+    pid = _spawn_detached(argv, Path(spec.data_dir) / "node.log", env)
     _pid_file(spec).write_text(f"{pid}\n")
     # Until the child has exec'd, /proc shows the parent's command line and is_running() would say "not
     # running": a caller that checked right away would start the node a second time. Wait for the exec.

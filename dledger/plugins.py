@@ -102,8 +102,10 @@ class NodePlugin(Protocol):
     """A plugin may also define ``async aclose()``: the node awaits it when stopping, after its server stopped
     (the broker's name-server registration ends there), and ``config_sections``: the names of the node config's
     tables it reads (``NodeConfig.sections``; its factory checks them), so that a table nobody reads is refused
-    at start instead of ignored; and ``security_rules()``: who may call its services on a secure node
-    (``dledger.security.guard.ServiceRules``; a method no rule names needs admin)."""
+    at start instead of ignored; ``security_rules()``: who may call its services on a secure node
+    (``dledger.security.guard.ServiceRules``; a method no rule names needs admin); and
+    ``credentials_reloaded(peer_credentials)``: a secure node reloaded its certificates, so channels the plugin
+    dials itself are made anew with them (docs/security.md, "Rotating certificates")."""
 
     state_machine: StateMachine
 

@@ -93,6 +93,9 @@ class Pop:
     # FIFO groups: the message group of each offset the pop names (pairs), so the state machine holds one
     # message of each message group in flight at a time.
     groups: tuple[tuple[int, str], ...] = ()
+    # A PushConsumer's auto-renewed receive: the client's id. The leader keeps renewing what it grants while the
+    # client lives, and a new leader takes that over (broker_adapter/rocketmq/renewal.py). Absent: "".
+    renew: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,9 @@ class ChangeInvisible:
     epoch: int
     now_ms: int
     invisible_ms: int
+    # The leader renewing an auto-renewed delivery (it stays one); False: the client changed it itself, and
+    # renewing it ends. Absent: False.
+    renew: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +240,8 @@ def encode(cmd: Command) -> bytes:
         payload = {f: (list(v) if isinstance(v, tuple) else v) for f, v in _fields(cmd)}
         if isinstance(cmd, Pop) and not cmd.groups:
             del payload["groups"]
+        if isinstance(cmd, Pop | ChangeInvisible) and not cmd.renew:
+            del payload["renew"]  # an optional key: a node from before it reads the command as before
     elif isinstance(cmd, GroupSettingsCmd):
         check_group(cmd.group)
         op, payload = OP_GROUP_SETTINGS, {"group": cmd.group, "settings": cmd.settings}
@@ -297,6 +305,7 @@ def decode(body: bytes | memoryview) -> Command:
                 tuple(int(o) for o in payload["offsets"]),
                 tuple(int(o) for o in payload.get("skip", ())),
                 tuple((int(o), str(g)) for o, g in payload.get("groups", ())),
+                str(payload.get("renew", "")),
             )
         if op == OP_ACK:
             return Ack(
@@ -315,6 +324,7 @@ def decode(body: bytes | memoryview) -> Command:
                 int(payload["epoch"]),
                 int(payload["now_ms"]),
                 int(payload["invisible_ms"]),
+                bool(payload.get("renew", False)),
             )
         if op == OP_GROUP_SETTINGS:
             if not isinstance(payload["settings"], dict):

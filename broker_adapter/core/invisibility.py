@@ -10,7 +10,8 @@ Per (group, topic, queue), the state is bounded, like RocketMQ's pop checkpoints
 
 - ``low``: every offset below it is acknowledged (the group's committed offset follows it).
 - ``next``: the first offset never delivered; a pop takes new offsets from here, in order.
-- ``inflight``: offset -> (deadline, epoch, attempt) for delivered, unacknowledged offsets in [low, next).
+- ``inflight``: offset -> (deadline, epoch, attempt) for delivered, unacknowledged offsets in [low, next); a
+  PushConsumer's auto-renewed delivery also names its client and the epoch of its receipt handle (``Renewal``).
   An offset in [low, next) absent from it is acknowledged. ``next - low`` never exceeds ``WINDOW``.
 
 Time is an input: the leader stamps ``now_ms`` into a pop or change command and the deadline is
@@ -43,12 +44,23 @@ WINDOW: Final = 10_000  # offsets past ``low`` a group may have delivered and no
 Key = tuple[str, str, int]  # (group, topic, queue_id)
 
 
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """An auto-renewed delivery (a PushConsumer's, ``commands.Pop.renew``): replicated, so that a new leader goes
+    on renewing it (broker_adapter/rocketmq/renewal.py)."""
+
+    client: str  # the client id that received it
+    handed: int  # the epoch of the grant: the one in the receipt handle the client holds
+    since_ms: int  # when it was granted (renewal stops after a bound)
+
+
 @dataclass(slots=True)
 class InFlight:
     deadline_ms: int
     epoch: int
     attempt: int  # delivery attempt: 1 for the first delivery; 0: waiting (FIFO), never delivered
     mgroup: str = ""  # the message group (FIFO groups only)
+    renew: Renewal | None = None  # renewed by the leader while its client lives
 
 
 @dataclass(slots=True)
@@ -194,7 +206,8 @@ class PopStates:
                 q.inflight.pop(o, None)  # filtered out: done without delivery
                 continue
             q.epoch += 1
-            q.inflight[o] = InFlight(deadline, q.epoch, attempt, mgroup)
+            renew = Renewal(cmd.renew, q.epoch, cmd.now_ms) if cmd.renew else None
+            q.inflight[o] = InFlight(deadline, q.epoch, attempt, mgroup, renew)
             granted.append(Delivery(o, q.epoch, attempt))
         q._advance()
         return Popped(cmd.group, cmd.topic, cmd.queue_id, deadline, tuple(granted))
@@ -229,7 +242,8 @@ class PopStates:
         f = q.inflight[cmd.offset]
         q.epoch += 1
         deadline = cmd.now_ms + cmd.invisible_ms
-        q.inflight[cmd.offset] = InFlight(deadline, q.epoch, f.attempt, f.mgroup)
+        renew = f.renew if cmd.renew else None  # the client's own change: renewing it is the client's now
+        q.inflight[cmd.offset] = InFlight(deadline, q.epoch, f.attempt, f.mgroup, renew)
         return Handled(cmd.group, cmd.topic, cmd.queue_id, cmd.offset, Outcome.DONE, q.epoch, deadline)
 
     @staticmethod
@@ -261,7 +275,7 @@ class PopStates:
                 q.next,
                 q.epoch,
                 [
-                    [o, f.deadline_ms, f.epoch, f.attempt, *([f.mgroup] if f.mgroup else [])]
+                    [o, f.deadline_ms, f.epoch, f.attempt, *_optional(f)]
                     for o, f in sorted(q.inflight.items())
                 ],
             ]
@@ -277,8 +291,22 @@ class PopStates:
                 int(nxt),
                 int(epoch),
                 {
-                    int(r[0]): InFlight(int(r[1]), int(r[2]), int(r[3]), str(r[4]) if len(r) > 4 else "")
+                    int(r[0]): InFlight(
+                        int(r[1]),
+                        int(r[2]),
+                        int(r[3]),
+                        str(r[4]) if len(r) > 4 else "",
+                        Renewal(str(r[5][0]), int(r[5][1]), int(r[5][2])) if len(r) > 5 else None,
+                    )
                     for r in inflight
                 },
             )
         return st
+
+
+def _optional(f: InFlight) -> list[Any]:
+    """A snapshot row's optional tail: the message group, then the renewal (an older reader ignores what it does
+    not know; a row without them reads as before)."""
+    if f.renew is not None:
+        return [f.mgroup, [f.renew.client, f.renew.handed, f.renew.since_ms]]
+    return [f.mgroup] if f.mgroup else []

@@ -67,12 +67,14 @@ class Pops:
         invisible_ms: int,
         poll_ms: int,
         deadline: float,
+        renew: str = "",
     ) -> tuple[int, Popped, dict[int, message.Message]] | None:
         """Pop from queue ``first``, or from the topic's other queues when it has nothing to deliver, as
         RocketMQ's broker pops a topic for a receive (queue id -1): a client that picked a drained queue does not
         long-poll while other queues hold messages. Queues another receive of the group is popping are skipped;
         with nothing anywhere, wait for a dispatch to any queue or an invisible time running out, for ``poll_ms``
-        and not past ``deadline`` (loop time). Returns (queue id, what was granted, the granted messages by offset), or None."""
+        and not past ``deadline`` (loop time). ``renew``: the client id of an auto-renewed receive (``commands.Pop``).
+        Returns (queue id, what was granted, the granted messages by offset), or None."""
         check_user_topic(topic)
         await self._leadership.leader_state()
         sm = self._sm
@@ -87,7 +89,7 @@ class Pops:
                 if lock.locked():
                     continue
                 async with lock:
-                    got = await self._pop(key, select, batch, invisible_ms)
+                    got = await self._pop(key, select, batch, invisible_ms, renew)
                 if got:
                     return (q, *got)
             if loop.time() >= until:
@@ -106,7 +108,7 @@ class Pops:
             await self._reader.wait_dispatch(topic, order, wake)
 
     async def _pop(
-        self, key: tuple[str, str, int], select: Select, batch: int, invisible_ms: int
+        self, key: tuple[str, str, int], select: Select, batch: int, invisible_ms: int, renew: str = ""
     ) -> tuple[Popped, dict[int, message.Message]] | None:
         """Pop what a queue can deliver now (one Pop command through the log, which also passes over messages
         the filter or the log no longer has), or None. Batches that were all filtered out are passed over at
@@ -136,7 +138,7 @@ class Pops:
                     for o, m in taken.items()
                     if (g := m.properties.get(message.PROPERTY_MESSAGE_GROUP))
                 )
-            pop = commands.Pop(group, topic, qid, now, invisible_ms, take, skip, mgroups)
+            pop = commands.Pop(group, topic, qid, now, invisible_ms, take, skip, mgroups, renew)
             (popped,) = await self._proposer.submit([pop])
             if isinstance(popped, BaseException):
                 raise popped if isinstance(popped, DLedgerError) else NotFoundError(str(popped))
@@ -224,12 +226,19 @@ class Pops:
         return out
 
     async def change_invisible(
-        self, group: str, topic: str, queue_id: int, offset: int, epoch: int, invisible_ms: int
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        epoch: int,
+        invisible_ms: int,
+        renew: bool = False,
     ) -> Handled | BaseException:
-        """Make a delivery invisible for ``invisible_ms`` from now: its ``Handled`` (or error)."""
+        """Make a delivery invisible for ``invisible_ms`` from now: its ``Handled`` (or error). ``renew``: the
+        leader renewing an auto-renewed delivery (it stays one), not a client's own change."""
         await self._leadership.leader_state()
-        changed: list[Handled | BaseException] = await self._proposer.submit(
-            [commands.ChangeInvisible(group, topic, queue_id, offset, epoch, now_ms(), invisible_ms)]
-        )
+        cmd = commands.ChangeInvisible(group, topic, queue_id, offset, epoch, now_ms(), invisible_ms, renew)
+        changed: list[Handled | BaseException] = await self._proposer.submit([cmd])
         self._wake(topic, [queue_id])
         return changed[0]

@@ -11,6 +11,7 @@ It trusts what its own configuration gives it, and checks both kinds of caller w
   key is the bootstrap admin or in the name server's users file.
 - ``ClusterInfo`` (every node, every consumer group's members): a proven node (the registrar reads the cluster)
   or the bootstrap admin (``cluster status``).
+- ``dledger.v1.Security/ReloadCertificates`` (``dledger cert reload --addresses NS``): the bootstrap admin.
 - ``ConsumerHeartbeat``, ``ListConsumers``, ``UnregisterConsumer``: a signed client, as for ``QueryRoute``, for
   a consumer group its users-file entry lists in ``consumer_groups`` (``"*"``: any), or the bootstrap admin; a
   user may not join, read or leave another group's membership (it would be given queues it cannot read).
@@ -40,6 +41,8 @@ SERVICE: Final = "dledger.v1.NameServer"
 NODE_ONLY: Final = frozenset({"RegisterBroker", "UnregisterBroker"})
 NODE_OR_CLIENT: Final = frozenset({"QueryRoute", "ClusterInfo"})
 CLIENT_ONLY: Final = frozenset({"ConsumerHeartbeat", "ListConsumers", "UnregisterConsumer"})
+# The certificate reload a node serves too (``dledger cert reload``), same service and method: bootstrap admin only.
+RELOAD: Final = ("dledger.v1.Security", "ReloadCertificates")
 
 
 def _user_tables(path: Path) -> list[dict[str, Any]]:
@@ -195,6 +198,9 @@ class NameServerGuard(grpc.aio.ServerInterceptor):
         whole cluster (``ClusterInfo``) and join any consumer group; ``consumer_groups``: the groups each other
         access key may join."""
         self._nodes = tls.NodeProofVerifier(ca_pem, skew_s)
+        self.set_ca = (
+            self._nodes.set_ca
+        )  # a reload of the CA bundle (docs/security.md, "Rotating certificates")
         self._secrets = dict(secrets)
         self._admin = admin
         self._skew = skew_s
@@ -203,9 +209,11 @@ class NameServerGuard(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         service, method = _method(details.method)
+        md = tuple(details.invocation_metadata or ())
+        if handler is not None and (service, method) == RELOAD:
+            return self._admin_only(handler, method, md)
         if handler is None or service != SERVICE:
             return handler  # unknown methods: gRPC's UNIMPLEMENTED; the name server serves nothing else
-        md = tuple(details.invocation_metadata or ())
         if method in NODE_ONLY or (method in NODE_OR_CLIENT and any(k == tls.NODE for k, _ in md)):
             try:
                 group, node = self._nodes.verify(md)
@@ -231,4 +239,17 @@ class NameServerGuard(grpc.aio.ServerInterceptor):
             return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, why)
         if method in CLIENT_ONLY and access_key != self._admin:
             return _in_group(handler, method, access_key, self._groups.get(access_key, frozenset()))
+        return handler
+
+    def _admin_only(self, handler: grpc.RpcMethodHandler, method: str, md: tuple) -> grpc.RpcMethodHandler:
+        """``ReloadCertificates``: the bootstrap admin's signed call only."""
+        try:
+            access_key = auth.verify(md, self._secrets.get, skew_s=self._skew)
+        except auth.AuthenticationError as e:
+            log.warning("name server: refused %s: %s", method, e)
+            return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, f"unauthenticated: {e}")
+        if access_key != self._admin:
+            why = f"user {access_key!r} may not call {method}: it needs admin (the bootstrap admin)"
+            log.warning("name server: refused %s", why)
+            return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, why)
         return handler

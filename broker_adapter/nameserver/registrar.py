@@ -20,6 +20,7 @@ import grpc
 from broker_adapter.nameserver.registry import BrokerNode, GroupRoute, Registry
 from broker_adapter.v1 import nameserver_pb2 as pb
 from broker_adapter.v1 import nameserver_pb2_grpc as pb_grpc
+from dledger.security.rotation import close_later
 from dledger.transport.grpc import open_channel
 
 log = logging.getLogger(__name__)
@@ -66,14 +67,30 @@ class Registrar:
         node's identity on every call, as to its peers (docs/cluster.md, "Security")."""
         self._registration = registration
         self._period_s = period_s
-        self._channels = {a: open_channel(a, credentials=credentials) for a in nameservers}
-        self._stubs = {a: pb_grpc.NameServerStub(c) for a, c in self._channels.items()}
+        self._nameservers = nameservers
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, pb_grpc.NameServerStub] = {}
+        self.set_credentials(credentials)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._down: set[str] = set()  # name servers whose last registration failed (logged once)
         # The cluster as the name servers last described it (every live node of every group, with its topics),
         # refreshed at every beat: what the RocketMQ face adds to a route for the topic's other groups.
         self.cluster: list[pb.RegisteredBroker] = []
+
+    def set_credentials(self, credentials: grpc.ChannelCredentials | None) -> None:
+        """Dial the name servers with these credentials from now on (a secure node's certificates were reloaded:
+        docs/security.md, "Rotating certificates"); the old channels close once the calls on them had time to
+        end."""
+        old = list(self._channels.values())
+        self._channels = {a: open_channel(a, credentials=credentials) for a in self._nameservers}
+        self._stubs = {a: pb_grpc.NameServerStub(c) for a, c in self._channels.items()}
+        if old:
+
+            async def close_old() -> None:
+                await asyncio.gather(*(c.close() for c in old))
+
+            close_later(close_old)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="nameserver-registrar")

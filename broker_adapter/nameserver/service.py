@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 import signal
 import time
@@ -17,13 +19,13 @@ from collections.abc import Callable
 
 import grpc
 
-from broker_adapter.nameserver.guard import NameServerGuard, NameServerSecurity
+from broker_adapter.nameserver.guard import RELOAD, NameServerGuard, NameServerSecurity
 from broker_adapter.nameserver.registry import BrokerNode, Registry
 from broker_adapter.v1 import nameserver_pb2 as pb
 from broker_adapter.v1 import nameserver_pb2_grpc as pb_grpc
 from dledger.errors import ConfigError
 from dledger.nodeconfig import parse_address
-from dledger.security import tls
+from dledger.security.rotation import MaterialFiles, Reloadable, check_material
 from dledger.transport.grpc import SERVER_OPTIONS
 
 log = logging.getLogger(__name__)
@@ -157,6 +159,31 @@ class NameServerServicer(pb_grpc.NameServerServicer):
         )
 
 
+def _reload_logged(listen: str, material: Reloadable) -> None:
+    """SIGHUP: reload the certificate, key and CA bundle; files that cannot serve are logged, nothing changes."""
+    try:
+        material.reload()
+    except ConfigError as e:
+        log.error("name server %s: SIGHUP: certificates not reloaded: %s", listen, e)
+
+
+def _reload_handler(material: Reloadable) -> grpc.GenericRpcHandler:
+    """``dledger.v1.Security/ReloadCertificates`` as a node serves it (``dledger cert reload``; the guard lets
+    only the bootstrap admin call it): the answer is the reload's summary (JSON)."""
+
+    async def reload(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            return json.dumps(material.reload()).encode()
+        except ConfigError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"name server: {e}")
+            raise  # not reached: abort raises
+
+    service, method = RELOAD
+    return grpc.method_handlers_generic_handler(
+        service, {method: grpc.unary_unary_rpc_method_handler(reload)}
+    )
+
+
 async def serve(
     listen: str,
     registry: Registry | None = None,
@@ -168,13 +195,21 @@ async def serve(
     ``security``: TLS only, and every call checked by ``guard.NameServerGuard`` (docs/cluster.md, "Security")."""
     registry = registry or Registry()
     interceptors = []
+    material: Reloadable | None = None
     if security is not None:
-        cert, key, ca, secrets, admin = security.load()
-        interceptors.append(NameServerGuard(ca, secrets, admin, security.skew_s, security.consumer_groups()))
+        _cert, _key, _ca, secrets, admin = security.load()
+        files = MaterialFiles(security.cert, security.key, security.ca, prefix="name server --")
+        material = Reloadable(files.read, lambda m: check_material(m, files))
+        guard = NameServerGuard(
+            material.material.ca_pem, secrets, admin, security.skew_s, security.consumer_groups()
+        )
+        material.on_reload(lambda m: guard.set_ca(m.ca_pem))
+        interceptors.append(guard)
     server = grpc.aio.server(options=list(SERVER_OPTIONS), interceptors=interceptors)
     pb_grpc.add_NameServerServicer_to_server(NameServerServicer(registry), server)
-    if security is not None:
-        port = server.add_secure_port(listen, tls.server_credentials(cert, key))
+    if material is not None:
+        server.add_generic_rpc_handlers((_reload_handler(material),))
+        port = server.add_secure_port(listen, material.server_credentials())
     else:
         port = server.add_insecure_port(listen)
     if port == 0:
@@ -186,6 +221,9 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread (tests)
             loop.add_signal_handler(sig, stop.set)
+    if material is not None:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, functools.partial(_reload_logged, listen, material))
     if ready is not None:
         ready(port)
     try:

@@ -31,6 +31,7 @@ from rocketmq.grpc_protocol import Code, service_pb2
 from broker_adapter.rocketmq.forward_stream import LeaderStream
 from broker_adapter.rocketmq.status import RocketMQError
 from dledger.plugins import NodeHandle
+from dledger.security.rotation import close_later
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +206,19 @@ class Forwarder:
                     ) from None
                 last = err
                 await asyncio.sleep(0.02)
+
+    def redial(self) -> None:
+        """The node's certificates were reloaded (docs/security.md, "Rotating certificates"): channels to the
+        leader are made anew with the CA bundle the file holds now; the old ones close once the calls on them had
+        time to end."""
+        old = list(self._channels.values())
+        self._channels, self._calls = {}, {}
+
+        async def close_old() -> None:
+            for channel in old:
+                await channel.close()
+
+        close_later(close_old)
 
     async def close(self) -> None:
         for stream in self._streams.values():

@@ -114,8 +114,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._node.add_role_listener(self.routes.clear)
         self.clients: OrderedDict[str, ClientInfo] = OrderedDict()
         # the PushConsumer's auto_renew: the leader keeps its messages invisible while its listener runs
-        self.renewals = Renewals(broker.pops.change_invisible, now_ms)
-        self._node.add_role_listener(self.renewals.clear)
+        self.renewals = Renewals(
+            broker.pops.change_invisible,
+            now_ms,
+            broker.settings.auto_renew_invisible_ms,
+            ready=broker.leader_state,
+            pops=lambda: broker.sm.pops,  # replaced when a snapshot loads: read it through the state machine
+        )
+        self._node.add_role_listener(self.renewals.role_changed)
         # Producers' open Telemetry streams on this node, by client id: (their topics, the stream's outbox).
         self._producers: dict[str, tuple[frozenset[str], asyncio.Queue]] = {}
         broker.delivery.on_tx_check = self._check_transaction
@@ -123,6 +129,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def secure(self) -> bool:
         """Whether the group checks signatures: then followers forward call by call, not on a stream."""
         return self._node.config.security is not None
+
+    def credentials_reloaded(self) -> None:
+        """The node reloaded its certificates: forwarding dials the leader with them from now on."""
+        self._forward.redial()
 
     async def close(self) -> None:
         await self.renewals.close()
@@ -367,7 +377,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         batch = request.batch_size
         if not 1 <= batch <= MAX_RECEIVE_BATCH:
             raise bad_request(f"batch_size must be in 1..{MAX_RECEIVE_BATCH}, got {batch}")
-        invisible_ms = DEFAULT_INVISIBLE_MS
+        # no invisible duration: a PushConsumer's auto-renewed receive ([broker] auto_renew_invisible_ms)
+        invisible_ms = self.renewals.slice_ms if request.auto_renew else DEFAULT_INVISIBLE_MS
         if request.HasField("invisible_duration"):
             invisible_ms = duration_ms(request.invisible_duration)
             if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
@@ -386,6 +397,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             invisible_ms,
             poll_ms,
             self._deadline(context, margin_s=0.3),
+            renew=client_id(context) if request.auto_renew else "",
         )
         if not got:
             yield service_pb2.ReceiveMessageResponse(

@@ -55,6 +55,7 @@ from storage.errors import Compacted, IndexOutOfRange
 
 if TYPE_CHECKING:
     from dledger.security.node import SecuredPlugin
+    from dledger.security.rotation import ReloadSummary
 
 log = logging.getLogger("dledger.runtime")
 
@@ -644,6 +645,18 @@ class Node:
             self.state_machine.name if self.state_machine is not None else "",
             self.config.raft.segment_size,
         )
+
+    def reload_certificates(self) -> ReloadSummary:
+        """Read the ``[security]`` certificate, key and CA bundle again and use them without a restart (SIGHUP,
+        ``dledger cert reload``; docs/security.md "Rotating certificates"): new TLS handshakes get the new
+        certificate, peers are dialled anew with it. ConfigError when there is no ``[security]`` or the files
+        cannot serve (the old ones stay)."""
+        if self._secured is None:
+            raise ConfigError(f"node {self.id} has no [security]: there is no certificate to reload")
+        summary = self._secured.reload()
+        if summary["changed"] and isinstance(self.peers.transport, GrpcPeerTransport):
+            self.peers.transport.set_credentials(self._secured.peer_credentials())
+        return summary
 
     # -- introspection -----------------------------------------------------------------------------------------
 

@@ -1,17 +1,21 @@
 """A node as an operating-system process (``dledger node``): its event loop, and the signals it answers.
 
-SIGTERM and SIGINT stop the node cleanly (its log flushed, its lock released); anything else is the node's own
-business (dledger/runtime/node.py).
+SIGTERM and SIGINT stop the node cleanly (its log flushed, its lock released); SIGHUP, on a node with
+``[security]``, reloads its certificate, key and CA bundle (docs/security.md, "Rotating certificates"); anything
+else is the node's own business (dledger/runtime/node.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 
-from dledger.errors import UnavailableError
+from dledger.errors import ConfigError, UnavailableError
 from dledger.nodeconfig import NodeConfig
 from dledger.runtime.node import Node
+
+log = logging.getLogger(__name__)
 
 
 def serve(config: NodeConfig) -> None:
@@ -41,3 +45,14 @@ def install_signal_handlers(node: Node) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: loop.create_task(node.stop()))
+    if node.config.security is not None:
+        loop.add_signal_handler(signal.SIGHUP, lambda: _reload(node))
+
+
+def _reload(node: Node) -> None:
+    """SIGHUP: reload the certificate, key and CA bundle (``Node.reload_certificates``); files that cannot serve
+    are logged and change nothing."""
+    try:
+        node.reload_certificates()
+    except ConfigError as e:
+        log.error("%s: SIGHUP: certificates not reloaded: %s", node.id, e)

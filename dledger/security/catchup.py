@@ -34,6 +34,7 @@ from dledger.connections import AsyncChannels
 from dledger.errors import DLedgerError
 from dledger.plugins import NodeHandle
 from dledger.security.config import ClientSecurity
+from dledger.security.rotation import close_later
 from dledger.security.service import SERVICE_NAME
 from dledger.security.tls import client_channel_credentials
 
@@ -56,8 +57,8 @@ def _retrieve(fut: asyncio.Future[int]) -> None:
 class CatchUp:
     def __init__(self, node: NodeHandle, ca_file: Path, access_key: str, secret_key: str, bound_s: float):
         self._node = node
-        self._credentials = client_channel_credentials(ClientSecurity(ca_file, access_key, secret_key))
-        self._channels = AsyncChannels(self._credentials)
+        self._security = ClientSecurity(ca_file, access_key, secret_key)
+        self._channels = AsyncChannels(client_channel_credentials(self._security))
         self.bound_s = bound_s
         self._tick_s = max(0.005, node.config.raft.tick_ms / 1000)
         self._queued: asyncio.Future[int] | None = None  # the next question (a read point), not asked yet
@@ -175,6 +176,12 @@ class CatchUp:
         )
         raw = await send(json.dumps(request).encode(), timeout=max(0.05, timeout_s))
         return json.loads(raw)
+
+    def redial(self) -> None:
+        """The CA bundle changed (a reload): dial with what the file holds now; the old channels close once the
+        questions on them had time to end (``rotation.close_later``)."""
+        old, self._channels = self._channels, AsyncChannels(client_channel_credentials(self._security))
+        close_later(old.close)
 
     async def aclose(self) -> None:
         if self._worker is not None:

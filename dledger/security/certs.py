@@ -199,6 +199,87 @@ def _write(path: Path, data: bytes, private: bool) -> None:
         os.chmod(path, 0o600)
 
 
+# A rotation to a new CA (docs/security.md, "Rotating certificates") keeps the new CA beside the old one until
+# every certificate is issued from it: ``ca.pem`` is the bundle both are trusted through meanwhile.
+NEXT_CA = "next-ca"
+
+
+def begin_ca_rotation(directory: Path) -> Issued:
+    """Step 1: a new CA in ``directory`` (``next-ca.pem``/``.key``, kept when there already), and ``ca.pem``
+    made the bundle of the CA(s) it held and the new one; the new CA."""
+    ca_cert, next_cert, next_key = (
+        directory / "ca.pem",
+        directory / f"{NEXT_CA}.pem",
+        directory / f"{NEXT_CA}.key",
+    )
+    if not ca_cert.exists():
+        raise FileNotFoundError(f"no CA in {directory} (ca.pem) to rotate from")
+    if next_cert.exists() and next_key.exists():
+        new = Issued(next_cert.read_bytes(), next_key.read_bytes())
+    else:
+        new = make_ca(f"dledger local CA {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S}")
+        _write(next_key, new.key_pem, True)
+        _write(next_cert, new.cert_pem, False)
+    held = ca_cert.read_bytes()
+    trusted = {c.fingerprint(hashes.SHA256()) for c in x509.load_pem_x509_certificates(held)}
+    if x509.load_pem_x509_certificate(new.cert_pem).fingerprint(hashes.SHA256()) not in trusted:
+        _write_atomically(ca_cert, held.rstrip(b"\n") + b"\n" + new.cert_pem, False)
+    return new
+
+
+def reissue(ca: Issued, cert_pem: bytes) -> Issued:
+    """A new key and certificate from ``ca`` saying what ``cert_pem`` says: its subject, alternative names (node
+    id, group, service name, hosts) and usages; so a node, a name server or a client keeps its identity."""
+    old = x509.load_pem_x509_certificate(cert_pem)
+    sans = old.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    try:
+        usages = list(old.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    except x509.ExtensionNotFound:
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    cn = old.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return _issue(
+        ca, str(cn[0].value) if cn else "", list(sans), server=ExtendedKeyUsageOID.SERVER_AUTH in usages
+    )
+
+
+def reissue_from_next_ca(directory: Path) -> list[str]:
+    """Step 2: every certificate in ``directory`` issued anew from the new CA (``reissue``), key first, each
+    file replaced atomically; the names reissued."""
+    next_cert, next_key = directory / f"{NEXT_CA}.pem", directory / f"{NEXT_CA}.key"
+    if not next_cert.exists() or not next_key.exists():
+        raise FileNotFoundError(f"no new CA in {directory} ({NEXT_CA}.pem/.key): begin the rotation first")
+    new = Issued(next_cert.read_bytes(), next_key.read_bytes())
+    names = []
+    for pem in sorted(directory.glob("*.pem")):
+        name = pem.stem
+        if name in ("ca", NEXT_CA) or not (directory / f"{name}.key").exists():
+            continue
+        issued = reissue(new, pem.read_bytes())
+        _write_atomically(directory / f"{name}.key", issued.key_pem, True)
+        _write_atomically(pem, issued.cert_pem, False)
+        names.append(name)
+    return names
+
+
+def finish_ca_rotation(directory: Path) -> None:
+    """Step 3: the new CA becomes the CA (``ca.pem`` holds it alone, ``ca.key`` is its key); the old CA's key is
+    deleted, so nothing can be issued from it any more."""
+    next_cert, next_key = directory / f"{NEXT_CA}.pem", directory / f"{NEXT_CA}.key"
+    if not next_cert.exists() or not next_key.exists():
+        raise FileNotFoundError(f"no new CA in {directory} ({NEXT_CA}.pem/.key): nothing to finish")
+    _write_atomically(directory / "ca.key", next_key.read_bytes(), True)
+    _write_atomically(directory / "ca.pem", next_cert.read_bytes(), False)
+    next_key.unlink()
+    next_cert.unlink()
+
+
+def _write_atomically(path: Path, data: bytes, private: bool) -> None:
+    """Replace ``path`` in one rename, so a process reloading it reads the old file or the new, never half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    _write(tmp, data, private)
+    os.replace(tmp, path)
+
+
 def multi_address_authority(addresses: list[str]) -> str:
     """The host name a gRPC client checks a node's certificate against when its target names several addresses
     (as the official RocketMQ 5 clients' targets and routes do): an ``ipv4:a:p,b:q`` target has the sorted list,

@@ -1,4 +1,5 @@
-"""``dledger certs`` and ``dledger user add|remove|grant|revoke|list`` (docs/security.md)."""
+"""``dledger certs``, ``dledger cert reload|rotate-ca`` and ``dledger user add|remove|grant|revoke|list``
+(docs/security.md)."""
 
 from __future__ import annotations
 
@@ -124,7 +125,70 @@ def revoke_cert(
     console.print(f"revoked the certificate of {out['node'] or '?'} (sha256 {out['fingerprint']})")
 
 
+cert_app = typer.Typer(
+    no_args_is_help=True, help="Reload certificates without a restart; rotate a CA (docs/security.md)."
+)
+
+
+@cert_app.command("reload")
+def cert_reload(dir: DirOpt = None, addresses: AddressesOpt = None) -> None:
+    """Every node given reads its certificate, key and CA bundle again and uses them, without a restart (as
+    SIGHUP does). Each node answers for itself; a node whose files cannot serve keeps its old ones and the
+    command exits 1 naming it and the file."""
+    from dledger.security.client import call_once
+
+    failed = []
+    for address in addresses_of(dir, addresses):
+        try:
+            out = call_once([address], "ReloadCertificates", {})
+        except DLedgerError as e:
+            console.print(f"{address}: NOT reloaded: {e}", soft_wrap=True)
+            failed.append(address)
+            continue
+        state = "reloaded" if out["changed"] else "unchanged"
+        console.print(
+            f"{address}: {state}: {out['certificate']} issued by {out['issuer']}; trusts {out['cas']}"
+        )
+    if failed:
+        fail(f"not reloaded on {', '.join(failed)}")
+
+
+@cert_app.command("rotate-ca")
+def cert_rotate_ca(
+    dir: Annotated[
+        Path, typer.Option("--dir", help="the CA's directory (ca.pem, ca.key), or a local group's (its tls/)")
+    ],
+    step: Annotated[
+        str,
+        typer.Option(
+            help="trust: a new CA, ca.pem the bundle of old and new; issue: every certificate anew from the new "
+            "CA; finish: the new CA alone. Reload every node (and name server) after each step."
+        ),
+    ],
+) -> None:
+    """One step of a rotation to a new CA (docs/security.md, "Rotating certificates")."""
+    from dledger.security import certs as c
+
+    tls_dir = dir / "tls" if (dir / "tls" / "ca.pem").exists() else dir
+    try:
+        if step == "trust":
+            c.begin_ca_rotation(tls_dir)
+            console.print(f"{tls_dir / 'ca.pem'}: trusts the old and the new CA ({tls_dir / c.NEXT_CA}.pem)")
+        elif step == "issue":
+            names = c.reissue_from_next_ca(tls_dir)
+            console.print(f"issued from the new CA: {', '.join(names) or 'nothing'}")
+        elif step == "finish":
+            c.finish_ca_rotation(tls_dir)
+            console.print(f"{tls_dir / 'ca.pem'}: the new CA alone; the old CA's key is deleted")
+        else:
+            fail(f"--step must be trust, issue or finish, not {step!r}", 2)
+    except FileNotFoundError as e:
+        fail(str(e), 2)
+    console.print("now reload every node and name server: dledger cert reload --dir ... (or SIGHUP)")
+
+
 def register(app: typer.Typer) -> None:
     app.command("certs")(certs)
+    app.add_typer(cert_app, name="cert")
     app.command("revoke-cert")(revoke_cert)
     app.add_typer(user_app, name="user")

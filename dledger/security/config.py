@@ -29,7 +29,7 @@ from dledger.security.auth import DEFAULT_SKEW_S
 _KEYS = {"cert", "key", "ca", "admin", "skew_s"}
 
 
-def _read(path: Path, what: str) -> bytes:
+def read_file(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
@@ -39,7 +39,7 @@ def _read(path: Path, what: str) -> bytes:
 def read_credentials(path: Path) -> tuple[str, str]:
     """(access_key, secret_key) from a TOML file; ConfigError naming what is missing."""
     try:
-        raw = tomllib.loads(_read(path, "credentials file").decode())
+        raw = tomllib.loads(read_file(path, "credentials file").decode())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"credentials file {path} is not valid TOML: {e}") from None
     ak, sk = raw.get("access_key"), raw.get("secret_key")
@@ -79,9 +79,9 @@ class SecurityConfig:
     def load(self) -> tuple[bytes, bytes, bytes, tuple[str, str]]:
         """(cert, key, ca) PEM bytes and the bootstrap admin's (access_key, secret_key)."""
         return (
-            _read(self.cert, "[security] cert"),
-            _read(self.key, "[security] key"),
-            _read(self.ca, "[security] ca"),
+            read_file(self.cert, "[security] cert"),
+            read_file(self.key, "[security] key"),
+            read_file(self.ca, "[security] ca"),
             read_credentials(self.admin),
         )
 
@@ -100,7 +100,7 @@ class ClientSecurity:
     @classmethod
     def from_file(cls, path: Path) -> ClientSecurity:
         try:
-            raw = tomllib.loads(_read(Path(path), "client security file").decode())
+            raw = tomllib.loads(read_file(Path(path), "client security file").decode())
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"client security file {path} is not valid TOML: {e}") from None
         if not raw.get("ca"):

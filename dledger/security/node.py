@@ -5,7 +5,9 @@ store (``users.SecuredStateMachine``), its services gain the Security service, a
 server's TLS credentials and the interceptor (``guard``), and the peer channels' credentials (``tls``). With
 replicated users, ``catchup`` makes an acknowledged user change hold on every node (the guard catches up before
 a refusal; the service confirms a change on the other members before answering). A node without a state
-machine has no replicated users: only the bootstrap admin (docs/security.md).
+machine has no replicated users: only the bootstrap admin (docs/security.md). Its certificate, key and CA bundle
+are a ``rotation.Reloadable``: ``reload`` swaps them for what the files hold now, and everything built from them
+follows (the proof, the command signer, the verifiers, the channels: docs/security.md "Rotating certificates").
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import grpc
 
 from dledger.security import guard, service, tls
 from dledger.security.catchup import CatchUp, default_bound_s
+from dledger.security.config import read_credentials
+from dledger.security.rotation import Material, MaterialFiles, Reloadable, ReloadSummary, check_material
 from dledger.security.users import CommandVerifier, SecuredStateMachine, User, UserStore
 
 
@@ -26,12 +30,40 @@ class SecuredPlugin:
         self.inner = inner
         self.users = UserStore()
         sec = config.security
-        self._cert, self._key, self._ca, (ak, sk) = sec.load()
+        ak, sk = read_credentials(sec.admin)
+        files = MaterialFiles(sec.cert, sec.key, sec.ca)
+        # The certificate, key and CA bundle in use: ``reload`` (SIGHUP, ``dledger cert reload``) swaps them.
+        self.tls = Reloadable(files.read, lambda m: check_material(m, files, config.node_id, config.group))
+        m = self.tls.material
         base = inner.state_machine if inner is not None else state_machine
-        verifier = CommandVerifier(config.group, self._ca)
-        self.state_machine = SecuredStateMachine(base, self.users, verifier) if base is not None else None
+        self._commands = CommandVerifier(config.group, m.ca_pem)
+        self.state_machine = (
+            SecuredStateMachine(base, self.users, self._commands) if base is not None else None
+        )
         self.admin = User(ak, sk, {"admin"})
         self._catch_up: CatchUp | None = None
+        self._proof = tls.PeerProofPlugin(config.group, config.node_id, m.cert_pem, m.key_pem)
+        self._signer = service.CommandSigner(config.group, m.cert_pem, m.key_pem)
+        self._peers: tls.PeerVerifier | None = None  # made with the interceptor
+        self.tls.on_reload(self._reloaded)
+
+    def _reloaded(self, m: Material) -> None:
+        """New material is in use: prove, sign and trust with it; channels dialled from now on use it."""
+        self._proof.update(m.cert_pem, m.key_pem)
+        self._signer.update(m.cert_pem, m.key_pem)
+        self._commands.add_ca(m.ca_pem)
+        if self._peers is not None:
+            self._peers.set_ca(m.ca_pem)
+        if self._catch_up is not None:
+            self._catch_up.redial()
+        hook = getattr(self.inner, "credentials_reloaded", None)  # ``NodePlugin``'s optional hook
+        if hook is not None:  # the plugin's own channels (a broker's to its leader and name servers)
+            hook(self.peer_credentials())
+
+    def reload(self) -> ReloadSummary:
+        """Read the certificate, key and CA files again and use them (docs/security.md, "Rotating
+        certificates"); ConfigError naming the file when they cannot serve (the old ones stay)."""
+        return self.tls.reload()
 
     def catch_up(self, node: Any) -> CatchUp | None:
         """The node's ``CatchUp`` (one per node, made on first use); None without replicated users."""
@@ -64,20 +96,22 @@ class SecuredPlugin:
     def attach(self, node: Any, server: grpc.aio.Server) -> Sequence[str]:
         names = tuple(self.inner.attach(node, server)) if self.inner is not None else ()
         if self.state_machine is None:
-            return names
-        signer = service.CommandSigner(node.group, self._cert, self._key)
+            return (*names, *service.attach_reload(node, server))
         catch_up = self.catch_up(node)
-        return (*names, *service.attach(node, server, self.users, self.admin.access_key, signer, catch_up))
+        return (
+            *names,
+            *service.attach(node, server, self.users, self.admin.access_key, self._signer, catch_up),
+        )
 
     def server_credentials(self) -> grpc.ServerCredentials:
-        return tls.server_credentials(self._cert, self._key)
+        return self.tls.server_credentials()
 
     def interceptor(self, node: Any) -> guard.SecurityInterceptor:
         cfg = self.config
         users = self.users  # its revocation list is replaced when a snapshot loads: read it through the store
-        verifier = tls.PeerVerifier(
+        verifier = self._peers = tls.PeerVerifier(
             cfg.group,
-            self._ca,
+            self.tls.material.ca_pem,
             lambda: current_members(node),
             cfg.security.skew_s,
             revoked=lambda: users.revoked_certs,
@@ -99,8 +133,12 @@ class SecuredPlugin:
         return tuple(rules()) if rules is not None else ()
 
     def peer_credentials(self) -> grpc.ChannelCredentials:
-        cfg = self.config
-        return tls.peer_channel_credentials(cfg.group, cfg.node_id, self._cert, self._key, self._ca)
+        """Credentials for channels to peers (and name servers) with the material in use now: a channel made
+        after a reload trusts the new bundle; every channel sends the current proof (``tls.PeerProofPlugin``)."""
+        cfg, m = self.config, self.tls.material
+        return tls.peer_channel_credentials(
+            cfg.group, cfg.node_id, m.cert_pem, m.key_pem, m.ca_pem, proof=self._proof
+        )
 
 
 def current_members(node: Any) -> Container[str]:

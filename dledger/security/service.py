@@ -10,6 +10,9 @@ as every other service does (docs/runtime.md, "Errors"), and ``SecurityClient`` 
 Two methods are for the nodes themselves (``catchup``, signed as the bootstrap admin): ``ReadIndex`` (the
 leader's linearizable read point, which a follower waits for before refusing a user) and ``WaitApplied``
 (``{"index": i}``: answers once this node has applied ``i``, or ``{"applied": false}`` after the bound).
+``ReloadCertificates`` (admin) makes the node it is sent to read its certificate, key and CA bundle again
+(``dledger cert reload``, docs/security.md "Rotating certificates"); a node without replicated users serves it
+alone.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from dledger.errors import DLedgerError, InvalidRequestError, NotLeaderError
+from dledger.errors import ConfigError, DLedgerError, InvalidRequestError, NotLeaderError
 from dledger.plugins import NodeHandle
 from dledger.security import users as u
 from dledger.security.identity import node_identity
@@ -50,8 +53,13 @@ class CommandSigner:
     """This node's certificate and the prepare that signs its user commands at their index (``users``)."""
 
     def __init__(self, group: str, cert_pem: bytes, key_pem: bytes):
+        self._group = group
+        self.update(cert_pem, key_pem)
+
+    def update(self, cert_pem: bytes, key_pem: bytes) -> None:
+        """Sign with this certificate and key from the next command on (a reload: ``rotation``)."""
         self.cert_der = x509.load_pem_x509_certificate(cert_pem).public_bytes(serialization.Encoding.DER)
-        self.prepare = u.signer(group, key_pem)
+        self.prepare = u.signer(self._group, key_pem)
 
 
 class SecurityServicer:
@@ -152,6 +160,34 @@ def _method(node: NodeHandle, fn: JsonMethod) -> BytesBehavior:
     return call
 
 
+RELOAD: Final = "ReloadCertificates"
+
+
+def _reload(node: Any) -> JsonMethod:
+    async def reload(req: dict[str, Any]) -> Any:
+        """This node reads its certificate, key and CA bundle again (never the leader's business: each node
+        answers for itself). Files that cannot serve are INVALID_ARGUMENT naming the file; the old stay."""
+        try:
+            return node.reload_certificates()
+        except ConfigError as e:
+            raise InvalidRequestError(f"{node.id}: {e}") from None
+
+    return reload
+
+
+def _serve(node: Any, server: grpc.aio.Server, table: dict[str, JsonMethod]) -> tuple[str, ...]:
+    handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
+        name: grpc.unary_unary_rpc_method_handler(_method(node, fn)) for name, fn in table.items()
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    return (SERVICE_NAME,)
+
+
+def attach_reload(node: Any, server: grpc.aio.Server) -> tuple[str, ...]:
+    """The Security service of a node without replicated users: only ``ReloadCertificates`` (admin)."""
+    return _serve(node, server, {RELOAD: _reload(node)})
+
+
 def attach(
     node: Any,
     server: grpc.aio.Server,
@@ -170,9 +206,6 @@ def attach(
         "ListUsers": s.list,
         "ReadIndex": s.read_index,
         "WaitApplied": s.wait_applied,
+        RELOAD: _reload(node),
     }
-    handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
-        name: grpc.unary_unary_rpc_method_handler(_method(node, fn)) for name, fn in table.items()
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    return (SERVICE_NAME,)
+    return _serve(node, server, table)

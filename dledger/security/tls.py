@@ -51,6 +51,26 @@ def server_credentials(cert_pem: bytes, key_pem: bytes) -> grpc.ServerCredential
     return grpc.ssl_server_credentials([(key_pem, cert_pem)])
 
 
+def ca_certificates(ca_pem: bytes) -> list[x509.Certificate]:
+    """The CA certificates of a bundle (one CA, or several during a rotation: docs/security.md, "Rotating
+    certificates"); ValueError when it holds none."""
+    cas = x509.load_pem_x509_certificates(ca_pem)
+    if not cas:
+        raise ValueError("no certificate in the CA bundle")
+    return cas
+
+
+def issued_by_any(cert: x509.Certificate, cas: Sequence[x509.Certificate]) -> bool:
+    """Whether one of ``cas`` signed ``cert`` directly (the group's CAs issue node certificates themselves)."""
+    for ca in cas:
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return True
+    return False
+
+
 def _proof_payload(group: str, node_id: str, when: str) -> bytes:
     return f"{group}|{node_id}|{when}".encode()
 
@@ -62,32 +82,47 @@ class PeerProofPlugin(grpc.AuthMetadataPlugin):
     def __init__(self, group: str, node_id: str, cert_pem: bytes, key_pem: bytes):
         self._group = group
         self._id = node_id
-        self._der = x509.load_pem_x509_certificate(cert_pem).public_bytes(serialization.Encoding.DER)
-        self._key = load_ec_key(key_pem)
-        self._cached: tuple[str, Metadata] = ("", ())
+        self._signing: tuple[bytes, ec.EllipticCurvePrivateKey]  # (certificate DER, its key)
+        self._cached: tuple[str, Metadata]
+        self.update(cert_pem, key_pem)
+
+    def update(self, cert_pem: bytes, key_pem: bytes) -> None:
+        """Prove with this certificate and key from the next call on (a reload: ``rotation``). Every channel
+        made with this plugin, old ones included, sends the new proof; one assignment, so a call being signed
+        on gRPC's thread sees the old pair or the new one, never half of each."""
+        der = x509.load_pem_x509_certificate(cert_pem).public_bytes(serialization.Encoding.DER)
+        self._signing = (der, load_ec_key(key_pem))
+        self._cached = ("", ())
 
     def metadata(self) -> Metadata:
         when = auth.date_time()
-        if self._cached[0] != when:
-            sig = self._key.sign(_proof_payload(self._group, self._id, when), ec.ECDSA(hashes.SHA256()))
-            self._cached = (
-                when,
-                ((NODE, self._id), (NODE_CERT, self._der), (NODE_SIG, sig), (auth.DATE_TIME, when)),
-            )
-        return self._cached[1]
+        cached = self._cached
+        if cached[0] == when:
+            return cached[1]
+        der, key = self._signing
+        sig = key.sign(_proof_payload(self._group, self._id, when), ec.ECDSA(hashes.SHA256()))
+        md: Metadata = ((NODE, self._id), (NODE_CERT, der), (NODE_SIG, sig), (auth.DATE_TIME, when))
+        if self._signing[0] == der:  # not replaced meanwhile: keep it for the rest of this second
+            self._cached = (when, md)
+        return md
 
     def __call__(self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback) -> None:
         callback(self.metadata(), None)
 
 
 def peer_channel_credentials(
-    group: str, node_id: str, cert_pem: bytes, key_pem: bytes, ca_pem: bytes
+    group: str,
+    node_id: str,
+    cert_pem: bytes,
+    key_pem: bytes,
+    ca_pem: bytes,
+    proof: PeerProofPlugin | None = None,
 ) -> grpc.ChannelCredentials:
-    """TLS trusting only the group's CA, presenting the node's certificate, with the peer proof on every call."""
+    """TLS trusting only the group's CA (bundle), presenting the node's certificate, with the peer proof on every
+    call: ``proof`` when given (a node shares one, which a reload updates), else a new one for this certificate."""
     tls = grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
-    return grpc.composite_channel_credentials(
-        tls, grpc.metadata_call_credentials(PeerProofPlugin(group, node_id, cert_pem, key_pem))
-    )
+    plugin = proof if proof is not None else PeerProofPlugin(group, node_id, cert_pem, key_pem)
+    return grpc.composite_channel_credentials(tls, grpc.metadata_call_credentials(plugin))
 
 
 def client_channel_credentials(security: ClientSecurity) -> grpc.ChannelCredentials:
@@ -111,15 +146,24 @@ class PeerVerifier:
         skew_s: int = auth.DEFAULT_SKEW_S,
         revoked: Callable[[], Container[str]] = frozenset,
     ):
-        """``members()`` and ``revoked()`` (fingerprints of revoked certificates, ``users.fingerprint``) are asked
-        on every call, so a membership change or a revocation is seen at once."""
+        """``ca_pem`` may hold several CAs (a rotation); ``members()`` and ``revoked()`` (fingerprints of revoked
+        certificates, ``users.fingerprint``) are asked on every call, so a membership change or a revocation is
+        seen at once."""
         self._revoked = revoked
         self._group = group
-        self._ca = x509.load_pem_x509_certificate(ca_pem)
         self._members = members
         self._skew = skew_s
+        self._cas: list[x509.Certificate] = []
         self._certs: dict[bytes, tuple[str, ec.EllipticCurvePublicKey]] = {}  # DER -> (node id it names, key)
         self._proofs: dict[bytes, tuple[str, bytes]] = {}  # signatures verified: (node id, certificate)
+        self.set_ca(ca_pem)
+
+    def set_ca(self, ca_pem: bytes) -> None:
+        """Trust the CAs of this bundle from now on (a reload): what was verified against the old ones is
+        forgotten, so a certificate of a CA no longer in the bundle is refused from the next call on."""
+        self._cas = ca_certificates(ca_pem)
+        self._certs = {}
+        self._proofs = {}
 
     def _certificate(self, der: bytes, claimed: str) -> tuple[str, ec.EllipticCurvePublicKey]:
         hit = self._certs.get(der)
@@ -131,13 +175,11 @@ class PeerVerifier:
             raise PeerIdentityError(
                 f"peer claiming to be {claimed!r} sent an unreadable certificate: {e}"
             ) from None
-        try:
-            cert.verify_directly_issued_by(self._ca)
-        except (ValueError, TypeError, InvalidSignature):
+        if not issued_by_any(cert, self._cas):
             raise PeerIdentityError(
                 f"peer claiming to be {claimed!r} presented a certificate ({cert.subject.rfc4514_string()}) "
                 "not issued by this group's CA"
-            ) from None
+            )
         now = dt.datetime.now(dt.UTC)
         if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
             raise PeerIdentityError(f"peer claiming to be {claimed!r} presented an expired certificate")
@@ -157,8 +199,8 @@ class PeerVerifier:
             raise PeerIdentityError(
                 f"peer claiming to be {claimed!r} presented a certificate whose key cannot check an ECDSA proof"
             )
-        hit = self._certs[der] = (identity, key)
-        return hit
+        self._certs[der] = (identity, key)
+        return identity, key
 
     def verify(self, metadata: Iterable[tuple[str, str | bytes]]) -> str:
         """The node id a call's metadata proves; PeerIdentityError saying who and why otherwise."""
@@ -185,7 +227,8 @@ class PeerVerifier:
         revoked = self._revoked()
         if revoked and hashlib.sha256(der).hexdigest() in revoked:
             raise PeerIdentityError(f"node {claimed!r} presented a revoked certificate: refused")
-        if self._proofs.get(sig) == (claimed, der):  # verified before, and still within the skew
+        proofs = self._proofs  # the caches of the CAs trusted now (``set_ca`` replaces them)
+        if proofs.get(sig) == (claimed, der):  # verified before, and still within the skew
             return claimed
         identity, key = self._certificate(der, claimed)
         if identity != claimed:
@@ -198,9 +241,9 @@ class PeerVerifier:
             raise PeerIdentityError(
                 f"peer claiming to be {claimed!r}: the signature does not match its certificate's key"
             ) from None
-        if len(self._proofs) > 4096:
-            self._proofs.clear()
-        self._proofs[sig] = (claimed, der)
+        if len(proofs) > 4096:
+            proofs.clear()
+        proofs[sig] = (claimed, der)
         return claimed
 
 
@@ -229,6 +272,13 @@ class NodeProofVerifier:
         self._ca_pem = ca_pem
         self._skew = skew_s
         self._by_group: dict[str, PeerVerifier] = {}
+        self.set_ca(ca_pem)
+
+    def set_ca(self, ca_pem: bytes) -> None:
+        """Trust the CAs of this bundle from now on (a reload; ``PeerVerifier.set_ca``)."""
+        ca_certificates(ca_pem)  # refuse a bundle without a certificate before forgetting the old one
+        self._ca_pem = ca_pem
+        self._by_group = {}
 
     def verify(self, metadata: Iterable[tuple[str, str | bytes]]) -> tuple[str, str]:
         """(group, node id) that a call's metadata proves; PeerIdentityError saying who and why otherwise."""

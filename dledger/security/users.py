@@ -41,6 +41,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from dledger.core.messages import Prepare
 from dledger.security.identity import load_ec_key, node_identity
+from dledger.security.tls import ca_certificates, issued_by_any
 from statemachine.api import CommittedEntry, StateMachine
 
 USER_MAGIC: Final = 0x444C5343  # b"DLSC"
@@ -160,16 +161,26 @@ class CommandVerifier:
 
     def __init__(self, group: str, ca_pem: bytes):
         self._group = group
-        self._ca = x509.load_pem_x509_certificate(ca_pem)
+        self._cas: list[x509.Certificate] = []
         self._keys: dict[bytes, Any] = {}  # certificate DER -> public key, for certificates that passed
+        self.add_ca(ca_pem)
+
+    def add_ca(self, ca_pem: bytes) -> None:
+        """Trust the CAs of this bundle too (a reload, docs/security.md "Rotating certificates"). None is ever
+        dropped while the node runs: a command's verdict must not depend on when a node reloaded, and the
+        commands the old CA's nodes signed stay valid; after a restart only the configured bundle counts (take
+        a snapshot before dropping a CA)."""
+        known = {c.fingerprint(hashes.SHA256()) for c in self._cas}
+        self._cas += [c for c in ca_certificates(ca_pem) if c.fingerprint(hashes.SHA256()) not in known]
 
     def _key(self, der: bytes) -> Any | None:
         if der in self._keys:
             return self._keys[der]
         try:
             cert = x509.load_der_x509_certificate(der)
-            cert.verify_directly_issued_by(self._ca)
-        except (ValueError, TypeError, InvalidSignature):
+        except ValueError:
+            return None
+        if not issued_by_any(cert, self._cas):
             return None
         if node_identity(cert) is None:
             return None

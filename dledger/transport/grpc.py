@@ -149,6 +149,10 @@ class _Pipe:
         except grpc.aio.AioRpcError as e:
             self.broken = f"{e.code().name}: {e.details()}"
 
+    async def wait_ended(self) -> None:
+        """Until the peer ended the stream (after a half-close: once it answered what it had received)."""
+        await asyncio.gather(self._reader, return_exceptions=True)
+
     async def close(self) -> None:
         self.broken = self.broken or "closed"
         self.call.cancel()
@@ -179,6 +183,7 @@ class GrpcPeerTransport:
         self._snapshot_timeout = snapshot_timeout_s
         self._pipes: dict[str, _Pipe] = {}
         self._on_replies: Callable[[list[Message]], None] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()  # channels replaced by ``set_credentials``, closing
 
     def address(self, peer_id: str) -> str:
         return self._peers[peer_id].address
@@ -187,6 +192,39 @@ class GrpcPeerTransport:
         """A member joined (a configuration change): dial it from now on. Known peers keep their channels."""
         if peer_id not in self._peers:
             self._peers[peer_id] = _Peer(peer_id, address, self._credentials)
+
+    def set_credentials(self, credentials: grpc.ChannelCredentials) -> None:
+        """New TLS material (a certificate reload, dledger/security/rotation.py): every peer is dialled anew with
+        it. A pipe open on an old channel is half-closed, so the peer answers what it already received and ends
+        it; the next deliver opens a pipe on the new channel. The old channels close once that is done."""
+        self._credentials = credentials
+        old_peers, self._peers = (
+            self._peers,
+            {pid: _Peer(pid, p.address, credentials) for pid, p in self._peers.items()},
+        )
+        old_pipes, self._pipes = self._pipes, {}
+        task = asyncio.get_running_loop().create_task(
+            self._retire(list(old_pipes.values()), list(old_peers.values())), name="retire-peer-channels"
+        )
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, pipes: list[_Pipe], peers: list[_Peer]) -> None:
+        try:
+            for pipe in pipes:
+                with contextlib.suppress(
+                    grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError
+                ):
+                    await pipe.call.done_writing()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._append_timeout + self._snapshot_timeout):
+                    await asyncio.gather(*(p.wait_ended() for p in pipes))
+        finally:
+            for pipe in pipes:
+                await pipe.close()
+            for p in peers:
+                await p.data.close()
+                await p.control.close()
 
     def set_reply_handler(self, handler: Callable[[list[Message]], None]) -> None:
         self._on_replies = handler
@@ -209,7 +247,8 @@ class GrpcPeerTransport:
             # The stream ended (peer down or restarted): what was in flight is lost, as Raft allows. The next
             # deliver opens a new stream.
             await pipe.close()
-            self._pipes.pop(dst, None)
+            if self._pipes.get(dst) is pipe:  # not replaced meanwhile (``set_credentials``)
+                del self._pipes[dst]
             detail = pipe.broken if pipe.broken and pipe.broken != "closed" else f"{type(e).__name__}: {e}"
             raise PeerUnreachableError(peer.id, peer.address, detail) from e
 
@@ -272,6 +311,9 @@ class GrpcPeerTransport:
         return convert.reply_from_pb(reply)
 
     async def close(self) -> None:
+        for task in self._retiring:
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
         for pipe in self._pipes.values():
             await pipe.close()
         self._pipes.clear()
