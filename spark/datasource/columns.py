@@ -75,6 +75,39 @@ _STRINGS: Final = pa.list_(pa.string())
 _MAX_OFFSET: Final = (1 << 31) - 1  # Arrow's binary and string arrays have 32-bit offsets
 
 
+def _array(values: np.ndarray, type_: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
+    """A numpy array of fixed-width values as an Arrow array of ``type_`` (``valid``: False where null), built
+    from its buffer: ``pa.array`` would import pandas, a third of a second in each fresh Spark Python worker."""
+    values = np.ascontiguousarray(values, dtype=f"=i{type_.bit_width // 8}")  # the ints of any fixed width
+    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(type_, len(values), [bitmap, pa.py_buffer(values)])
+
+
+def _lengths(strings: pa.Array) -> np.ndarray:
+    """The length of each value of a string, binary or list array, from its offsets."""
+    offsets = np.frombuffer(
+        strings.buffers()[1], dtype=np.int32, count=len(strings) + 1, offset=strings.offset * 4
+    )
+    return np.diff(offsets)
+
+
+def _numpy(ints: pa.Array) -> np.ndarray:
+    """A fixed-width integer array without nulls as a numpy view of its buffer."""
+    width = ints.type.bit_width // 8
+    return np.frombuffer(ints.buffers()[1], dtype=f"=i{width}", count=len(ints), offset=ints.offset * width)
+
+
+def _taken(values: pa.Array, at: np.ndarray) -> pa.Array:
+    return values.take(_array(at, pa.int64()))
+
+
+def _repeated(text: str, n: int) -> pa.Array:
+    """A string column of ``n`` times ``text``."""
+    one = text.encode()
+    offsets = np.arange(0, (n + 1) * len(one), len(one), dtype=np.int32)[: n + 1]
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(one * n))
+
+
 def starts(data: bytes) -> np.ndarray | None:
     """Where each message of a raw pull starts (by TOTALSIZE), or None when they do not tile ``data``."""
     out: list[int] = []
@@ -110,25 +143,24 @@ def _picked(values: pa.Array, chosen: np.ndarray, rows: np.ndarray, n: int) -> p
     """A column of ``n`` rows: ``values[chosen[j]]`` in row ``rows[j]`` (ascending), null in the rows no item
     names."""
     if len(chosen) == n:
-        return values.take(pa.array(chosen))
+        return _taken(values, chosen)
     if len(chosen) == 0:
         return pa.nulls(n, pa.string())
     at = np.full(n, -1, dtype=np.int64)
     at[rows] = chosen
-    return values.take(pa.array(at, mask=at < 0))
+    return values.take(_array(at, pa.int64(), at >= 0))
 
 
 def _keys(values: pa.Array, chosen: np.ndarray, rows: np.ndarray, n: int) -> pa.Array:
     """The keys column: the KEYS value of row ``rows[j]`` (``values[chosen[j]]``) split at ``KEY_SEPARATOR``; an
     empty list for a row without one or with an empty one (as ``queues.to_batch`` does)."""
-    keys = values.take(pa.array(chosen))
-    given = pc.not_equal(keys, "").to_numpy(zero_copy_only=False)
-    split = pc.split_pattern(keys.filter(given), KEY_SEPARATOR)
+    given = _lengths(values)[chosen] != 0
+    split = pc.split_pattern(_taken(values, chosen[given]), KEY_SEPARATOR)
     counts = np.zeros(n, dtype=np.int32)
-    counts[rows[given]] = pc.list_value_length(split).to_numpy()
+    counts[rows[given]] = _lengths(split)
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), split.flatten())
+    return pa.ListArray.from_arrays(_array(offsets, pa.int32()), split.flatten())
 
 
 def to_columns(group: str, topic: str, data: bytes, count: int) -> list[pa.Array] | None:
@@ -161,15 +193,15 @@ def to_columns(group: str, topic: str, data: bytes, count: int) -> list[pa.Array
     if properties is None:
         return None
     return [
-        pa.repeat(pa.scalar(group, pa.string()), count),
-        pa.repeat(pa.scalar(topic, pa.string()), count),
-        pa.array(head["queue_id"].astype(np.int32)),
-        pa.array(head["queue_offset"].astype(np.int64)),
-        pa.array(head["commitlog_offset"].astype(np.int64)),
+        _repeated(group, count),
+        _repeated(topic, count),
+        _array(head["queue_id"], pa.int32()),
+        _array(head["queue_offset"], pa.int64()),
+        _array(head["commitlog_offset"], pa.int64()),
         *properties,
         pa.BinaryArray.from_buffers(pa.binary(), count, [None, *bodies]),
-        pa.array(head["born"].astype(np.int64) * 1000).view(_TIMESTAMP),
-        pa.array(head["stored"].astype(np.int64) * 1000).view(_TIMESTAMP),
+        _array(head["born"] * 1000, _TIMESTAMP),
+        _array(head["stored"] * 1000, _TIMESTAMP),
     ]
 
 
@@ -181,16 +213,16 @@ def _properties(props: pa.StringArray, n: int) -> list[pa.Array] | None:
     except pa.ArrowInvalid:
         return None
     items = pc.split_pattern(props, PROPERTY_SEPARATOR)
-    rows = pc.list_parent_indices(items)
     flat = items.flatten()
-    present = pc.not_equal(pc.binary_length(flat), 0)
-    pairs = pc.split_pattern(flat.filter(present), NAME_VALUE_SEPARATOR, max_splits=1)
-    rows = rows.filter(present).to_numpy()
-    if len(pairs) and pc.min(pc.list_value_length(pairs)).as_py() < 2:
+    present = np.flatnonzero(_lengths(flat))  # "a\x011\x02" splits into "a\x011" and ""
+    rows = _numpy(pc.list_parent_indices(items))[present]
+    pairs = pc.split_pattern(_taken(flat, present), NAME_VALUE_SEPARATOR, max_splits=1)
+    if (_lengths(pairs) < 2).any():
         return None  # an item without its separator
-    names = pc.list_element(pairs, 0).dictionary_encode()
-    values = pc.list_element(pairs, 1)
-    codes = names.indices.to_numpy()
+    halves = pairs.flatten()  # name, value, name, value...: every pair has two
+    names = _taken(halves, np.arange(0, len(halves), 2)).dictionary_encode()
+    values = _taken(halves, np.arange(1, len(halves), 2))
+    codes = _numpy(names.indices)
     dictionary = names.dictionary.to_pylist()
     pair_keys = np.sort(rows * len(dictionary) + codes)
     if (pair_keys[1:] == pair_keys[:-1]).any():
@@ -211,6 +243,8 @@ def _properties(props: pa.StringArray, n: int) -> list[pa.Array] | None:
         _keys(values, with_keys, rows[with_keys], n),
         column(PROPERTY_TAGS),
         pa.MapArray.from_arrays(
-            pa.array(offsets), names.dictionary.take(pa.array(codes[kept])), values.take(pa.array(kept))
+            _array(offsets, pa.int32()),
+            names.dictionary.take(_array(codes[kept], pa.int32())),
+            _taken(values, kept),
         ),
     ]
