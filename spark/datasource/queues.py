@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -254,13 +255,20 @@ def _lost(r: QueueRange, lo: int, hi: int, fail: bool) -> None:
 
 
 def read_range(cfg: Connect, r: QueueRange, batch: int, fail_on_loss: bool) -> Iterator[pa.RecordBatch]:
-    """The messages of ``r`` in queue order, a record batch per pull."""
+    """The messages of ``r`` in queue order, a record batch per pull. The next pull is in flight while Spark
+    takes the batch before it (one pull ahead, on a thread: the gRPC wait and the leader's work overlap the
+    hand-off to the JVM)."""
     if r.end <= r.start:
         return
-    with new_consumer(cfg, r.addresses) as c:
+    with new_consumer(cfg, r.addresses) as c, ThreadPoolExecutor(1, "dledger-pull") as ahead:
+
+        def pull(at: int) -> tuple[bytes, int]:
+            return c.pull_raw(r.topic, r.queue_id, at, min(batch, r.end - at))
+
         at = r.start
-        while at < r.end:
-            data, count = c.pull_raw(r.topic, r.queue_id, at, min(batch, r.end - at))
+        pending = ahead.submit(pull, at)
+        while True:
+            data, count = pending.result()
             rows = raw_batch(r.group, r.topic, data, count)
             offsets = rows.column(QUEUE_OFFSET)
             first = offsets[0].as_py() if count else r.end
@@ -268,5 +276,9 @@ def read_range(cfg: Connect, r: QueueRange, batch: int, fail_on_loss: bool) -> I
                 _lost(r, at, min(first, r.end), fail_on_loss)
             if not count:
                 return
-            yield rows
             at = offsets[count - 1].as_py() + 1
+            if at < r.end:
+                pending = ahead.submit(pull, at)
+            yield rows
+            if at >= r.end:
+                return
