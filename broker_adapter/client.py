@@ -308,6 +308,14 @@ class Consumer(BrokerConnection):
     ) -> list[PulledMessage]:
         return self._pull(topic, queue_id, offset, max_messages, wait_ms, allow_follower, address)[0]
 
+    def pull_raw(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> tuple[bytes, int]:
+        """What ``pull`` returns from the leader, undecoded: the messages as the CommitLog stores them,
+        concatenated, and how many there are (for a reader that decodes them its own way:
+        ``spark/datasource/columns.py``)."""
+        req = _pull_request(topic, queue_id, offset, max_messages, 0, False, self.sql_filter)
+        r = self.call("Pull", req, retry_unknown=True)
+        return r.raw, r.raw_count
+
     def _pull(
         self, topic, queue_id, offset, max_messages, wait_ms=0, allow_follower=False, address=None
     ) -> tuple[list[PulledMessage], int]:

@@ -17,31 +17,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from broker_adapter.client import Consumer
 from broker_adapter.core.formats import (
-    PROPERTY_PRODUCER_ID,
-    PROPERTY_SEQUENCE,
+    KEY_SEPARATOR,
+    PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
 )
 from broker_adapter.nameserver.client import NameServerClient, NoRouteError
-from broker_adapter.pulled import PulledMessage
+from broker_adapter.pulled import PulledMessage, decode
 from dledger.errors import DLedgerError, PermissionDeniedError
+from spark.datasource.columns import OWN_COLUMNS, to_columns
 from spark.datasource.options import Connect, OptionError
 
 log = logging.getLogger("spark.datasource")
 
 READER_GROUP = "spark-dledger"  # the consumer group name the reads carry; they commit nothing
-PROPERTY_KEYS = "KEYS"
-KEY_SEPARATOR = " "
-# Properties that have their own column (or are the producer's dedup identity): not repeated in ``properties``.
-OWN_COLUMNS = frozenset(
-    {PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_PRODUCER_ID, PROPERTY_SEQUENCE}
-)
 
 SCHEMA = pa.schema(
     [
@@ -59,6 +55,7 @@ SCHEMA = pa.schema(
         ("store_timestamp", pa.timestamp("us", tz="UTC")),
     ]
 )
+QUEUE_OFFSET = SCHEMA.get_field_index("queue_offset")
 DDL = (
     "`group` string, topic string, queue_id int, queue_offset long, commitlog_offset long, msg_id string, "
     "keys array<string>, tags string, properties map<string,string>, body binary, born_timestamp timestamp, "
@@ -210,7 +207,8 @@ def _ts(ms: list[int]) -> pa.Array:
 
 
 def to_batch(group: str, msgs: list[PulledMessage]) -> pa.RecordBatch:
-    """Pulled messages as rows of ``SCHEMA`` (properties parsed once per message)."""
+    """Pulled messages as rows of ``SCHEMA``, one message at a time (properties parsed once per message): the
+    reference that ``raw_batch``'s column-wise path is held to, and its fallback."""
     props = [m.properties for m in msgs]
     keys = [p.get(PROPERTY_KEYS) for p in props]
     return pa.RecordBatch.from_arrays(
@@ -235,6 +233,16 @@ def to_batch(group: str, msgs: list[PulledMessage]) -> pa.RecordBatch:
     )
 
 
+def raw_batch(group: str, topic: str, data: bytes, count: int) -> pa.RecordBatch:
+    """The ``count`` messages of a raw pull of ``topic`` as rows of ``SCHEMA``: built column-wise
+    (``columns.to_columns``), or message by message when that path declines (``to_batch``, which raises
+    ``DLedgerError`` naming what is malformed)."""
+    cols = to_columns(group, topic, data, count)
+    if cols is None:
+        return to_batch(group, decode(data, count))
+    return pa.RecordBatch.from_arrays(cols, schema=SCHEMA)
+
+
 def _lost(r: QueueRange, lo: int, hi: int, fail: bool) -> None:
     what = (
         f"data loss in {r.name}: offsets {lo}..{hi - 1} are no longer held (retention deleted them) "
@@ -247,17 +255,30 @@ def _lost(r: QueueRange, lo: int, hi: int, fail: bool) -> None:
 
 
 def read_range(cfg: Connect, r: QueueRange, batch: int, fail_on_loss: bool) -> Iterator[pa.RecordBatch]:
-    """The messages of ``r`` in queue order, a record batch per pull."""
+    """The messages of ``r`` in queue order, a record batch per pull. The next pull is in flight while Spark
+    takes the batch before it (one pull ahead, on a thread: the gRPC wait and the leader's work overlap the
+    hand-off to the JVM)."""
     if r.end <= r.start:
         return
-    with new_consumer(cfg, r.addresses) as c:
+    with new_consumer(cfg, r.addresses) as c, ThreadPoolExecutor(1, "dledger-pull") as ahead:
+
+        def pull(at: int) -> tuple[bytes, int]:
+            return c.pull_raw(r.topic, r.queue_id, at, min(batch, r.end - at))
+
         at = r.start
-        while at < r.end:
-            msgs = c.pull(r.topic, r.queue_id, at, min(batch, r.end - at))
-            first = msgs[0].queue_offset if msgs else r.end
+        pending = ahead.submit(pull, at)
+        while True:
+            data, count = pending.result()
+            rows = raw_batch(r.group, r.topic, data, count)
+            offsets = rows.column(QUEUE_OFFSET)
+            first = offsets[0].as_py() if count else r.end
             if first > at and not (r.from_first and at == r.start):
                 _lost(r, at, min(first, r.end), fail_on_loss)
-            if not msgs:
+            if not count:
                 return
-            yield to_batch(r.group, msgs)
-            at = msgs[-1].queue_offset + 1
+            at = offsets[count - 1].as_py() + 1
+            if at < r.end:
+                pending = ahead.submit(pull, at)
+            yield rows
+            if at >= r.end:
+                return
