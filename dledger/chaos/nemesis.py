@@ -345,7 +345,8 @@ class Nemesis:
         elif kind == "member-remove":
             d["heal"] = self._add()
         restarted = self.ensure_running()
-        self.history.add("nemesis", "nemesis", kind, phase="heal", restarted=restarted, **self.where)
+        done = {"heal": d["heal"]} if "heal" in d else {}  # a membership fault's heal is a change too
+        self.history.add("nemesis", "nemesis", kind, phase="heal", restarted=restarted, **done, **self.where)
 
     # -- membership ----------------------------------------------------------------------------------------------
 
@@ -359,6 +360,7 @@ class Nemesis:
         dead = self._pick(self.rng.random() < 0.5)
         pid = grp.kill_node(self.group.node(dead))
         t0 = time.monotonic()
+        self._wait_new_leader(dead, 30.0)  # as an operator would: replace once the others lead again
         node = self._next_id()
         self._joining(node)
         try:
@@ -433,7 +435,9 @@ class Nemesis:
         self.history.add("nemesis", "nemesis", "membership-failed", error=failure[:300], **self.where)
         assert self.directory is not None
         deadline = time.monotonic() + 60.0
+        self._stop.wait(1.0)  # a change whose answer was lost may still commit: let it settle first
         while time.monotonic() < deadline:
+            self._reload()  # the change may have written group.json before it failed
             conf = grp.configuration(self.group, timeout_s=1.0)
             if conf is None:
                 time.sleep(0.2)
