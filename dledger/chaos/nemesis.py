@@ -24,7 +24,8 @@ powerloss-partition         the group is cut into random halves; while cut, ever
 powerloss-pause             a node (the leader when known) is paused until another leads; then every node,
                             the paused one too, loses power; all restart
 member-add                  a new node joins as a learner, catches up and is promoted (``member add``,
-                            ``member promote``); healed by removing a member (the leader half the time)
+                            ``member promote``); healed by removing a member (the leader half the time),
+                            back to the group's first size
 member-remove               a member (the leader half the time) is removed (``member remove``: its process
                             stops, its directory stays); healed by adding and promoting a new node
 member-replace              a node's machine is gone (SIGKILL, never restarted); ``group replace-node``
@@ -149,6 +150,7 @@ class Nemesis:
         self.directory = directory
         self.before_join = before_join
         self.members_seen = {n.id for n in group.nodes}
+        self.size = len(group.nodes)  # what membership faults return the group to
         self.history = history
         self.network = network
         self.rng = random.Random(seed ^ 0x5EED)
@@ -340,10 +342,8 @@ class Nemesis:
             self.network.heal()
         elif kind == "disk-full":
             control_path(self.group.node(d["node"]).data_dir).unlink(missing_ok=True)
-        elif kind == "member-add":
-            d["heal"] = self._remove(self._pick(self.rng.random() < 0.5))
-        elif kind == "member-remove":
-            d["heal"] = self._add()
+        elif kind in MEMBERSHIP:
+            d["heal"] = self._resize()
         restarted = self.ensure_running()
         done = {"heal": d["heal"]} if "heal" in d else {}  # a membership fault's heal is a change too
         self.history.add("nemesis", "nemesis", kind, phase="heal", restarted=restarted, **done, **self.where)
@@ -373,6 +373,17 @@ class Nemesis:
             self._reload()
         return {"dead": dead, "pid": pid, "node": r.new, "caught_up": r.caught_up_index,
                 "seconds": round(time.monotonic() - t0, 3)}
+
+    def _resize(self) -> list[dict[str, Any]]:
+        """Back to the group's first size: a member removed (the leader half the time) while there are more,
+        a new one added while there are fewer (an add or remove that failed under faults leaves it as it is)."""
+        done: list[dict[str, Any]] = []
+        for _ in range(3):
+            n = len(self.group.nodes)
+            if n == self.size:
+                break
+            done.append(self._remove(self._pick(self.rng.random() < 0.5)) if n > self.size else self._add())
+        return done
 
     def _next_id(self) -> str:
         """The first ``nK`` never used in this group (a removed node's directory stays, with its id)."""
