@@ -81,15 +81,15 @@ def add_member(
         if len(ports) < len(pairs):
             raise ConfigError("could not find free ports for the new member's proxy links")
         links = (*links, *((a, b, p) for (a, b), p in zip(pairs, ports, strict=True)))
-    grown = GroupSpec(group.name, group.flush, (*group.nodes, spec), group.state_machine, links, group.security)
+    grown = GroupSpec(
+        group.name, group.flush, (*group.nodes, spec), group.state_machine, links, group.security
+    )
     if group.security:  # its certificate, from the group's CA: peers accept it once the add is in their log
         from dledger.security.bootstrap import issue_node_certificate
 
         issue_node_certificate(Path(group.security).parent, node_id, grown.addresses)
     Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
-    Path(spec.config).write_text(
-        _node_toml(spec, grown, _raft_of(group), join=True) + _tenant_tables(group)
-    )
+    Path(spec.config).write_text(_node_toml(spec, grown, _raft_of(group), join=True) + _tenant_tables(group))
     _write_manifest(directory, grown)
     start_node(spec, module)
     with _client(group) as c:

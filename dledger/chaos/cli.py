@@ -51,7 +51,8 @@ def run_chaos(
         ),
     ] = 0,
     secure: Annotated[
-        bool, typer.Option(help="TLS and authentication on every node (and name server), our own certificates")
+        bool,
+        typer.Option(help="TLS and authentication on every node (and name server), our own certificates"),
     ] = False,
 ) -> None:
     """Run a seeded fault schedule against a local group under load, then check the history and the files."""

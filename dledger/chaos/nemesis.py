@@ -371,8 +371,13 @@ class Nemesis:
             return {"dead": dead, "pid": pid, **self._settle(f"replace-node {dead}: {e}")}
         finally:
             self._reload()
-        return {"dead": dead, "pid": pid, "node": r.new, "caught_up": r.caught_up_index,
-                "seconds": round(time.monotonic() - t0, 3)}
+        return {
+            "dead": dead,
+            "pid": pid,
+            "node": r.new,
+            "caught_up": r.caught_up_index,
+            "seconds": round(time.monotonic() - t0, 3),
+        }
 
     def _resize(self) -> list[dict[str, Any]]:
         """Back to the group's first size: a member removed (the leader half the time) while there are more,
@@ -431,7 +436,9 @@ class Nemesis:
         assert group is not None
         if self.network is not None:
             self.network.add_links(
-                LinkSpec(a, b, p, group.node(b).address) for a, b, p in group.links if b in {n.id for n in group.nodes}
+                LinkSpec(a, b, p, group.node(b).address)
+                for a, b, p in group.links
+                if b in {n.id for n in group.nodes}
             )
         journaling = any(powerloss.enabled(n.data_dir) for n in self.group.nodes)
         for n in group.nodes:

@@ -444,7 +444,8 @@ def failovers(events: Sequence[Any]) -> list[float]:
             d = e.value
             hit = {d.get("node"), d.get("dead"), d.get("removed"), d.get("paused"), *(d.get("nodes") or [])}
             isolated = e.f == "partition-isolate-leader" or (
-                e.f.startswith("partition") and all(leader not in side or len(side) == 1 for side in d.get("sides", []))
+                e.f.startswith("partition")
+                and all(leader not in side or len(side) == 1 for side in d.get("sides", []))
             )
             if leader in hit or isolated:
                 pending = (e.time, leader)

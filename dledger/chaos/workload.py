@@ -174,4 +174,13 @@ def load_workload(name: str) -> WorkloadFactory:
     raise ValueError(f"unknown workload {name!r}; installed: {', '.join(workload_names()) or 'none'}")
 
 
-__all__ = ["ENTRY_POINTS", "Judged", "Topology", "Workers", "Workload", "default_workload", "load_workload", "workload_names"]
+__all__ = [
+    "ENTRY_POINTS",
+    "Judged",
+    "Topology",
+    "Workers",
+    "Workload",
+    "default_workload",
+    "load_workload",
+    "workload_names",
+]
