@@ -114,7 +114,7 @@ def test_a_cluster_run_through_the_name_server_with_membership_changes_and_a_pow
     verdicts, _ops = BrokerWorkload(cfg, History()).judge(events, judged)
     failed = {v.name: v for v in verdicts if not v.ok}
     assert "acked_present g1" in failed and "acked_present g0" not in failed
-    assert any(victim.id in x for x in failed["acked_present g1"].examples), failed[
+    assert any(victim.id in x for x in failed["acked_present g1"].violations), failed[
         "acked_present g1"
     ].examples
 
@@ -130,7 +130,7 @@ def test_a_cluster_run_through_the_name_server_with_membership_changes_and_a_pow
     verdicts, _ops = BrokerWorkload(cfg, History()).judge(swapped, judged)
     failed = {v.name: v for v in verdicts if not v.ok}
     assert "nothing_unsent g0" in failed and moved.value["msg_id"] in " ".join(
-        failed["nothing_unsent g0"].examples
+        failed["nothing_unsent g0"].violations
     )
 
 
