@@ -135,9 +135,13 @@ def _raft_of(group: GroupSpec) -> dict[str, int]:
 
 def wait_learner_caught_up(group: GroupSpec, node_id: str, timeout_s: float = 60.0) -> int:
     """Poll until ``node_id`` has committed what the leader had committed when asked; returns that index."""
+    deadline = time.monotonic() + timeout_s
     lead = configuration(group)
+    while lead is None and time.monotonic() < deadline:  # an election in progress, or a slow answer
+        time.sleep(0.2)
+        lead = configuration(group, timeout_s=2.0)
     if lead is None:
-        raise UnavailableError("no leader answers; try again once one is elected")
+        raise UnavailableError(f"no leader answered within {timeout_s:.0f} s; try again once one is elected")
     row = wait_caught_up(group, node_id, lead.commit_index, timeout_s)
     if row is None or row.commit_index is None or row.commit_index < lead.commit_index:
         raise UnavailableError(
