@@ -55,15 +55,18 @@ def _judged(cfg: RunConfig) -> list[Judged]:
     return out
 
 
+@pytest.mark.timeout(600)  # the run is about a minute; the audit's JVM, on a loaded machine, several
 def test_membership_changes_among_the_faults_of_a_plain_group(tmp_path):
     """Add, remove and replace interleaved with a leader kill and a partition: nothing acknowledged lost, the
-    replaced node's directory stays beside the members, and group.json names the members at the end."""
+    replaced node's directory stays beside the members, group.json names the members at the end, and the Spark
+    audit judges the members (the former ones' directories, whose logs stop where they left, are skipped)."""
     cfg = RunConfig(
         tmp_path / "g",
         tmp_path / "out",
         seed=31,
         faults=("member-replace", "kill-leader", "member-add", "partition-halves", "member-remove"),
         hold_s=(0.5, 0.8),
+        audit=True,
     )
     summary = run(cfg, log=lambda _line: None)
     _assert_ok(summary, cfg)
@@ -75,15 +78,23 @@ def test_membership_changes_among_the_faults_of_a_plain_group(tmp_path):
     replaced = next(e for e in changes if e["f"] == "member-replace")
     assert replaced["dead"] not in members and (cfg.directory / replaced["dead"] / "data").is_dir()
     assert summary.operations["acked"] > 50
+    audit = next(v for v in summary.verdicts if v["name"] == "spark_audit")
+    assert audit["exit_status"] == 0 and set(audit["members"]) == members
+    assert replaced["dead"] in audit["former_members_skipped"]
 
 
-def test_a_cluster_run_through_the_name_server_with_membership_changes_and_a_power_cut(tmp_path):
+def test_a_secure_cluster_through_the_name_server_with_membership_changes_and_a_power_cut(tmp_path):
+    """Two secure groups (TLS and authentication on every node and the name server) under a replacement, an
+    add, a whole-group power cut and a paused leader; producers and consumers reach both groups through the
+    name server. A joining node's certificate comes from the cluster's CA (the by-hand path, done by the run).
+    Then the same files are judged again, damaged: the checkers must fail, naming what is wrong."""
     cfg = RunConfig(
         tmp_path / "c",
         tmp_path / "out",
-        seed=32,
+        seed=33,
         groups=2,
-        faults=("member-replace", "powerloss-all", "kill-leader", "member-add"),
+        secure=True,
+        faults=("member-replace", "powerloss-all", "member-add", "pause-leader"),
         hold_s=(0.5, 0.8),
     )
     summary = run(cfg, log=lambda _line: None)
@@ -93,11 +104,19 @@ def test_a_cluster_run_through_the_name_server_with_membership_changes_and_a_pow
     names = {v["name"] for v in summary.verdicts}
     for g in ("g0", "g1"):
         assert {f"acked_present {g}", f"nothing_unsent {g}", f"queue_order {g}"} <= names
-    # The producers reached both groups through the name server's route, and the consumers drained both.
     acked = {g: next(v for v in summary.verdicts if v["name"] == f"acked_present {g}") for g in ("g0", "g1")}
     assert all(a["acked"] > 10 and a["consumed"] >= a["acked"] for a in acked.values()), acked
     assert sum(a["acked"] for a in acked.values()) == summary.operations["acked"]
-    assert len(_membership_events(cfg)) == 2
+    assert any(v["name"].startswith("power_loss") for v in summary.verdicts)
+    changes = _membership_events(cfg)
+    assert len(changes) == 2, changes
+    done = [
+        e for e in changes if "failed" not in e
+    ]  # a change may fail under faults: a note, not a violation
+    assert done, changes
+    for e in done:  # the joining node served with a certificate from the cluster's CA, naming its group
+        assert (cfg.directory / e["group"] / "tls" / f"{e['node']}.pem").exists()
+        assert e.get("caught_up", 0) > 0 or e["f"] == "member-add"
 
     # The same files, judged again with a loss: one member of g1 loses the second half of its log.
     judged = _judged(cfg)
@@ -114,9 +133,7 @@ def test_a_cluster_run_through_the_name_server_with_membership_changes_and_a_pow
     verdicts, _ops = BrokerWorkload(cfg, History()).judge(events, judged)
     failed = {v.name: v for v in verdicts if not v.ok}
     assert "acked_present g1" in failed and "acked_present g0" not in failed
-    assert any(victim.id in x for x in failed["acked_present g1"].violations), failed[
-        "acked_present g1"
-    ].examples
+    assert any(victim.id in x for x in failed["acked_present g1"].violations), failed["acked_present g1"]
 
     # A message g0 stored, claimed by g1's producer: g1 never stored it, g0 holds one nobody sent it.
     moved = next(e for e in events if e.type == OK and e.f == "send" and e.value.get("group") == "g0")
@@ -134,30 +151,33 @@ def test_a_cluster_run_through_the_name_server_with_membership_changes_and_a_pow
     )
 
 
-def test_a_secure_cluster_grows_and_replaces_nodes_under_faults(tmp_path):
-    """TLS and authentication on every node and the name server; a joining node's certificate comes from the
-    cluster's CA (the by-hand path, done by the run), so the replacement and the add succeed."""
+@pytest.mark.slow
+def test_a_plain_cluster_run_with_every_membership_change(tmp_path):
+    """Extra to the secure cluster run above: a plain cluster, add, remove and replace, a power cut."""
     cfg = RunConfig(
         tmp_path / "c",
         tmp_path / "out",
-        seed=33,
+        seed=32,
         groups=2,
-        secure=True,
-        faults=("member-replace", "member-add", "pause-leader"),
+        faults=("member-replace", "powerloss-all", "member-remove", "member-add"),
         hold_s=(0.5, 0.8),
     )
     summary = run(cfg, log=lambda _line: None)
     _assert_ok(summary, cfg)
-    changes = _membership_events(cfg)
-    assert len(changes) == 2 and not [e for e in changes if "failed" in e], changes
-    for e in changes:
-        g = e["group"]
-        new = e["node"]
-        assert (cfg.directory / g / "tls" / f"{new}.pem").exists()
-        assert new in {n.id for n in grp.load(cfg.directory / g).nodes} or e["f"] == "member-add"
-    assert summary.operations["acked"] > 10
+    doc = _doc(cfg)
+    assert set(doc["groups"]) == {"g0", "g1"}
+    names = {v["name"] for v in summary.verdicts}
+    for g in ("g0", "g1"):
+        assert {f"acked_present {g}", f"nothing_unsent {g}", f"queue_order {g}"} <= names
+    # The producers reached both groups through the name server's route, and the consumers drained both.
+    acked = {g: next(v for v in summary.verdicts if v["name"] == f"acked_present {g}") for g in ("g0", "g1")}
+    assert all(a["acked"] > 10 and a["consumed"] >= a["acked"] for a in acked.values()), acked
+    assert sum(a["acked"] for a in acked.values()) == summary.operations["acked"]
+    assert len(_membership_events(cfg)) == 3
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_secure_group_with_a_replaced_node_passes_the_spark_audit(tmp_path):
     """The audit reads the members at the end; the replaced node's directory (its log stops where it left)
     is named as skipped, not judged as a member that lost messages."""
