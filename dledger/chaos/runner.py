@@ -30,7 +30,7 @@ from typing import Any
 
 from dledger import group as grp
 from dledger.chaos import checkers, powercut
-from dledger.chaos.history import OK, History
+from dledger.chaos.history import FAIL, INFO, OK, History
 from dledger.chaos.nemesis import (
     LAUNCHER,
     NEEDS_PROXY,
@@ -422,10 +422,22 @@ def run(cfg: RunConfig, log=print) -> Summary:
     doc["longest_unavailability_from_s"] = gap_at
     doc["commit_index"] = max(s.commit_index for s in sites)
     doc["groups"] = per_group
+    doc["operations_by_kind"] = operations_by_kind(events)
     if not summary.ok:
         doc["reproduce"] = summary.reproduce(cfg)
     (out / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
     return summary
+
+
+def operations_by_kind(events: Sequence[Any]) -> dict[str, dict[str, int]]:
+    """Every client operation of the history by what it was and how it ended (ok, fail, info; a consume is
+    recorded as it arrives, ok only): ``{"send": {"ok": 9968, "info": 2}, ...}``."""
+    out: dict[str, dict[str, int]] = {}
+    for e in events:
+        if e.type in (OK, FAIL, INFO):
+            kind = out.setdefault(e.f, {})
+            kind[e.type] = kind.get(e.type, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def failovers(events: Sequence[Any]) -> list[float]:
