@@ -368,7 +368,13 @@ class Nemesis:
                 self.directory, dead, timeout_s=60.0, module=self.launcher, node_id=node
             )
         except DLedgerError as e:
-            return {"dead": dead, "pid": pid, **self._settle(f"replace-node {dead}: {e}")}
+            # As an operator would after a failed replace-node: see what the configuration says, then finish
+            # the job (the new node promoted by the settling, the dead one removed).
+            out = {"dead": dead, "pid": pid, "node": node, **self._settle(f"replace-node {dead}: {e}")}
+            if node in (out["settled"] or ()):
+                out["finish"] = self._remove(dead)
+            out["completed"] = node in self._ids() and dead not in self._ids()
+            return out
         finally:
             self._reload()
         return {
@@ -377,6 +383,7 @@ class Nemesis:
             "node": r.new,
             "caught_up": r.caught_up_index,
             "seconds": round(time.monotonic() - t0, 3),
+            "completed": True,
         }
 
     def _resize(self) -> list[dict[str, Any]]:
@@ -413,20 +420,29 @@ class Nemesis:
             self._reload()
             group_members.promote_member(self.directory, node, timeout_s=60.0)
         except DLedgerError as e:
-            return {"node": node, **self._settle(f"add {node}: {e}")}
+            out = {"node": node, **self._settle(f"add {node}: {e}")}
+            return {**out, "completed": node in (out["settled"] or ())}
         finally:
             self._reload()
-        return {"node": node, "seconds": round(time.monotonic() - t0, 3)}
+        return {"node": node, "seconds": round(time.monotonic() - t0, 3), "completed": True}
 
     def _remove(self, node: str) -> dict[str, Any]:
+        """``node`` leaves the configuration; a removal whose answer was lost is checked, and asked again
+        while the node is still a member (at most three times)."""
         assert self.directory is not None
-        try:
-            group_members.remove_member(self.directory, node)
-        except DLedgerError as e:
-            return {"removed": node, **self._settle(f"remove {node}: {e}")}
-        finally:
-            self._reload()
-        return {"removed": node}
+        out: dict[str, Any] = {"removed": node}
+        for _ in range(3):
+            try:
+                group_members.remove_member(self.directory, node)
+            except DLedgerError as e:
+                out.update(self._settle(f"remove {node}: {e}"))
+                if node in (out["settled"] or (node,)):
+                    continue
+            finally:
+                self._reload()
+            break
+        out["completed"] = node not in self._ids()
+        return out
 
     def _reload(self) -> None:
         """Follow group.json after a membership change: the new nodes' proxy links listen, new nodes journal
