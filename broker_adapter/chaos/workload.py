@@ -497,16 +497,25 @@ def write_ack_log(events: Sequence[Event], path: Path) -> Path:
     return path
 
 
+def audited_directories(group: Judged) -> tuple[list[str], list[str]]:
+    """(the members' node directories, the names of the former members' directories left in the group's)."""
+    members = [n.data_dir for n in group.group.nodes]
+    former = sorted(
+        p.name
+        for p in group.directory.iterdir()
+        if (p / "data").is_dir() and str(p.resolve()) not in {str(Path(m).resolve()) for m in members}
+    )
+    return members, former
+
+
 def spark_audit(group: Judged, ack_log: Path, report: Path, timeout_s: float = 600) -> Verdict:
     """Checker 4: ``dledger audit`` of the final files, in its own process (it starts a JVM). The audit reads
     the group's members at the end: a node removed or replaced by a membership fault left its directory in the
     group's (``dledger.group_members``), with a log that stops where it left; it is not a member to judge."""
     v = Verdict("spark_audit")
-    members = [n.data_dir for n in group.group.nodes]
+    members, former = audited_directories(group)
     v.stats["members"] = [n.id for n in group.group.nodes]
-    v.stats["former_members_skipped"] = sorted(
-        p.name for p in group.directory.iterdir() if (p / "data").is_dir() and str(p) not in members
-    )
+    v.stats["former_members_skipped"] = former
     proc = subprocess.run(
         [
             sys.executable,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker_adapter.chaos import checkers
-from broker_adapter.chaos.workload import BrokerWorkload
+from broker_adapter.chaos.workload import BrokerWorkload, audited_directories
 from dledger import group as grp
 from dledger.chaos.history import OK, Event, History
 from dledger.chaos.nemesis import MEMBERSHIP
@@ -55,32 +55,31 @@ def _judged(cfg: RunConfig) -> list[Judged]:
     return out
 
 
-@pytest.mark.timeout(600)  # the run is about a minute; the audit's JVM, on a loaded machine, several
 def test_membership_changes_among_the_faults_of_a_plain_group(tmp_path):
     """Add, remove and replace interleaved with a leader kill and a partition: nothing acknowledged lost, the
-    replaced node's directory stays beside the members, group.json names the members at the end, and the Spark
-    audit judges the members (the former ones' directories, whose logs stop where they left, are skipped)."""
+    replaced node's directory stays beside the members, group.json names the members at the end, and the audit
+    is given the members' directories (the former ones', whose logs stop where they left, are named as skipped;
+    the audit itself runs on such a group in ``test_a_secure_group_with_a_replaced_node_passes_the_spark_audit``)."""
     cfg = RunConfig(
         tmp_path / "g",
         tmp_path / "out",
         seed=31,
         faults=("member-replace", "kill-leader", "member-add", "partition-halves", "member-remove"),
         hold_s=(0.5, 0.8),
-        audit=True,
     )
     summary = run(cfg, log=lambda _line: None)
     _assert_ok(summary, cfg)
     changes = _membership_events(cfg)
     assert {e["f"] for e in changes} == {"member-add", "member-remove", "member-replace"}
-    assert not [e for e in changes if "failed" in e], changes
+    # A change whose answer was lost under load is checked and finished by the nemesis; each one completed.
+    assert all(e["completed"] for e in changes), changes
     members = {n.id for n in grp.load(cfg.directory).nodes}
     assert len(members) == 3 and members != {"n0", "n1", "n2"}  # a replaced node is gone, new ones serve
     replaced = next(e for e in changes if e["f"] == "member-replace")
     assert replaced["dead"] not in members and (cfg.directory / replaced["dead"] / "data").is_dir()
     assert summary.operations["acked"] > 50
-    audit = next(v for v in summary.verdicts if v["name"] == "spark_audit")
-    assert audit["exit_status"] == 0 and set(audit["members"]) == members
-    assert replaced["dead"] in audit["former_members_skipped"]
+    audited, skipped = audited_directories(_judged(cfg)[0])
+    assert {Path(d).name for d in audited} == members and replaced["dead"] in skipped
 
 
 def test_a_secure_cluster_through_the_name_server_with_membership_changes_and_a_power_cut(tmp_path):
