@@ -442,16 +442,25 @@ def operations_by_kind(events: Sequence[Any]) -> dict[str, dict[str, int]]:
 
 def failovers(events: Sequence[Any]) -> list[float]:
     """For each fault that took the leader away (a kill, pause, isolation, power cut, removal or replacement of
-    the node that led), seconds from the fault to the first leader the observer saw on another node."""
+    the node that led), seconds from the fault to the first leader the observer saw on another node; for a
+    partition or a pause only if it saw one before the heal (the old leader may simply lead on after it)."""
     out = []
     leader: str | None = None
-    pending: tuple[float, str] | None = None
+    pending: tuple[float, str, str] | None = None  # (fault time, the leader it hit, the fault)
     for e in events:
         if e.f == "leader" and e.type == "observe":
             if pending is not None and e.value.get("node") != pending[1]:
                 out.append(round(e.time - pending[0], 3))
                 pending = None
             leader = e.value.get("node")
+        elif (
+            e.type == "nemesis"
+            and pending is not None
+            and e.f == pending[2]
+            and e.f.startswith(("partition", "pause"))
+            and e.value.get("phase") == "heal"
+        ):
+            pending = None  # the old leader is back (a dead one is not: its group's next leader counts)
         elif e.type == "nemesis" and e.value.get("phase") == "start" and leader is not None:
             d = e.value
             hit = {d.get("node"), d.get("dead"), d.get("removed"), d.get("paused"), *(d.get("nodes") or [])}
@@ -460,7 +469,7 @@ def failovers(events: Sequence[Any]) -> list[float]:
                 and all(leader not in side or len(side) == 1 for side in d.get("sides", []))
             )
             if leader in hit or isolated:
-                pending = (e.time, leader)
+                pending = (e.time, leader, e.f)
     return out
 
 
