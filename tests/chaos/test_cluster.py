@@ -55,6 +55,21 @@ def _judged(cfg: RunConfig) -> list[Judged]:
     return out
 
 
+def _run_cluster(cfg: RunConfig):
+    """Run it and check that both groups were judged, reached through the name server's route by the
+    producers (each acknowledged some) and drained by the consumers."""
+    summary = run(cfg, log=lambda _line: None)
+    _assert_ok(summary, cfg)
+    assert set(_doc(cfg)["groups"]) == {"g0", "g1"}
+    names = {v["name"] for v in summary.verdicts}
+    for g in ("g0", "g1"):
+        assert {f"acked_present {g}", f"nothing_unsent {g}", f"queue_order {g}"} <= names
+    acked = {g: next(v for v in summary.verdicts if v["name"] == f"acked_present {g}") for g in ("g0", "g1")}
+    assert all(a["acked"] > 10 and a["consumed"] >= a["acked"] for a in acked.values()), acked
+    assert sum(a["acked"] for a in acked.values()) == summary.operations["acked"]
+    return summary
+
+
 def test_membership_changes_among_the_faults_of_a_plain_group(tmp_path):
     """Add, remove and replace interleaved with a leader kill and a partition: nothing acknowledged lost, the
     replaced node's directory stays beside the members, group.json names the members at the end, and the audit
@@ -96,16 +111,7 @@ def test_a_secure_cluster_through_the_name_server_with_membership_changes_and_a_
         faults=("member-replace", "powerloss-all", "member-add", "pause-leader"),
         hold_s=(0.5, 0.8),
     )
-    summary = run(cfg, log=lambda _line: None)
-    _assert_ok(summary, cfg)
-    doc = _doc(cfg)
-    assert set(doc["groups"]) == {"g0", "g1"}
-    names = {v["name"] for v in summary.verdicts}
-    for g in ("g0", "g1"):
-        assert {f"acked_present {g}", f"nothing_unsent {g}", f"queue_order {g}"} <= names
-    acked = {g: next(v for v in summary.verdicts if v["name"] == f"acked_present {g}") for g in ("g0", "g1")}
-    assert all(a["acked"] > 10 and a["consumed"] >= a["acked"] for a in acked.values()), acked
-    assert sum(a["acked"] for a in acked.values()) == summary.operations["acked"]
+    summary = _run_cluster(cfg)
     assert any(v["name"].startswith("power_loss") for v in summary.verdicts)
     changes = _membership_events(cfg)
     assert len(changes) == 2, changes
@@ -161,17 +167,7 @@ def test_a_plain_cluster_run_with_every_membership_change(tmp_path):
         faults=("member-replace", "powerloss-all", "member-remove", "member-add"),
         hold_s=(0.5, 0.8),
     )
-    summary = run(cfg, log=lambda _line: None)
-    _assert_ok(summary, cfg)
-    doc = _doc(cfg)
-    assert set(doc["groups"]) == {"g0", "g1"}
-    names = {v["name"] for v in summary.verdicts}
-    for g in ("g0", "g1"):
-        assert {f"acked_present {g}", f"nothing_unsent {g}", f"queue_order {g}"} <= names
-    # The producers reached both groups through the name server's route, and the consumers drained both.
-    acked = {g: next(v for v in summary.verdicts if v["name"] == f"acked_present {g}") for g in ("g0", "g1")}
-    assert all(a["acked"] > 10 and a["consumed"] >= a["acked"] for a in acked.values()), acked
-    assert sum(a["acked"] for a in acked.values()) == summary.operations["acked"]
+    _run_cluster(cfg)
     assert len(_membership_events(cfg)) == 3
 
 
