@@ -51,14 +51,19 @@ def _next_id(group: GroupSpec, directory: Path) -> str:
     return f"n{k}"
 
 
-def add_member(directory: Path, node_id: str | None = None, port: int | None = None) -> NodeSpec:
+def add_member(
+    directory: Path, node_id: str | None = None, port: int | None = None, *, module: str = "dledger"
+) -> NodeSpec:
     """Start a new node on a new directory and port, joining as a learner: it knows no configuration until the
     leader's log (or snapshot) reaches it. Records it in group.json, then asks the leader to add it; returns
-    once the change committed. It catches up by itself; ``promote_member`` makes it a voter."""
+    once the change committed. It catches up by itself; ``promote_member`` makes it a voter.
+
+    The newcomer's config keeps the tables of the group's own nodes that the log layer does not write (a
+    tenant's, e.g. a cluster's ``[broker]`` name servers). In a proxied (chaos) group it gets a proxy link to
+    and from every member (``GroupSpec.links``; the chaos runner listens on them) and dials the others through
+    them. ``module``: what runs the node (``start_node``'s, e.g. the chaos fault launcher)."""
     directory = Path(directory).resolve()
     group = load(directory)
-    if group.links:
-        raise ConfigError("membership changes are not supported on a proxied (chaos) group")
     node_id = node_id or _next_id(group, directory)
     if any(n.id == node_id for n in group.nodes):
         raise ConfigError(f"node {node_id} is already in the group in {directory}")
@@ -68,20 +73,54 @@ def add_member(directory: Path, node_id: str | None = None, port: int | None = N
     )
     if Path(spec.data_dir).exists() and any(Path(spec.data_dir).iterdir()):
         raise ConfigError(f"{spec.data_dir} is not empty: a new member starts from an empty directory")
+    links = group.links
+    if links:
+        pairs = [(node_id, n.id) for n in group.nodes] + [(n.id, node_id) for n in group.nodes]
+        taken = {p for _, _, p in links} | {port}
+        ports = [p for p in free_ports(len(pairs) + len(taken)) if p not in taken][: len(pairs)]
+        if len(ports) < len(pairs):
+            raise ConfigError("could not find free ports for the new member's proxy links")
+        links = (*links, *((a, b, p) for (a, b), p in zip(pairs, ports, strict=True)))
     grown = GroupSpec(
-        group.name, group.flush, (*group.nodes, spec), group.state_machine, security=group.security
+        group.name, group.flush, (*group.nodes, spec), group.state_machine, links, group.security
     )
     if group.security:  # its certificate, from the group's CA: peers accept it once the add is in their log
         from dledger.security.bootstrap import issue_node_certificate
 
         issue_node_certificate(Path(group.security).parent, node_id, grown.addresses)
     Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
-    Path(spec.config).write_text(_node_toml(spec, grown, _raft_of(group), join=True))
+    Path(spec.config).write_text(_node_toml(spec, grown, _raft_of(group), join=True) + _tenant_tables(group))
     _write_manifest(directory, grown)
-    start_node(spec)
+    start_node(spec, module)
     with _client(group) as c:
         c.change_membership("add-learner", node_id, spec.address)
     return spec
+
+
+OWN_TABLES = frozenset({"peers", "raft", "security"})  # what ``_node_toml`` writes
+
+
+def _tenant_tables(group: GroupSpec) -> str:
+    """The tables of a member's node.toml that ``_node_toml`` does not write, as text to append (the layers
+    above add theirs to the file, e.g. ``broker_adapter/cluster/local.py``'s ``[broker]``)."""
+    import tomllib
+
+    for n in group.nodes:
+        try:
+            text = Path(n.config).read_text()
+            tomllib.loads(text)
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        out: list[str] = []
+        keep = False
+        for line in text.splitlines():
+            head = line.strip()
+            if head.startswith("[") and head.endswith("]"):
+                keep = head.strip("[]").split(".")[0].strip() not in OWN_TABLES
+            if keep:
+                out.append(line)
+        return ("\n" + "\n".join(out) + "\n") if out else ""
+    return ""
 
 
 def _raft_of(group: GroupSpec) -> dict[str, int]:
@@ -96,9 +135,13 @@ def _raft_of(group: GroupSpec) -> dict[str, int]:
 
 def wait_learner_caught_up(group: GroupSpec, node_id: str, timeout_s: float = 60.0) -> int:
     """Poll until ``node_id`` has committed what the leader had committed when asked; returns that index."""
+    deadline = time.monotonic() + timeout_s
     lead = configuration(group)
+    while lead is None and time.monotonic() < deadline:  # an election in progress, or a slow answer
+        time.sleep(0.2)
+        lead = configuration(group, timeout_s=2.0)
     if lead is None:
-        raise UnavailableError("no leader answers; try again once one is elected")
+        raise UnavailableError(f"no leader answered within {timeout_s:.0f} s; try again once one is elected")
     row = wait_caught_up(group, node_id, lead.commit_index, timeout_s)
     if row is None or row.commit_index is None or row.commit_index < lead.commit_index:
         raise UnavailableError(
@@ -131,18 +174,34 @@ def remove_member(directory: Path, node_id: str, stop: bool = True) -> None:
     directory = Path(directory).resolve()
     group = load(directory)
     spec = group.node(node_id)
-    others = GroupSpec(
-        group.name,
-        group.flush,
-        tuple(n for n in group.nodes if n.id != node_id),
-        group.state_machine,
-        security=group.security,
-    )
+    others = _without(group, node_id)
     with _client(group) as c:
         c.change_membership("remove", node_id)
     if stop:
         stop_node(spec)
     _write_manifest(directory, others)
+
+
+def forget_member(directory: Path, node_id: str) -> None:
+    """Drop ``node_id`` from group.json only: a node whose add never reached the configuration (the change
+    failed), so there is nothing to remove through the leader. Its process must be stopped first."""
+    directory = Path(directory).resolve()
+    group = load(directory)
+    if is_running(group.node(node_id)):
+        raise ConfigError(f"{node_id} is still running: stop it before dropping it from {directory}")
+    _write_manifest(directory, _without(group, node_id))
+
+
+def _without(group: GroupSpec, node_id: str) -> GroupSpec:
+    """``group`` less ``node_id`` (and its proxy links)."""
+    return GroupSpec(
+        group.name,
+        group.flush,
+        tuple(n for n in group.nodes if n.id != node_id),
+        group.state_machine,
+        tuple(lk for lk in group.links if node_id not in lk[:2]),
+        group.security,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +214,13 @@ class Replacement:
 
 
 def replace_node(
-    directory: Path, dead: str, port: int | None = None, timeout_s: float = 120.0
+    directory: Path,
+    dead: str,
+    port: int | None = None,
+    timeout_s: float = 120.0,
+    *,
+    module: str = "dledger",
+    node_id: str | None = None,
 ) -> Replacement:
     """Replace node ``dead`` (its machine is gone) by a new node on a new directory and port: start it as a
     learner, let it catch up (snapshot + log, streamed by the leader), promote it, then remove ``dead``. The
@@ -166,7 +231,7 @@ def replace_node(
     group.node(dead)
     if len(group.nodes) < 2:
         raise ConfigError("a one-node group cannot replace its only node: add a member first")
-    spec = add_member(directory, port=port)
+    spec = add_member(directory, node_id, port=port, module=module)
     group = load(directory)
     index = wait_learner_caught_up(group, spec.id, timeout_s)
     promote_member(directory, spec.id, timeout_s)

@@ -29,6 +29,7 @@ os.environ.setdefault(INDEX_UNITS_ENV, str(TEST_INDEX_UNITS))
 LONG_FILES = {
     "tests/spark/test_audit.py": 185,
     "tests/cluster/test_cluster.py": 125,
+    "tests/chaos/test_cluster.py": 200,
     "tests/spark/test_standalone.py": 98,
     "tests/chaos/test_runs.py": 63,
     "tests/rocketmq/test_delivery.py": 56,

@@ -98,10 +98,13 @@ def create(
     heartbeat_ms: int = 1_000,
     consumer_expiry_ms: int = 10_000,
     secure: bool = False,
+    proxied: bool = False,
 ) -> ClusterSpec:
     """Write the manifest, the name servers' directories and every group (a group per ``g<i>``). An existing
     cluster in ``directory`` is reused; asking for another shape is an error, not a silent surprise.
-    ``secure``: TLS and authentication everywhere, every certificate from one CA (``_secure``)."""
+    ``secure``: TLS and authentication everywhere, every certificate from one CA (``_secure``). ``proxied``:
+    each group's node-to-node traffic goes through proxy ports (``dledger.group.create``; ``dledger chaos
+    --cluster`` listens there)."""
     directory = directory.resolve()
     existing = load(directory, missing_ok=True)
     if existing is not None:
@@ -141,6 +144,7 @@ def create(
             raft=raft,
             state_machine="broker",
             secure=secure,
+            proxied=proxied,
         )
         if secure:
             _join_cluster_ca(directory, g)
@@ -195,6 +199,17 @@ def _join_cluster_ca(directory: Path, g: grp.GroupSpec) -> None:
     (tls_dir / "ca.key").unlink(missing_ok=True)
     for name in ("admin.toml", "client.toml"):
         shutil.copy(directory / name, group_dir / name)  # keeps mode 0600
+
+
+def issue_member_certificate(cluster: ClusterSpec, group: str, node_id: str) -> Path:
+    """A certificate for a node about to join ``group`` of a secure cluster, from the cluster's CA and naming
+    the group (``member add`` finds it in the group's ``tls/`` and uses it: docs/security.md, "Adding a node")."""
+    directory = Path(cluster.directory)
+    ca = certs.load_or_make_ca(directory / "tls")
+    tls_dir = directory / group / "tls"
+    addresses = list(cluster.group(group).addresses)
+    hosts = ("localhost", "127.0.0.1", certs.multi_address_authority(addresses))
+    return certs.write_issued(tls_dir, node_id, certs.make_node_cert(ca, node_id, hosts, group=group))
 
 
 def load(directory: Path, missing_ok: bool = False) -> ClusterSpec | None:

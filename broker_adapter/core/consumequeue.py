@@ -227,19 +227,25 @@ class ConsumeQueue:
         return bool(self._appended)
 
     def write_appended(self) -> None:
-        """Write the appended units, one ``pwrite`` per file they fall in."""
+        """Write the appended units, one ``pwrite`` per file they fall in. A write that fails (a full disk)
+        keeps the units it did not write appended, so the next call writes them: none is left a hole."""
         data = self._appended
         if not data:
             return
         self._appended = bytearray()
         byte, done = self._appended_at * UNIT_SIZE, 0
-        while done < len(data):
-            at = byte + done
-            start = at - at % self._file_size
-            n = min(len(data) - done, start + self._file_size - at)
-            self.io.pwrite(self._fd(start), bytes(data[done : done + n]), at - start)
-            self._written(start)
-            done += n
+        try:
+            while done < len(data):
+                at = byte + done
+                start = at - at % self._file_size
+                n = min(len(data) - done, start + self._file_size - at)
+                self.io.pwrite(self._fd(start), bytes(data[done : done + n]), at - start)
+                self._written(start)
+                done += n
+        except BaseException:
+            self._appended = data[done:]
+            self._appended_at += done // UNIT_SIZE
+            raise
 
     def put(self, queue_offset: int, commitlog_offset: int, size: int, tags_code: int) -> None:
         """Fill the unit of an offset below ``max_offset`` (a hole left by ``skip_to``)."""

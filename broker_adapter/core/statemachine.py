@@ -25,6 +25,7 @@ last delivery that raced the move (the message was then both processed and dead-
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from array import array
 from bisect import bisect_left
@@ -43,6 +44,9 @@ from broker_adapter.core.topics import DLQ_PREFIX, HALF_TOPIC, TIMER_TOPIC
 from broker_adapter.core.transactions import COMMIT, DEFAULT_IMMUNITY_MS, ROLLBACK, Half, HalfMessages
 from statemachine.api import CommittedEntry
 from storage.codec import HEADER_SIZE
+from storage.fileio import is_disk_full
+
+log = logging.getLogger("broker_adapter.statemachine")
 
 PRODUCER_WINDOW: Final = 4096  # results remembered per producer for answering retried sends
 POSITIONS_KEPT: Final = 1 << 17  # recent messages whose CommitLog offset -> index stays in memory (2-4 MiB)
@@ -218,7 +222,13 @@ class BrokerStateMachine:
         finally:
             unwritten, self._unwritten = self._unwritten, []
             for cq in unwritten:  # the chunk's units: one write per queue (ConsumeQueue.append buffers them)
-                cq.write_appended()
+                try:
+                    cq.write_appended()
+                except OSError as e:  # a full disk: the units stay buffered, written by the next apply or
+                    if not is_disk_full(e):  # read of the queue (which fails until then), not a stopped node
+                        raise
+                    self._unwritten.append(cq)
+                    log.warning("%s: %s; its ConsumeQueue units wait in memory", cq.topic, e)
             to_index, self._to_index = self._to_index, []
             if self.keyindex is not None:
                 self.keyindex.add_many(to_index)  # the chunk's messages in one loop

@@ -42,6 +42,18 @@ def run_chaos(
             "(powerloss-* faults) show what async gives up"
         ),
     ] = "sync",
+    cluster: Annotated[
+        int,
+        typer.Option(
+            "--cluster",
+            help="groups of a cluster with name servers (0: one plain group); the workload must bring a "
+            "cluster (broker)",
+        ),
+    ] = 0,
+    secure: Annotated[
+        bool,
+        typer.Option(help="TLS and authentication on every node (and name server), our own certificates"),
+    ] = False,
 ) -> None:
     """Run a seeded fault schedule against a local group under load, then check the history and the files."""
     from rich.console import Console
@@ -66,6 +78,15 @@ def run_chaos(
     if flush not in ("sync", "async"):
         console.print(f"[red]error:[/red] --flush must be sync or async, got {flush!r}")
         raise typer.Exit(2)
+    if cluster == 1 or cluster < 0 or cluster > 16:
+        console.print(f"[red]error:[/red] --cluster must be 2..16 groups (0: one plain group), got {cluster}")
+        raise typer.Exit(2)
+    if (cluster or secure) and workload == "kv":
+        console.print(
+            "[red]error:[/red] --cluster and --secure run the broker workload (--workload broker): the KV "
+            "registers have no cluster and their client no TLS"
+        )
+        raise typer.Exit(2)
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if steps == 0 and duration == 0:
@@ -75,7 +96,10 @@ def run_chaos(
         tmp = tempfile.TemporaryDirectory(prefix="dledger-chaos-")
         dir = Path(tmp.name) / "group"
     console.print(
-        f"chaos run: seed {seed}, faults {', '.join(kinds)}, workload {workload}, flush {flush}, output in {out}"
+        f"chaos run: seed {seed}, faults {', '.join(kinds)}, workload {workload}, flush {flush}"
+        + (f", cluster of {cluster} groups" if cluster else "")
+        + (", secure" if secure else "")
+        + f", output in {out}"
     )
     ok = False
     try:
@@ -89,6 +113,8 @@ def run_chaos(
             workload=workload,
             audit=audit,
             flush=flush,
+            groups=max(1, cluster),
+            secure=secure,
         )
         summary = run(cfg, log=console.print)
         ok = summary.ok

@@ -23,7 +23,18 @@ powerloss-partition         the group is cut into random halves; while cut, ever
                             nodes restart still cut, then the network heals
 powerloss-pause             a node (the leader when known) is paused until another leads; then every node,
                             the paused one too, loses power; all restart
+member-add                  a new node joins as a learner, catches up and is promoted (``member add``,
+                            ``member promote``); healed by removing a member (the leader half the time),
+                            back to the group's first size
+member-remove               a member (the leader half the time) is removed (``member remove``: its process
+                            stops, its directory stays); healed by adding and promoting a new node
+member-replace              a node's machine is gone (SIGKILL, never restarted); ``group replace-node``
+                            adds a new node, lets it catch up, promotes it and removes the dead one
 ==========================  ==========================================================================
+
+Membership changes go through ``dledger.group_members`` (the commands' own code), so group.json follows: the
+nemesis reloads the group after each, and a new member of a proxied group gets its proxy links. Node ids are
+never reused; a removed node's directory stays where it was (the checkers and the audit read the members').
 
 Before each power cut the nemesis takes a *mark* (``dledger.chaos.powercut``): the commit index and the chain
 of every entry up to it; the ``power_loss`` checker later holds the final files to it.
@@ -39,16 +50,19 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dledger import group as grp
+from dledger import group_members
 from dledger.chaos import powercut
 from dledger.chaos.faultnode import control_path
 from dledger.chaos.history import History
-from dledger.chaos.proxy import Network
-from dledger.errors import UnavailableError
+from dledger.chaos.proxy import LinkSpec, Network
+from dledger.errors import DLedgerError, UnavailableError
+from storage import powerloss
 from storage.segments import list_segments
 
 FAULT_KINDS = (
@@ -69,7 +83,11 @@ FAULT_KINDS = (
     "powerloss-all",
     "powerloss-partition",
     "powerloss-pause",
+    "member-add",
+    "member-remove",
+    "member-replace",
 )
+MEMBERSHIP = frozenset(k for k in FAULT_KINDS if k.startswith("member-"))
 NEEDS_PROXY = frozenset(
     k for k in FAULT_KINDS if k.startswith(("partition", "oneway")) or k == "powerloss-partition"
 )
@@ -121,8 +139,18 @@ class Nemesis:
         launcher: str = LAUNCHER,
         election_timeout_s: float = 0.3,
         power_loss_modes: tuple[str, ...] = ("drop", "torn"),
+        directory: Path | None = None,
+        before_join: Callable[[grp.GroupSpec, str], None] | None = None,
+        name: str | None = None,
     ):
+        """``directory``: the group's (membership faults change its group.json); ``before_join(group, id)``:
+        called before a node ``id`` joins (a secure cluster issues its certificate there)."""
         self.group = group
+        self.where = {"group": name} if name else {}  # in the events of a run of several groups
+        self.directory = directory
+        self.before_join = before_join
+        self.members_seen = {n.id for n in group.nodes}
+        self.size = len(group.nodes)  # what membership faults return the group to
         self.history = history
         self.network = network
         self.rng = random.Random(seed ^ 0x5EED)
@@ -203,6 +231,8 @@ class Nemesis:
             act.detail = {"node": node}
         elif kind in POWER_LOSS:
             act.detail = self._power_cut(kind)
+        elif kind in MEMBERSHIP:
+            act.detail = self._membership(kind)
         elif kind == "torn-tail":
             node = self._follower()
             pid = grp.kill_node(self.group.node(node))
@@ -215,7 +245,7 @@ class Nemesis:
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
         self.counts[kind] = self.counts.get(kind, 0) + 1
-        self.history.add("nemesis", "nemesis", kind, phase="start", **act.detail)
+        self.history.add("nemesis", "nemesis", kind, phase="start", **act.detail, **self.where)
         return act
 
     def _power_cut(self, kind: str) -> dict[str, Any]:
@@ -312,8 +342,155 @@ class Nemesis:
             self.network.heal()
         elif kind == "disk-full":
             control_path(self.group.node(d["node"]).data_dir).unlink(missing_ok=True)
+        elif kind in MEMBERSHIP:
+            d["heal"] = self._resize()
         restarted = self.ensure_running()
-        self.history.add("nemesis", "nemesis", kind, phase="heal", restarted=restarted)
+        done = {"heal": d["heal"]} if "heal" in d else {}  # a membership fault's heal is a change too
+        self.history.add("nemesis", "nemesis", kind, phase="heal", restarted=restarted, **done, **self.where)
+
+    # -- membership ----------------------------------------------------------------------------------------------
+
+    def _membership(self, kind: str) -> dict[str, Any]:
+        if self.directory is None:
+            raise ValueError(f"fault {kind} needs the group's directory (Nemesis(directory=...))")
+        if kind == "member-add":
+            return self._add()
+        if kind == "member-remove":
+            return self._remove(self._pick(self.rng.random() < 0.5))
+        dead = self._pick(self.rng.random() < 0.5)
+        pid = grp.kill_node(self.group.node(dead))
+        t0 = time.monotonic()
+        self._wait_new_leader(dead, 30.0)  # as an operator would: replace once the others lead again
+        node = self._next_id()
+        self._joining(node)
+        try:
+            r = group_members.replace_node(
+                self.directory, dead, timeout_s=60.0, module=self.launcher, node_id=node
+            )
+        except DLedgerError as e:
+            # As an operator would after a failed replace-node: see what the configuration says, then finish
+            # the job (the new node promoted by the settling, the dead one removed).
+            out = {"dead": dead, "pid": pid, "node": node, **self._settle(f"replace-node {dead}: {e}")}
+            if node in (out["settled"] or ()):
+                out["finish"] = self._remove(dead)
+            out["completed"] = node in self._ids() and dead not in self._ids()
+            return out
+        finally:
+            self._reload()
+        return {
+            "dead": dead,
+            "pid": pid,
+            "node": r.new,
+            "caught_up": r.caught_up_index,
+            "seconds": round(time.monotonic() - t0, 3),
+            "completed": True,
+        }
+
+    def _resize(self) -> list[dict[str, Any]]:
+        """Back to the group's first size: a member removed (the leader half the time) while there are more,
+        a new one added while there are fewer (an add or remove that failed under faults leaves it as it is)."""
+        done: list[dict[str, Any]] = []
+        for _ in range(3):
+            n = len(self.group.nodes)
+            if n == self.size:
+                break
+            done.append(self._remove(self._pick(self.rng.random() < 0.5)) if n > self.size else self._add())
+        return done
+
+    def _next_id(self) -> str:
+        """The first ``nK`` never used in this group (a removed node's directory stays, with its id)."""
+        k = 0
+        while f"n{k}" in self.members_seen or (self.directory / f"n{k}").exists():  # type: ignore[operator]
+            k += 1
+        return f"n{k}"
+
+    def _joining(self, node: str) -> None:
+        self.members_seen.add(node)
+        if self.before_join is not None:
+            self.before_join(self.group, node)
+
+    def _add(self) -> dict[str, Any]:
+        """A new node joins, catches up and is promoted; ``{"node": id, ...}`` or what went wrong."""
+        assert self.directory is not None
+        node = self._next_id()
+        self._joining(node)
+        t0 = time.monotonic()
+        try:
+            group_members.add_member(self.directory, node, module=self.launcher)
+            self._reload()
+            group_members.promote_member(self.directory, node, timeout_s=60.0)
+        except DLedgerError as e:
+            out = {"node": node, **self._settle(f"add {node}: {e}")}
+            return {**out, "completed": node in (out["settled"] or ())}
+        finally:
+            self._reload()
+        return {"node": node, "seconds": round(time.monotonic() - t0, 3), "completed": True}
+
+    def _remove(self, node: str) -> dict[str, Any]:
+        """``node`` leaves the configuration; a removal whose answer was lost is checked, and asked again
+        while the node is still a member (at most three times)."""
+        assert self.directory is not None
+        out: dict[str, Any] = {"removed": node}
+        for _ in range(3):
+            try:
+                group_members.remove_member(self.directory, node)
+            except DLedgerError as e:
+                out.update(self._settle(f"remove {node}: {e}"))
+                if node in (out["settled"] or (node,)):
+                    continue
+            finally:
+                self._reload()
+            break
+        out["completed"] = node not in self._ids()
+        return out
+
+    def _reload(self) -> None:
+        """Follow group.json after a membership change: the new nodes' proxy links listen, new nodes journal
+        for power cuts when the others do."""
+        assert self.directory is not None
+        group = grp.load(self.directory)
+        assert group is not None
+        if self.network is not None:
+            self.network.add_links(
+                LinkSpec(a, b, p, group.node(b).address)
+                for a, b, p in group.links
+                if b in {n.id for n in group.nodes}
+            )
+        journaling = any(powerloss.enabled(n.data_dir) for n in self.group.nodes)
+        for n in group.nodes:
+            if journaling and not powerloss.enabled(n.data_dir):
+                powerloss.enable(n.data_dir)  # from its next start (a node journals what it writes then)
+        self.group = group
+
+    def _settle(self, failure: str) -> dict[str, Any]:
+        """A membership change that failed under the faults of the moment: make group.json say what the leader's
+        configuration says (a node it does not know is stopped and dropped; a learner left behind is promoted)
+        and report it (a note, not a violation: the change's outcome was not acknowledged)."""
+        self.history.add("nemesis", "nemesis", "membership-failed", error=failure[:300], **self.where)
+        assert self.directory is not None
+        deadline = time.monotonic() + 60.0
+        self._stop.wait(1.0)  # a change whose answer was lost may still commit: let it settle first
+        while time.monotonic() < deadline:
+            self._reload()  # the change may have written group.json before it failed
+            conf = grp.configuration(self.group, timeout_s=1.0)
+            if conf is None:
+                time.sleep(0.2)
+                continue
+            members = set(conf.voters) | set(conf.learners)
+            try:
+                for n in list(self.group.nodes):
+                    if n.id not in members:
+                        grp.stop_node(n)
+                        group_members.forget_member(self.directory, n.id)
+                for learner in conf.learners:
+                    group_members.promote_member(self.directory, learner, timeout_s=30.0)
+            except DLedgerError:
+                time.sleep(0.2)
+                continue
+            finally:
+                self._reload()
+            return {"failed": failure[:300], "settled": sorted(members)}
+        return {"failed": failure[:300], "settled": None}
 
     def _resume(self, node: str) -> None:
         grp.signal_node(self.group.node(node), signal.SIGCONT)

@@ -175,8 +175,8 @@ class Network:
     """Every link of a group, on one event loop in a background thread, with message-level controls."""
 
     def __init__(self, links: Iterable[LinkSpec], seed: int = 0):
-        rng = random.Random(seed)
-        self.links: dict[tuple[str, str], Link] = {(s.src, s.dst): Link(s, rng) for s in links}
+        self._rng = random.Random(seed)
+        self.links: dict[tuple[str, str], Link] = {(s.src, s.dst): Link(s, self._rng) for s in links}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -232,6 +232,20 @@ class Network:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def add_links(self, links: Iterable[LinkSpec]) -> None:
+        """Listen on the links of a node that joined the group (``dledger.group_members.add_member`` gives a new
+        member of a proxied group its links); returns once they listen."""
+        new = [Link(s, self._rng) for s in links if (s.src, s.dst) not in self.links]
+        if self._loop is None:
+            self.links.update({(lk.spec.src, lk.spec.dst): lk for lk in new})
+            return
+
+        async def start_all() -> None:
+            await asyncio.gather(*(lk.start() for lk in new))
+            self.links.update({(lk.spec.src, lk.spec.dst): lk for lk in new})
+
+        asyncio.run_coroutine_threadsafe(start_all(), self._loop).result(10.0)
+
     def _run(self, fn, *args) -> None:
         """Run ``fn`` on the proxy loop and wait for it: a change is in effect when this returns."""
         if self._loop is None:
@@ -284,7 +298,9 @@ class Network:
             (a, b)
             for a in self.nodes
             for b in self.nodes
-            if a != b and not any(a in s and b in s for s in sides)
+            if a != b
+            and not any(a in s and b in s for s in sides)
+            and ((a, b) in self.links or (b, a) in self.links)  # a member gone before the other joined: none
         ]
         self.cut_pairs(cut)
         return cut

@@ -223,7 +223,7 @@ class KVWorkload(Workload):
         super().start(servers)
 
     def judge(
-        self, events: Sequence[Event], group: Any, commit_index: int
+        self, events: Sequence[Event], groups: Sequence[Any]
     ) -> tuple[list[checkers.Verdict], dict[str, int]]:
         reg = [o for o in operations(events) if o.f in checkers.REGISTER_FS]
         ops = {

@@ -15,7 +15,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dledger.chaos.checkers import Verdict
@@ -61,16 +63,42 @@ class Workers:
             raise RuntimeError(f"workload threads did not stop within {timeout_s} s: {alive}")
 
 
+@dataclass(slots=True)
+class Topology:
+    """What a run starts: its groups (each with its own directory, proxy network and nemesis) and what the
+    workload's clients are given to find them (``entry``: the one group's addresses, or a tenant's discovery
+    service, e.g. the broker's name servers). ``start``/``stop`` run the services beside the groups."""
+
+    groups: list[tuple[Path, grp.GroupSpec]]
+    entry: list[str] = field(default_factory=list)
+    security: str = ""  # the clients' settings file of a secure run (dledger.security.config.ClientSecurity)
+    start: Callable[[], None] = lambda: None
+    stop: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """A group as the checkers see it at the end: its members then, and the commit index they converged to."""
+
+    name: str
+    directory: Path
+    group: grp.GroupSpec
+    commit_index: int
+
+
 class Workload:
     """One run's clients, from the first request to the verdicts; subclasses fill in what is theirs.
 
-    The runner calls, in order: ``start(servers)`` once the group has a leader; ``quiesce()`` once the faults
+    The runner calls, in order: ``topology(raft)`` to create the groups (one by default; a workload may bring
+    a cluster of them); ``start(servers)`` once every group has a leader; ``quiesce()`` once the faults
     are over (the load stops, so the group can converge); ``finish(servers, notes)`` once every node holds
     the same entries (e.g. let consumers run to the end); ``stop(timeout_s)`` always, on the way out; then
-    ``judge(events, group, commit_index)``."""
+    ``judge(events, groups)``."""
 
     state_machine: str = ""  # the node plugin the group runs (``dledger.plugins``)
     progress: tuple[str, ...] = ()  # operations whose acknowledgement shows that the group serves
+    # Called before a node joins a group (a membership fault): e.g. a secure cluster issues its certificate.
+    before_join: Callable[[grp.GroupSpec, str], None] | None = None
 
     def __init__(self) -> None:
         self.workers: list[Workers] = []  # the first is the load that quiesce() stops
@@ -78,6 +106,22 @@ class Workload:
     @property
     def crashes(self) -> list[str]:
         return [c for w in self.workers for c in w.crashes]
+
+    def topology(self, cfg: Any, raft: dict[str, int]) -> Topology:
+        """One group of ``cfg.nodes`` nodes in ``cfg.directory`` running this workload's state machine."""
+        from dledger import group as grp
+
+        g = grp.create(
+            cfg.directory,
+            cfg.nodes,
+            base_port=None,
+            proxied=cfg.proxied,
+            raft=dict(raft),
+            state_machine=self.state_machine,
+            flush=cfg.flush,
+            secure=cfg.secure,
+        )
+        return Topology([(cfg.directory, g)], entry=list(g.addresses), security=g.security)
 
     def start(self, servers: Sequence[str]) -> None:
         for w in self.workers:
@@ -101,7 +145,7 @@ class Workload:
         return problems
 
     def judge(
-        self, events: Sequence[Event], group: grp.GroupSpec, commit_index: int
+        self, events: Sequence[Event], groups: Sequence[Judged]
     ) -> tuple[list[Verdict], dict[str, int]]:
         """The verdicts of this workload's checkers and its operation counts."""
         raise NotImplementedError
@@ -130,4 +174,13 @@ def load_workload(name: str) -> WorkloadFactory:
     raise ValueError(f"unknown workload {name!r}; installed: {', '.join(workload_names()) or 'none'}")
 
 
-__all__ = ["ENTRY_POINTS", "Workers", "Workload", "default_workload", "load_workload", "workload_names"]
+__all__ = [
+    "ENTRY_POINTS",
+    "Judged",
+    "Topology",
+    "Workers",
+    "Workload",
+    "default_workload",
+    "load_workload",
+    "workload_names",
+]

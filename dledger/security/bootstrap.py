@@ -32,14 +32,14 @@ def issue_node_certificate(directory: Path, node_id: str, addresses: list[str]) 
     ``tls/ca.key``, as ``group up --secure`` leaves it); the certificate's path. A group whose CA key lives
     elsewhere (a cluster's, or one kept offline) issues by hand: docs/security.md, "Adding a node"."""
     tls_dir = directory / "tls"
+    if (tls_dir / f"{node_id}.pem").exists():  # issued by hand (the path this function's refusal names)
+        return tls_dir / f"{node_id}.pem"
     if not (tls_dir / "ca.key").exists():
         raise ConfigError(
             f"the group's CA key is not in {tls_dir} (a cluster's groups, or a CA kept offline): issue {node_id}'s "
             f"certificate by hand (`dledger certs --dir <CA dir> --nodes {node_id} [--group G]`, then copy "
             f"{node_id}.pem and {node_id}.key into {tls_dir}) and add it again"
         )
-    if (tls_dir / f"{node_id}.pem").exists():
-        return tls_dir / f"{node_id}.pem"
     return certs.write_group(tls_dir, [node_id], clients=(), addresses=addresses)[node_id]
 
 

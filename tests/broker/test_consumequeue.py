@@ -1,8 +1,11 @@
 """ConsumeQueue files: 20-byte units, file rolling, torn-unit recovery, truncation."""
 
+import errno
+
 import pytest
 
 from broker_adapter.core.consumequeue import UNIT_SIZE, ConsumeQueue
+from storage.fileio import FileIO
 
 
 def test_units_round_trip_across_files_and_reopen(tmp_path):
@@ -82,3 +85,35 @@ def test_reads_and_changes_see_units_not_yet_written(tmp_path):
     cq.append(600, 10, 0)
     assert cq.truncate(5) == 2 and cq.max_offset == 5
     assert ConsumeQueue(tmp_path, "T", 0, units_per_file=4).max_offset == 5
+
+
+class _FullAfter(FileIO):
+    """A disk that fills up after ``writes`` pwrites (ENOSPC, as a full file system answers), until freed."""
+
+    def __init__(self, writes: int):
+        self.left = writes
+
+    def pwrite(self, fd, data, offset):
+        if self.left == 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.left -= 1
+        super().pwrite(fd, data, offset)
+
+
+def test_a_write_cut_by_a_full_disk_keeps_the_units_it_did_not_write(tmp_path):
+    """Found by the 30-minute cluster chaos run: a full disk during an apply stopped the node. The units a failed
+    write did not reach stay appended and the next write puts them in place: no hole, nothing twice."""
+    disk = _FullAfter(writes=1)
+    cq = ConsumeQueue(tmp_path, "T", 0, units_per_file=4, io=disk)
+    for i in range(10):
+        cq.append(1000 + i, 50, 0)
+    with pytest.raises(OSError) as e:
+        cq.write_appended()  # the first file is written, the second fails
+    assert e.value.errno == errno.ENOSPC and cq.has_appended
+    assert ConsumeQueue(tmp_path, "T", 0, units_per_file=4).max_offset == 4
+    cq.append(1010, 50, 0)
+    disk.left = -1  # space again
+    cq.write_appended()
+    again = ConsumeQueue(tmp_path, "T", 0, units_per_file=4)
+    assert again.max_offset == 11
+    assert [again.get(q).commitlog_offset for q in range(11)] == [1000 + i for i in range(11)]

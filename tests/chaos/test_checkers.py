@@ -210,3 +210,26 @@ def test_the_history_carries_what_each_operation_observed(tmp_path):
     h.close()
     v = check_linearizable(History.load(tmp_path / "h.jsonl"))
     assert not v.ok and "key k" in v.violations[0]
+
+
+def test_failover_times_count_a_new_leader_after_a_fault_that_hit_the_leader():
+    from dledger.chaos.runner import failovers
+
+    def ev(t, type_, f, **v):
+        return Event(t, "x", type_, f, v)
+
+    events = [
+        ev(0.0, "observe", "leader", node="n0", term=1),
+        ev(1.0, "nemesis", "kill-leader", phase="start", node="n0"),
+        ev(1.8, "observe", "leader", node="n1", term=2),  # 0.8 s
+        ev(2.0, "nemesis", "kill-leader", phase="heal"),
+        ev(3.0, "nemesis", "kill-random", phase="start", node="n2"),  # not the leader: no failover
+        ev(3.5, "nemesis", "kill-random", phase="heal"),
+        ev(4.0, "nemesis", "partition-isolate-leader", phase="start", sides=[["n1"], ["n0", "n2"]]),
+        ev(5.0, "nemesis", "partition-isolate-leader", phase="heal"),  # n1 led on: no failover
+        ev(9.0, "observe", "leader", node="n2", term=3),
+        ev(10.0, "nemesis", "powerloss-all", phase="start", nodes=["n0", "n1", "n2"]),
+        ev(11.0, "nemesis", "powerloss-all", phase="heal"),
+        ev(13.5, "observe", "leader", node="n0", term=4),  # a dead leader: counted past the heal, 3.5 s
+    ]
+    assert failovers(events) == [0.8, 3.5]

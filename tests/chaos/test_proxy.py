@@ -131,3 +131,18 @@ def test_destination_down_refuses(echo):
     (dead,) = free_ports(1)
     with Network([LinkSpec("a", "b", p1, f"127.0.0.1:{dead}")]) as net, _connect(net) as s:
         assert _closed(s)
+
+
+def test_a_new_members_links_listen_and_a_partition_cuts_only_linked_pairs(net, echo):
+    """A node that joined (``Network.add_links``) is reachable through its links at once; a partition across
+    it and a node that left before it joined (no link between them) cuts only the pairs that have one."""
+    p3, p4 = free_ports(2)
+    net.add_links([LinkSpec("c", "a", p3, echo), LinkSpec("a", "c", p4, echo)])
+    s = socket.create_connection(("127.0.0.1", p3), timeout=5)
+    s.settimeout(5)
+    s.sendall(b"joined")
+    assert _recv_exactly(s, 6) == b"joined"
+    s.close()
+    cut = net.partition([["a"], ["b", "c"]])
+    assert sorted(cut) == [("a", "b"), ("a", "c"), ("b", "a"), ("c", "a")]  # nothing between b and c
+    net.heal()

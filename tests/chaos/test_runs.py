@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dledger.chaos.nemesis import FAULT_KINDS, POWER_LOSS
+from dledger.chaos.nemesis import FAULT_KINDS, MEMBERSHIP, POWER_LOSS
 from dledger.chaos.runner import RunConfig, run
 
 pytestmark = pytest.mark.integration
@@ -21,8 +21,9 @@ def _assert_ok(summary, cfg) -> None:
     assert summary.ok, f"chaos run failed; reproduce: {summary.reproduce(cfg)}\n{json.dumps(doc, indent=1)}"
 
 
-# The power cuts (a restart of several nodes each) run in tests/chaos/test_powerloss.py, with their own seeds.
-KINDS = tuple(k for k in FAULT_KINDS if k not in POWER_LOSS)
+# The power cuts (a restart of several nodes each) run in tests/chaos/test_powerloss.py, the membership changes
+# in tests/chaos/test_cluster.py, with their own seeds.
+KINDS = tuple(k for k in FAULT_KINDS if k not in POWER_LOSS | MEMBERSHIP)
 
 
 def test_every_fault_kind_broker_workload(tmp_path):
