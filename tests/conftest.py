@@ -30,6 +30,8 @@ LONG_FILES = {
     "tests/spark/test_audit.py": 185,
     "tests/cluster/test_cluster.py": 125,
     "tests/chaos/test_cluster.py": 200,
+    "tests/integration/test_upgrade.py": 150,  # builds the previous release's venv (pip's cache makes it quick)
+    "tests/security/test_rotation.py": 110,
     "tests/spark/test_standalone.py": 98,
     "tests/chaos/test_runs.py": 63,
     "tests/rocketmq/test_delivery.py": 56,
