@@ -46,7 +46,7 @@ from statemachine.api import CommittedEntry
 from storage.codec import HEADER_SIZE
 from storage.fileio import is_disk_full
 
-log = logging.getLogger("broker_adapter.statemachine")
+log = logging.getLogger(__name__)
 
 PRODUCER_WINDOW: Final = 4096  # results remembered per producer for answering retried sends
 POSITIONS_KEPT: Final = 1 << 17  # recent messages whose CommitLog offset -> index stays in memory (2-4 MiB)

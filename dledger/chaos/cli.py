@@ -47,7 +47,7 @@ def run_chaos(
         typer.Option(
             "--cluster",
             help="groups of a cluster with name servers (0: one plain group); the workload must bring a "
-            "cluster (broker)",
+            "cluster (the installed tenant's does; the log's own KV registers do not)",
         ),
     ] = 0,
     secure: Annotated[
@@ -83,8 +83,8 @@ def run_chaos(
         raise typer.Exit(2)
     if (cluster or secure) and workload == "kv":
         console.print(
-            "[red]error:[/red] --cluster and --secure run the broker workload (--workload broker): the KV "
-            "registers have no cluster and their client no TLS"
+            f"[red]error:[/red] --cluster and --secure run the installed tenant's workload (--workload "
+            f"{default_workload()}): the KV registers have no cluster and their client no TLS"
         )
         raise typer.Exit(2)
     if seed is None:

@@ -197,7 +197,7 @@ def test_a_secure_group_with_a_replaced_node_passes_the_spark_audit(tmp_path):
     ("args", "message"),
     [
         (["--cluster", "1"], "--cluster must be 2..16 groups"),
-        (["--secure", "--workload", "kv"], "--cluster and --secure run the broker workload"),
+        (["--secure", "--workload", "kv"], "--cluster and --secure run the installed tenant's workload"),
     ],
 )
 def test_cluster_and_secure_options_refuse_what_cannot_run(tmp_path, args, message):
