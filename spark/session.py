@@ -12,10 +12,12 @@ import hashlib
 import os
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Final
 
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
 ROOT: Final = Path(__file__).resolve().parent.parent
@@ -23,6 +25,7 @@ SHIPPED_PACKAGES: Final = ("spark", "storage", "broker_adapter")
 # The dledger source and sink (spark.datasource) talk to the groups through the broker's clients, which use the
 # log library's routing, transport and security: their workers need grpcio and protobuf installed too.
 DATASOURCE_PACKAGES: Final = (*SHIPPED_PACKAGES, "dledger", "statemachine")
+GATEWAY_LAUNCHES: Final = 3  # JVMs started for one session at most (``started``)
 
 
 def code_zip(packages: tuple[str, ...] = SHIPPED_PACKAGES) -> str:
@@ -74,9 +77,23 @@ def build_session(master: str | None = None, app_name: str = "dledger-audit") ->
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.adaptive.enabled", "true")
     )
-    spark = builder.getOrCreate()
+    spark = started(builder)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def started(builder: SparkSession.Builder, pause_s: float = 1.0) -> SparkSession:
+    """``builder.getOrCreate()``, launching the JVM again when it exits before reporting its port
+    (``JAVA_GATEWAY_EXITED``): seen now and then when the launching process has gRPC threads running, as a
+    test worker that just used the official RocketMQ client had. Any other error, or the last launch's, is raised."""
+    for launch in range(1, GATEWAY_LAUNCHES + 1):
+        try:
+            return builder.getOrCreate()
+        except PySparkRuntimeError as e:
+            if e.getErrorClass() != "JAVA_GATEWAY_EXITED" or launch == GATEWAY_LAUNCHES:
+                raise
+            time.sleep(pause_s)
+    raise AssertionError("unreachable")
 
 
 def prepare(spark: SparkSession, data_bytes: int) -> None:
