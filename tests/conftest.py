@@ -29,9 +29,10 @@ os.environ.setdefault(INDEX_UNITS_ENV, str(TEST_INDEX_UNITS))
 LONG_FILES = {
     "tests/spark/test_audit.py": 185,
     "tests/cluster/test_cluster.py": 125,
-    "tests/chaos/test_cluster.py": 200,
-    "tests/integration/test_upgrade.py": 150,  # builds the previous release's venv (pip's cache makes it quick)
-    "tests/security/test_rotation.py": 110,
+    "tests/chaos/test_cluster.py": 50,
+    "tests/integration/test_upgrade.py": 130,  # builds the previous release's venv (pip's cache makes it quick)
+    "tests/security/test_rotation.py": 55,
+    "tests/rocketmq/test_renewal.py": 35,
     "tests/spark/test_standalone.py": 98,
     "tests/chaos/test_runs.py": 63,
     "tests/rocketmq/test_delivery.py": 56,

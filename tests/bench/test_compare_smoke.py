@@ -37,6 +37,7 @@ def _children_of(pid: int) -> set[int]:
     return out
 
 
+@pytest.mark.slow  # a whole benchmark run (make soak): keeps make test under 10 minutes
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_compare_runs_end_to_end(tmp_path: Path) -> None:

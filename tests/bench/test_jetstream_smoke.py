@@ -33,6 +33,7 @@ def _nats_available() -> tuple[bool, str]:
     return True, note
 
 
+@pytest.mark.slow  # a whole benchmark run (make soak): keeps make test under 10 minutes
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_jetstream_bench_runs_end_to_end(tmp_path: Path, capsys) -> None:

@@ -136,6 +136,7 @@ def _audit(master_url: str, env: dict, report: Path, *dirs: Path) -> tuple[int, 
     return r.returncode, json.loads((report / "audit.json").read_text()), r.stdout
 
 
+@pytest.mark.slow  # 80 s (make soak); the audit itself is tested in local mode by tests/spark/test_audit.py
 def test_the_audit_runs_on_a_standalone_cluster_and_finds_corruption(standalone, tmp_path):
     master_url, env = standalone
     laid = b.lay_out(b.message_items(term=1, per_queue=20))
