@@ -16,6 +16,7 @@ from __future__ import annotations
 import http.cookiejar
 import os
 import re
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -71,7 +72,22 @@ class Env:
         self.driver = browser.driver
 
     def open(self, path: str) -> None:
-        self.driver.get(self.console.url + path)
+        """Load a console page. A page that is none of the console's fails here, naming what was shown and what
+        the console logged; a browser error page (the connection failed) is loaded again once, and said so."""
+        for attempt in (1, 2):
+            self.driver.get(self.console.url + path)
+            if self.driver.find_elements(By.TAG_NAME, "main"):
+                return
+            shown = f"{self.driver.current_url} {self.driver.title!r}"
+            if attempt == 1 and self.driver.current_url.startswith("chrome-error://"):
+                print(
+                    f"{path}: the browser showed an error page ({shown}); loading it again", file=sys.stderr
+                )
+                continue
+            raise AssertionError(
+                f"{path}: not a console page: {shown}\n{self.driver.page_source[:800]}\n"
+                f"--- console log (tail) ---\n{self.console.output()[-3000:]}"
+            )
 
     def text(self, css: str) -> str:
         return str(self.driver.find_element(By.CSS_SELECTOR, css).text)
@@ -425,8 +441,15 @@ def test_a_post_needs_the_sessions_csrf_token_and_this_consoles_origin(env: Env)
     cookie = env.driver.get_cookie("dledger_console")
     assert cookie and cookie["sameSite"] == "Strict" and cookie["secure"] and cookie["httpOnly"]
     env.open("/consumers")
-    token = env.driver.find_element(By.NAME, "csrf").get_attribute("value")
+    token = eventually(
+        "the page's CSRF token", lambda: env.driver.find_element(By.NAME, "csrf").get_attribute("value")
+    )
     jar = f"dledger_console={cookie['value']}"
+    # the page's polls never set the session cookie (one in flight must not undo a sign-out)
+    for poll in ("/consumers?live=1", "/api/series"):
+        req = urllib.request.Request(env.console.url + poll, headers={"Cookie": jar})
+        with urllib.request.urlopen(req, timeout=10, context=env.console.ssl) as r:
+            assert r.status == 200 and r.headers.get("Set-Cookie") is None, poll
     own = env.console.url
     body = urllib.parse.urlencode({"csrf": token, "consumer_group": "intruder"}).encode()
     form = {"Content-Type": "application/x-www-form-urlencoded", "Cookie": jar}
