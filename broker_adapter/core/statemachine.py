@@ -264,7 +264,9 @@ class BrokerStateMachine:
         elif queue_id >= queues:
             self.topics[topic] = queue_id + 1
         key = (topic, queue_id)
-        cq = self._queues.get(key) or self.queue(topic, queue_id)
+        cq = self._queues.get(key)
+        if cq is None:
+            cq = self.queue(topic, queue_id)
         q = r.queue_offset
         expected = self.next_offsets.get(key, 0)
         if q != expected:

@@ -105,7 +105,7 @@ def test_an_online_backup_restores_into_a_new_group_with_everything_acknowledged
         assert got == before, "every put acknowledged up to the backup's index is there, with its value"
         assert set(later.values()) == {None}, "nothing after the backup's index"
         grp.stop_group(restored)
-        assert_audit_passes([n.data_dir for n in restored.nodes])
+        assert_audit_passes([n.data_dir for n in restored.nodes], tmp_path / "audit-report")
     finally:
         if restored is not None:
             grp.stop_group(restored)

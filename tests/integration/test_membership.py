@@ -126,16 +126,16 @@ def _replace_a_killed_follower(g: grp.GroupSpec, d: Path) -> None:
     check_nothing_lost(final, p.acked)
 
 
-def test_grow_three_to_five_and_back_removing_the_leader(make_group):
+def test_grow_three_to_five_and_back_removing_the_leader(make_group, tmp_path):
     g = make_group(3)
     d = Path(g.nodes[0].data_dir).parent
     try:
-        _grow_and_shrink(g, d)
+        _grow_and_shrink(g, d, tmp_path / "audit-report")
     finally:
         grp.stop_group(grp.load(d))
 
 
-def _grow_and_shrink(g: grp.GroupSpec, d: Path) -> None:
+def _grow_and_shrink(g: grp.GroupSpec, d: Path, report_dir: Path) -> None:
     p = Producer(g).start()
     added = []
     try:
@@ -164,7 +164,7 @@ def _grow_and_shrink(g: grp.GroupSpec, d: Path) -> None:
     )
     check_nothing_lost(final, p.acked)
     # The Spark audit over the final members' files: integrity and cross-node agreement (docs/audit.md).
-    assert_audit_passes([n.data_dir for n in final.nodes])
+    assert_audit_passes([n.data_dir for n in final.nodes], report_dir)
 
 
 def test_bad_membership_changes_are_refused_with_actionable_errors(make_group):

@@ -120,4 +120,4 @@ def test_a_group_of_the_previous_release_upgrades_one_node_at_a_time_under_load(
         print(f"\nupgraded 3 nodes under load: {len(p.acked)} acknowledged, {p.unknown} outcome unknown")
     finally:
         grp.stop_group(g)
-    assert_audit_passes([n.data_dir for n in g.nodes])
+    assert_audit_passes([n.data_dir for n in g.nodes], tmp_path / "audit-report")

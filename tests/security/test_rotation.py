@@ -4,7 +4,6 @@ under continuous produce load moves to a new CA in three steps, each by reload o
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from dledger.errors import DLedgerError
 from dledger.security import certs, tls
 from dledger.security.config import ClientSecurity
 from dledger.v1 import client_pb2, client_pb2_grpc, raft_pb2, raft_pb2_grpc
+from tests.integration.conftest import assert_audit_passes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -193,21 +193,7 @@ def test_rotation_to_a_new_ca_under_load_by_reload_only(tmp_path):
     finally:
         grp.stop_group(g)
     # Every acknowledged message is in the committed log exactly once, and the nodes agree.
-    audit = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from spark.audit import main; sys.exit(main(sys.argv[1:]))",
-            *[n.data_dir for n in g.nodes],
-            "--ack-log",
-            str(ack_log),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,  # Spark: about 1 minute on a quiet machine, 5 at load 30
-        env={**os.environ, "DLEDGER_SECURITY": ""},
-    )
-    assert audit.returncode == 0 and "audit PASS" in audit.stdout, audit.stdout[-3000:] + audit.stderr[-3000:]
+    assert_audit_passes([n.data_dir for n in g.nodes], tmp_path / "audit-report", "--ack-log", str(ack_log))
 
 
 def _register(address: str, ca: Path, issued: tuple[bytes, bytes], node: str = "n0") -> grpc.StatusCode:
