@@ -396,7 +396,7 @@ class Console:
             await client.call("ListUsers", {})
         except DLedgerError as e:
             # The guard's refusals come as their status codes (dledger.transport.convert.error_from_status).
-            if isinstance(e, PermissionDeniedError) or str(e).startswith("PERMISSION_DENIED"):
+            if isinstance(e, PermissionDeniedError):
                 return "refused: this user is no admin of the group"
             if str(e).startswith("UNAUTHENTICATED"):  # an unknown access key or a wrong signature
                 return "refused: the group does not know this access key and secret key"
