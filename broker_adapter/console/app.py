@@ -5,9 +5,8 @@ every ``refresh_ms`` (``?live=1``: the same template's live block) and the chart
 browser costs the groups nothing more than the poller already does. Browsing a queue is a Pull on demand, which
 names no consumer group and commits nothing.
 
-Administration (docs/console.md, "Administration"): message search (by key, id or store time), a consumer group's
-offset reset and dead-letter resend go through ``BrokerAdmin`` (``broker_adapter/admin_client.py``), one client
-per group kept by the poller and called in a worker thread. An error the group answers is shown on the page.
+Administration (docs/console.md, "Administration"): message search, a consumer group's offset reset and the
+dead letters are ``admin_pages.py``'s pages, routed here.
 
 Secure groups: served over TLS, a user signs in with an access key and secret key that the console checks with
 a real admin-only call (``ListUsers``) against the group, at most ``login_attempts`` failures in a row per client
@@ -27,12 +26,10 @@ import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -43,11 +40,9 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Redire
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from broker_adapter.admin_client import BrokerAdmin, FoundMessage, epoch_ms, origin_topic
-from broker_adapter.console.poller import GroupView, Poller
-from broker_adapter.core import topics as topic_names
-from broker_adapter.core.admin import RESET_MODES
-from dledger.errors import DLedgerError, NotFoundError, PermissionDeniedError
+from broker_adapter.console.admin_pages import AdminPages
+from broker_adapter.console.poller import Poller, error_text
+from dledger.errors import DLedgerError, PermissionDeniedError
 from dledger.security.client import SecurityClient
 from dledger.security.config import ClientSecurity
 
@@ -58,10 +53,6 @@ CSP = (
 )
 REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; sandbox"
 BROWSE_MAX = 100
-ADMIN_THREADS = 4  # blocking admin calls operators asked for, at once (a search of 4 groups is one round)
-SEARCH_MAX = 100  # messages a search shows, per group
-DLQ_SHOWN = 100  # dead letters the DLQ page lists
-RESEND_ALL_MAX = 1000  # dead letters "resend all" sends, at most
 
 
 @dataclass(slots=True)
@@ -126,10 +117,6 @@ def _ms_text(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _why(e: Exception) -> str:
-    return f"{type(e).__name__}: {e}"
-
-
 def _preview(body: bytes) -> str:
     return body[:200].decode("utf-8", "replace")
 
@@ -143,7 +130,6 @@ class Console:
         self.env.filters["preview"] = _preview
         self.audits: dict[str, asyncio.subprocess.Process] = {}
         self.limiter = SignInLimiter(config.login_attempts, config.login_backoff_s)
-        self.admin_pool = ThreadPoolExecutor(ADMIN_THREADS, thread_name_prefix="console-admin")
 
     # -- guards ------------------------------------------------------------------------------------------------
     def user(self, request: Request) -> str | None:
@@ -189,7 +175,7 @@ class Console:
         try:
             listing = await self.list_users()
         except DLedgerError as e:
-            return Response(f"could not check your permissions with the group: {_why(e)}", 503)
+            return Response(f"could not check your permissions with the group: {error_text(e)}", 503)
         admins = {listing["bootstrap_admin"]} | {
             u["access_key"] for u in listing["users"] if "admin" in (u.get("permissions") or [])
         }
@@ -206,21 +192,6 @@ class Console:
             return await client.call("ListUsers", {})
         finally:
             await client.close()
-
-    def _views(self, group: str) -> list[GroupView]:
-        """The group named (every group when "")."""
-        views = self.c.poller.views
-        if not group:
-            return list(views.values())
-        if group not in views:
-            raise ValueError(f"unknown group {group!r}: this console shows {', '.join(views)}")
-        return [views[group]]
-
-    async def _admin(self, group: str, fn: Callable[[BrokerAdmin], Any]) -> Any:
-        """``fn(the group's patient BrokerAdmin)`` in a worker thread of the console's own (the client is
-        blocking; the polls have theirs)."""
-        admin = self.c.poller.admin(group, patient=True)
-        return await asyncio.get_running_loop().run_in_executor(self.admin_pool, fn, admin)
 
     def render(self, request: Request, name: str, **ctx: Any) -> Response:
         live = request.query_params.get("live") == "1"
@@ -288,7 +259,7 @@ class Console:
                 msgs = await consumer.pull(topic, queue, offset, count)
                 next_offset = msgs[-1].queue_offset + 1 if msgs else None
             except DLedgerError as e:
-                error = _why(e)
+                error = error_text(e)
         return self.render(
             request,
             "browse.html",
@@ -311,185 +282,8 @@ class Console:
             try:
                 listing = await self.list_users()
             except DLedgerError as e:
-                error = _why(e)
+                error = error_text(e)
         return self.render(request, "users.html", listing=listing, error=error)
-
-    # -- message search ----------------------------------------------------------------------------------------
-    async def search(self, request: Request) -> Response:
-        """Messages by key, by message id (the key index) or by store time (a topic's queues), in one group or
-        every group; commits nothing."""
-        q = request.query_params
-        form = {k: q.get(k, "") for k in ("group", "by", "value", "topic", "start", "end", "limit")}
-        form["by"] = form["by"] or "key"
-        found: list[tuple[str, FoundMessage]] = []
-        errors: list[str] = []
-        asked = bool(form["value"] or form["start"] or form["end"])
-        if asked:
-            try:
-                views = self._views(form["group"])
-                limit = int(form["limit"] or 20)
-                if not 1 <= limit <= SEARCH_MAX:
-                    raise ValueError(f"limit is 1..{SEARCH_MAX}, got {limit}")
-                query = self._query(form, limit)
-            except ValueError as e:
-                errors.append(str(e))
-            else:
-                results = await asyncio.gather(
-                    *(self._admin(v.target.name, query) for v in views), return_exceptions=True
-                )
-                for v, r in zip(views, results, strict=True):
-                    if isinstance(r, DLedgerError):
-                        errors.append(f"{v.target.name}: {_why(r)}")
-                    elif isinstance(r, BaseException):
-                        raise r
-                    else:
-                        found += [(v.target.name, m) for m in r]
-        return self.render(
-            request, "search.html", form=form, found=found, errors=errors, asked=asked, modes=RESET_MODES
-        )
-
-    @staticmethod
-    def _query(form: dict[str, str], limit: int) -> Callable[[BrokerAdmin], list[FoundMessage]]:
-        """The search the form asks for, checked (ValueError naming the field) before any group is asked."""
-        by, value, topic = form["by"], form["value"].strip(), form["topic"].strip()
-        if by in ("key", "id"):
-            if not value:
-                raise ValueError(f"a search by {by} needs a {by}")
-            if by == "key":
-                return lambda a: a.query_by_key(value, topic, limit)
-            return lambda a: a.query_by_id(value, topic, limit)
-        if by != "time":
-            raise ValueError(f"search by key, id or time, got {by!r}")
-        if not topic:
-            raise ValueError("a search by store time needs a topic")
-        start = epoch_ms(form["start"]) if form["start"].strip() else 0
-        end = epoch_ms(form["end"]) if form["end"].strip() else int(time.time() * 1000) + 1
-        return lambda a: a.query_by_time(topic, start, end, limit)
-
-    # -- one consumer group: offsets, members, reset -------------------------------------------------------
-    async def consumer(self, request: Request) -> Response:
-        cg = request.query_params.get("cg", "").strip()
-        p = self.c.poller
-        topics = sorted({t.topic for v in p.views.values() for t in v.topics if "%" not in t.topic})
-        return self.render(request, "consumer.html", cg=cg, topics=topics, modes=RESET_MODES)
-
-    async def consumer_reset(self, request: Request) -> Response:
-        form = await self.admin_form(request)
-        if isinstance(form, Response):
-            return form
-        cg, topic, mode = form.get("cg", ""), form.get("topic", "").strip(), form.get("mode", "")
-        back = RedirectResponse(f"/consumer?{urlencode({'cg': cg})}", 303)
-        try:
-            if not topic:
-                raise ValueError("name the topic whose offsets to reset")
-            if mode not in RESET_MODES:
-                raise ValueError(f"reset to one of {', '.join(RESET_MODES)}, got {mode!r}")
-            value = form.get("value", "").strip()
-            if mode == "offset":
-                if not value.isdigit():
-                    raise ValueError(f"a reset to an offset needs an offset (0 or more), got {value!r}")
-                amount = int(value)
-            else:
-                amount = epoch_ms(value) if mode == "time" else 0
-            queue_text = form.get("queue", "").strip()
-            if queue_text and not queue_text.isdigit():
-                raise ValueError(
-                    f"queue is a queue number (0 or more) or empty for every queue, got {queue_text!r}"
-                )
-            queue = int(queue_text) if queue_text else None
-            views = [v for v in self._views(form.get("group", "")) if any(t.topic == topic for t in v.topics)]
-            if not views:
-                raise ValueError(f"no group of this console has the topic {topic!r}")
-        except ValueError as e:
-            self.flash(request, str(e), error=True)
-            return back
-        done, failed = [], []
-        for v in views:
-            name = v.target.name
-            try:
-                plan = await self._admin(name, lambda a: a.reset_offsets(cg, topic, mode, amount, queue))
-            except DLedgerError as e:
-                failed.append(f"{name}: {_why(e)}")
-                continue
-            self.c.poller.watched.add(cg)
-            await self.c.poller.refresh_consumer_group(name, cg, patient=True)
-            moves = ", ".join(f"{r.queue_id}: {'—' if r.old is None else r.old} → {r.new}" for r in plan)
-            done.append(f"{name}: {moves}")
-        if done:
-            self.flash(request, f"reset {cg} on {topic} to {mode} ({'; '.join(done)})")
-        if failed:
-            self.flash(request, f"reset {cg} on {topic} failed: {'; '.join(failed + done)}", error=True)
-        return back
-
-    # -- dead letters ------------------------------------------------------------------------------------------
-    async def dlq(self, request: Request) -> Response:
-        q = request.query_params
-        p = self.c.poller
-        dlqs = [
-            (name, t.topic.removeprefix(topic_names.DLQ_PREFIX), sum(t.max_offsets))
-            for name, v in p.views.items()
-            for t in v.topics
-            if t.topic.startswith(topic_names.DLQ_PREFIX)
-        ]
-        group, cg = q.get("group") or next(iter(p.views), ""), q.get("cg", "")
-        letters: list[tuple[FoundMessage, str]] = []
-        error = ""
-        if cg:
-            try:
-                self._views(group)  # checks the name
-                found = await self._admin(group, lambda a: list(a.dead_letters(cg, DLQ_SHOWN)))
-                letters = [(m, origin_topic(m)) for m in found]
-            except ValueError as e:
-                error = str(e)
-            except NotFoundError as e:
-                error = f"{cg!r} has no dead-letter topic in {group}: {_why(e)}"
-            except DLedgerError as e:
-                error = _why(e)
-        return self.render(
-            request, "dlq.html", dlqs=dlqs, group=group, cg=cg, letters=letters, error=error, shown=DLQ_SHOWN
-        )
-
-    async def dlq_resend(self, request: Request) -> Response:
-        form = await self.admin_form(request)
-        if isinstance(form, Response):
-            return form
-        group, cg = form.get("group", ""), form.get("cg", "")
-        back = RedirectResponse(f"/dlq?{urlencode({'group': group, 'cg': cg})}", 303)
-        try:
-            if group not in self.c.poller.views:
-                raise ValueError(
-                    f"unknown group {group!r}: this console shows {', '.join(self.c.poller.views)}"
-                )
-            if not cg:
-                raise ValueError("name the consumer group whose dead letter to resend")
-            queue, offset = form.get("queue", ""), form.get("offset", "")
-            if not form.get("all") and not (queue.isdigit() and offset.isdigit()):
-                raise ValueError(
-                    f"a dead letter is named by its queue and offset, got {queue!r} and {offset!r}"
-                )
-        except ValueError as e:
-            self.flash(request, f"resend: {e}", error=True)
-            return back
-        dlq = topic_names.dlq_topic(cg)
-
-        def resend(a: BrokerAdmin) -> tuple[list[str], str]:
-            """(what was resent, why it stopped: "" when it did not)."""
-            which = [(int(queue), int(offset))] if not form.get("all") else None
-            sent: list[str] = []
-            try:
-                if which is None:
-                    which = [(m.queue_id, m.queue_offset) for m in a.dead_letters(cg, RESEND_ALL_MAX)]
-                for q, o in which:
-                    r = a.resend(cg, q, o)
-                    sent.append(f"{dlq}/{q}:{o} → {r.topic}/{r.queue_id}:{r.queue_offset} ({r.msg_id})")
-            except DLedgerError as e:
-                return sent, _why(e)
-            return sent, ""
-
-        sent, failed = await self._admin(group, resend)
-        done = f"resent {len(sent)}: {'; '.join(sent)}" if sent else "no dead letter resent"
-        self.flash(request, f"{done}; then failed: {failed}" if failed else done, error=bool(failed))
-        return back
 
     # -- the audit ---------------------------------------------------------------------------------------------
     def _reports(self) -> list[dict[str, Any]]:
@@ -602,7 +396,7 @@ class Console:
             await client.call("ListUsers", {})
         except DLedgerError as e:
             # The guard's refusals come as their status codes (dledger.transport.convert.error_from_status).
-            if isinstance(e, PermissionDeniedError) or str(e).startswith("PERMISSION_DENIED"):
+            if isinstance(e, PermissionDeniedError):
                 return "refused: this user is no admin of the group"
             if str(e).startswith("UNAUTHENTICATED"):  # an unknown access key or a wrong signature
                 return "refused: the group does not know this access key and secret key"
@@ -668,6 +462,7 @@ class _SecurityHeaders:
 
 def create_app(config: ConsoleConfig) -> Starlette:
     con = Console(config)
+    admin = AdminPages(con)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -676,7 +471,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
             yield
         finally:
             await config.poller.stop()
-            con.admin_pool.shutdown(wait=False, cancel_futures=True)
+            admin.pool.shutdown(wait=False, cancel_futures=True)
             for proc in list(con.audits.values()):
                 with contextlib.suppress(ProcessLookupError):
                     proc.terminate()
@@ -688,11 +483,11 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/consumers", g(con.consumers)),
         Route("/consumers/watch", g(con.watch), methods=["POST"]),
         Route("/browse", g(con.browse)),
-        Route("/search", g(con.search)),
-        Route("/consumer", g(con.consumer)),
-        Route("/consumer/reset", g(con.consumer_reset), methods=["POST"]),
-        Route("/dlq", g(con.dlq)),
-        Route("/dlq/resend", g(con.dlq_resend), methods=["POST"]),
+        Route("/search", g(admin.search)),
+        Route("/consumer", g(admin.consumer)),
+        Route("/consumer/reset", g(admin.consumer_reset), methods=["POST"]),
+        Route("/dlq", g(admin.dlq)),
+        Route("/dlq/resend", g(admin.dlq_resend), methods=["POST"]),
         Route("/users", g(con.users)),
         Route("/audit", g(con.audit)),
         Route("/audit/run", g(con.audit_run), methods=["POST"]),

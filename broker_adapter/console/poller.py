@@ -52,6 +52,11 @@ POLL_THREADS = 4  # blocking admin calls of the polls at once
 BROWSE_GROUP = "%console%"  # the group of the browsing consumer: a Pull names no group and commits nothing
 
 
+def error_text(e: BaseException) -> str:
+    """An error as the console's pages show it: its class and its message."""
+    return f"{type(e).__name__}: {e}"
+
+
 @dataclass(frozen=True, slots=True)
 class GroupTarget:
     """A broker group the console watches: its nodes, how to reach them, and its directory when local."""
@@ -113,7 +118,7 @@ class Poller:
         self._clients: dict[str, tuple[AsyncDLedgerClient, AsyncConsumer]] = {}
         self._admins: dict[tuple[str, bool], BrokerAdmin] = {}
         # The polls' blocking admin calls run here, not in the loop's default executor: a slow round under load
-        # holds these threads only, never those of what an operator asked (``Console.admin_pool``).
+        # holds these threads only, never those of what an operator asked (``AdminPages.pool``, admin_pages.py).
         self._pool = ThreadPoolExecutor(POLL_THREADS, thread_name_prefix="console-poll")
         self._describe_cursor = 0
         self.moved_at: dict[str, float] = {}  # consumer group -> when its committed offsets last moved
@@ -294,7 +299,7 @@ class Poller:
             v.topics = sorted(await browse.list_topics(), key=lambda t: t.topic)
             v.topics_error = ""
         except DLedgerError as e:
-            v.topics_error = f"{type(e).__name__}: {e}"
+            v.topics_error = error_text(e)
 
     async def _poll_offsets(self, views: list[GroupView]) -> None:
         """Each group's consumer groups (``ListGroups``, added to ``watched``) and, for each watched one, its
@@ -319,7 +324,7 @@ class Poller:
         try:
             names = [s.group for s in admin.list_groups()]
         except DLedgerError as e:
-            v.groups_error = f"{type(e).__name__}: {e}"
+            v.groups_error = error_text(e)
             return None
         v.groups_error = ""
         return names

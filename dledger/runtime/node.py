@@ -42,6 +42,7 @@ from dledger.runtime.peers import Peers
 from dledger.runtime.proposals import ApplyWaiters, PendingAppend, Proposals
 from dledger.runtime.reads import Reads
 from dledger.runtime.ready_loop import ReadyLoop
+from dledger.runtime.security_wiring import NodeSecurity
 from dledger.runtime.snapshots import Snapshots
 from dledger.transport.base import AppendedRun, NodeInfo, PeerInfo, PeerTransport, SnapshotChunk
 from dledger.transport.grpc import GrpcPeerTransport
@@ -54,7 +55,6 @@ from storage.codec import Entry
 from storage.errors import Compacted, IndexOutOfRange
 
 if TYPE_CHECKING:
-    from dledger.security.node import SecuredPlugin
     from dledger.security.rotation import ReloadSummary
 
 log = logging.getLogger("dledger.runtime")
@@ -100,13 +100,8 @@ class Node:
         self._seen_role_term: tuple[Role, int] = (Role.FOLLOWER, -1)
         if plugin is None and config.state_machine:
             plugin = resolve_plugin(config.state_machine)(config)
-        self._secured: SecuredPlugin | None = None
-        if config.security is not None:  # TLS, peer identity, users and permissions (docs/security.md)
-            from dledger.security.node import SecuredPlugin
-
-            self._secured = SecuredPlugin(config, plugin, state_machine)
-        hosted = self._secured if self._secured is not None else plugin  # the secured one wraps the other
-        self.plugin: NodePlugin | SecuredPlugin | None = hosted
+        self._security = NodeSecurity(config, plugin, state_machine)  # [security], if any (docs/security.md)
+        hosted = self.plugin = self._security.plugin
         unread = sorted(set(config.sections) - set(getattr(hosted, "config_sections", ())))
         if unread:
             raise ConfigError(
@@ -226,20 +221,20 @@ class Node:
                 self.group,
                 {p: a for p, a in cfg.peers.items() if p != self.id},
                 control_timeout_s=control_timeout,
-                credentials=self._secured.peer_credentials() if self._secured is not None else None,
+                credentials=self._security.peer_credentials(),
             )
         self.peers.after_step = self._ready.commit_acked
         self.peers.transport.set_reply_handler(self.peers.step_all)
         if self._serve:
-            plugin, secured = self.plugin, self._secured
+            plugin, security = self.plugin, self._security
             attach = (lambda server: plugin.attach(self, server)) if plugin is not None else None
             self._server = NodeServer(
                 self,
                 self,
                 cfg.bind,
                 attach,
-                credentials=secured.server_credentials() if secured is not None else None,
-                interceptors=(secured.interceptor(self),) if secured is not None else (),
+                credentials=security.server_credentials(),
+                interceptors=security.interceptors(self),
             )
             self.port = self._server.port
             await self._server.start()
@@ -649,14 +644,9 @@ class Node:
     def reload_certificates(self) -> ReloadSummary:
         """Read the ``[security]`` certificate, key and CA bundle again and use them without a restart (SIGHUP,
         ``dledger cert reload``; docs/security.md "Rotating certificates"): new TLS handshakes get the new
-        certificate, peers are dialled anew with it. ConfigError when there is no ``[security]`` or the files
-        cannot serve (the old ones stay)."""
-        if self._secured is None:
-            raise ConfigError(f"node {self.id} has no [security]: there is no certificate to reload")
-        summary = self._secured.reload()
-        if summary["changed"] and isinstance(self.peers.transport, GrpcPeerTransport):
-            self.peers.transport.set_credentials(self._secured.peer_credentials())
-        return summary
+        certificate, peers are dialled anew with it (``NodeSecurity.reload``). ConfigError when there is no
+        ``[security]`` or the files cannot serve (the old ones stay)."""
+        return self._security.reload(self.peers.transport)
 
     # -- introspection -----------------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from dledger.errors import (
     NotFoundError,
     NotLeaderError,
     OutcomeUnknownError,
+    PermissionDeniedError,
     UnavailableError,
 )
 from dledger.v1 import client_pb2, raft_pb2
@@ -299,7 +300,8 @@ def reply_from_pb(p: raft_pb2.PeerReply) -> list[Message]:
 # class (and, for a not-leader error, the leader); a client rebuilds exactly that class from them. Classes that
 # share a code (StorageFullError and BackpressureError, ConfigError and InvalidRequestError, the UNAVAILABLE
 # family) are told apart by the class name. A status without it (raised by gRPC itself: a refused connection,
-# a deadline) maps by code alone, through ``_BY_CODE``.
+# a deadline; or by an interceptor: the guard's refusals, dledger/security/guard.py) maps by code alone, through
+# ``_BY_CODE``. UNAUTHENTICATED has no class of its own: a ``DLedgerError`` whose message starts with the code.
 
 ERROR_CLASS_KEY = "error-class"
 LEADER_ID_KEY = "leader-id"
@@ -315,6 +317,7 @@ _BY_CODE: dict[str, type[DLedgerError]] = {
     "ABORTED": EntryReplacedError,
     "INVALID_ARGUMENT": InvalidRequestError,
     "NOT_FOUND": NotFoundError,
+    "PERMISSION_DENIED": PermissionDeniedError,
 }
 
 
@@ -368,6 +371,10 @@ def error_from_status(
             cls = _BY_CODE.get(name)
             if cls is None:
                 return DLedgerError(f"{name}: {message}")
+            if cls is PermissionDeniedError:
+                # A refusal keeps its code in front, as UNAUTHENTICATED's does and as the broker writes the one it
+                # sends in a stream (broker_adapter/service.py): "PERMISSION_DENIED: ... it needs admin".
+                return cls(f"{name}: {message}")
     if cls is NotLeaderError:
         # The hint a client can dial: the leader's address when the node knew it, else its id.
         return NotLeaderError(md.get(LEADER_ADDRESS_KEY) or md.get(LEADER_ID_KEY) or None, message)

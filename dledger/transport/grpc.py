@@ -46,6 +46,7 @@ from dledger.transport.base import (
     PeerUnreachableError,
     SnapshotChunk,
 )
+from dledger.transport.credentials import Retiring
 from dledger.v1 import client_pb2, client_pb2_grpc, raft_pb2, raft_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ class GrpcPeerTransport:
         self._snapshot_timeout = snapshot_timeout_s
         self._pipes: dict[str, _Pipe] = {}
         self._on_replies: Callable[[list[Message]], None] | None = None
-        self._retiring: set[asyncio.Task[None]] = set()  # channels replaced by ``set_credentials``, closing
+        self._retiring = Retiring()  # channels replaced by ``set_credentials``, closing
 
     def address(self, peer_id: str) -> str:
         return self._peers[peer_id].address
@@ -195,36 +196,18 @@ class GrpcPeerTransport:
 
     def set_credentials(self, credentials: grpc.ChannelCredentials) -> None:
         """New TLS material (a certificate reload, dledger/security/rotation.py): every peer is dialled anew with
-        it. A pipe open on an old channel is half-closed, so the peer answers what it already received and ends
-        it; the next deliver opens a pipe on the new channel. The old channels close once that is done."""
+        it, and the next deliver opens a pipe on the new channel; the old pipes and channels are retired
+        (``credentials.Retiring``: the peers answer what they already received first)."""
         self._credentials = credentials
         old_peers, self._peers = (
             self._peers,
             {pid: _Peer(pid, p.address, credentials) for pid, p in self._peers.items()},
         )
         old_pipes, self._pipes = self._pipes, {}
-        task = asyncio.get_running_loop().create_task(
-            self._retire(list(old_pipes.values()), list(old_peers.values())), name="retire-peer-channels"
+        channels = [c for p in old_peers.values() for c in (p.data, p.control)]
+        self._retiring.retire(
+            list(old_pipes.values()), channels, self._append_timeout + self._snapshot_timeout
         )
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
-
-    async def _retire(self, pipes: list[_Pipe], peers: list[_Peer]) -> None:
-        try:
-            for pipe in pipes:
-                with contextlib.suppress(
-                    grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError
-                ):
-                    await pipe.call.done_writing()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._append_timeout + self._snapshot_timeout):
-                    await asyncio.gather(*(p.wait_ended() for p in pipes))
-        finally:
-            for pipe in pipes:
-                await pipe.close()
-            for p in peers:
-                await p.data.close()
-                await p.control.close()
 
     def set_reply_handler(self, handler: Callable[[list[Message]], None]) -> None:
         self._on_replies = handler
@@ -311,9 +294,7 @@ class GrpcPeerTransport:
         return convert.reply_from_pb(reply)
 
     async def close(self) -> None:
-        for task in self._retiring:
-            task.cancel()
-        await asyncio.gather(*self._retiring, return_exceptions=True)
+        await self._retiring.cancel()
         for pipe in self._pipes.values():
             await pipe.close()
         self._pipes.clear()

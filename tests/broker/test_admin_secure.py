@@ -2,7 +2,7 @@
 enforced by every node's guard, ``dledger/security/guard.py``): reads need a signed user, a query without a topic
 and every change (reset, delete, settings) need admin, and a refusal is PERMISSION_DENIED naming what is missing.
 ``test_admin_core.py`` checks the rules as data; this checks them as a client meets them. (The guard's refusal
-carries no error class, so the client raises a ``DLedgerError`` whose message starts with the status code.)
+carries no error class: the client maps its code to ``PermissionDeniedError``, whose message starts with the code.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from broker_adapter.admin_client import BrokerAdmin
 from broker_adapter.client import Consumer, Producer
 from dledger import group as grp
-from dledger.errors import DLedgerError
+from dledger.errors import PermissionDeniedError
 from dledger.security.client import call_once
 from dledger.security.config import ClientSecurity
 
@@ -73,7 +73,7 @@ def test_a_change_or_a_query_of_every_topic_needs_admin(secure, call):
     g, admin, bob = secure
     with (
         BrokerAdmin(g.addresses, security=bob) as a,
-        pytest.raises(DLedgerError) as refused,
+        pytest.raises(PermissionDeniedError) as refused,
     ):
         call(a)
     why = str(refused.value)
@@ -89,7 +89,9 @@ def test_a_query_of_a_topic_the_user_may_not_read_names_the_permission(secure):
     carol = ClientSecurity(admin.ca_file, "carol", "carol-secret-42")
     with BrokerAdmin(g.addresses, security=carol) as a:
         assert sum(q.max_offset for q in a.topic_status(TOPIC)) == 6, "a signed user reads a topic's status"
-        with pytest.raises(DLedgerError, match=f"^PERMISSION_DENIED: .*it needs subscribe:{TOPIC}:\\*"):
+        with pytest.raises(
+            PermissionDeniedError, match=f"^PERMISSION_DENIED: .*it needs subscribe:{TOPIC}:\\*"
+        ):
             a.query_by_key("key-4", TOPIC)
 
 

@@ -29,6 +29,7 @@ from dledger.errors import (
     NotFoundError,
     NotLeaderError,
     OutcomeUnknownError,
+    PermissionDeniedError,
     UnavailableError,
 )
 from dledger.transport import convert
@@ -240,5 +241,16 @@ def test_statuses_without_a_class_map_by_code():
     dl = convert.error_from_status(grpc.StatusCode.DEADLINE_EXCEEDED, "x")
     assert type(dl) is UnavailableError and "deadline exceeded" in str(dl)
     assert type(convert.error_from_status(grpc.StatusCode.INTERNAL, "x")) is DLedgerError
+
+
+def test_a_refusal_by_the_guard_is_a_permission_denied_error_naming_its_code():
+    """The guard (an interceptor) ends a forbidden call with PERMISSION_DENIED and no class name; the client raises
+    ``PermissionDeniedError``, its message the code and the server's reason. UNAUTHENTICATED has no class."""
+    why = "user 'bob' may not call /dledger.v1.Broker/CreateTopic: it needs admin"
+    denied = convert.error_from_status(grpc.StatusCode.PERMISSION_DENIED, why)
+    assert type(denied) is PermissionDeniedError and not denied.retriable
+    assert str(denied) == f"PERMISSION_DENIED: {why}"
+    unknown = convert.error_from_status(grpc.StatusCode.UNAUTHENTICATED, "unknown access key 'x'")
+    assert type(unknown) is DLedgerError and str(unknown) == "UNAUTHENTICATED: unknown access key 'x'"
     md = {convert.ERROR_CLASS_KEY: "NoSuchError"}
     assert type(convert.error_from_status(grpc.StatusCode.NOT_FOUND, "x", md)) is NotFoundError

@@ -21,6 +21,7 @@ from rocketmq.grpc_protocol import Code, MessagingServiceStub, definition_pb2, s
 from broker_adapter.client import BrokerConnection
 from broker_adapter.client import Consumer as OurConsumer
 from broker_adapter.client import Producer as OurProducer
+from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger import group as grp
 from dledger.errors import PermissionDeniedError
 from dledger.security import auth, certs, tls
@@ -150,7 +151,7 @@ def test_wrong_secret_missing_header_stale_date_and_another_users_topic_are_refu
     bob = _as(g, BOB, BOB_SK)
     with (
         BrokerConnection(g.addresses, security=bob, timeout_s=3, retry_for_s=1) as c,
-        pytest.raises(Exception, match=r"PERMISSION_DENIED.*admin"),
+        pytest.raises(PermissionDeniedError, match=r"^PERMISSION_DENIED: .*admin"),
     ):
         c.create_topic("bobs-own", 1)
     assert _offsets(g) == before
@@ -160,6 +161,31 @@ def test_wrong_secret_missing_header_stale_date_and_another_users_topic_are_refu
     for address in g.addresses:
         assert _raw_send(address, ca, "sec-b", client_id + auth.headers(BOB, BOB_SK)).code == Code.OK, address
     assert sum(_offsets(g)["sec-b"]) == sum(before["sec-b"]) + len(g.addresses)
+
+
+def test_a_call_the_guard_refuses_raises_permission_denied_error_with_the_nodes_message(secure):
+    """The guard (an interceptor) ends a forbidden call with PERMISSION_DENIED and no error class; our client maps
+    the code to ``PermissionDeniedError`` (dledger/transport/convert.py), its message the code, the node's address
+    and what the node said."""
+    g = secure
+    address = g.addresses[0]
+    ca = Path(g.security).parent / "tls" / "ca.pem"
+    request = broker_pb2.CreateTopicRequest(topic="bobs-own", queues=1)
+    with (
+        grpc.secure_channel(address, grpc.ssl_channel_credentials(ca.read_bytes())) as ch,
+        pytest.raises(grpc.RpcError) as raw,
+    ):
+        broker_pb2_grpc.BrokerStub(ch).CreateTopic(request, metadata=auth.headers(BOB, BOB_SK), timeout=10)
+    assert raw.value.code() == grpc.StatusCode.PERMISSION_DENIED, raw.value
+    said = raw.value.details()
+    assert said == "user 'bob' may not call /dledger.v1.Broker/CreateTopic: it needs admin", said
+    with (
+        BrokerConnection([address], security=_as(g, BOB, BOB_SK), timeout_s=3, retry_for_s=1) as c,
+        pytest.raises(PermissionDeniedError) as denied,
+    ):
+        c.create_topic("bobs-own", 1)
+    assert str(denied.value) == f"PERMISSION_DENIED: {address}: {said}"
+    assert not denied.value.retriable
 
 
 def test_a_producer_session_checks_each_batch_against_its_users_topics(secure):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dledger import group as grp
-from dledger.errors import DLedgerError
+from dledger.errors import DLedgerError, PermissionDeniedError
 from dledger.kv.client import AsyncKVClient
 from dledger.security import users
 from dledger.security.client import SecurityClient
@@ -54,12 +54,12 @@ def test_kv_permissions_and_a_forged_grant_in_a_key_changes_nobody(tmp_path):
                 async with AsyncKVClient(g.addresses, security=writer) as kv:
                     await kv.put(b"k", b"v")
                     await kv.put(key, value)
-                    with pytest.raises(DLedgerError, match="PERMISSION_DENIED"):
+                    with pytest.raises(PermissionDeniedError, match=r"^PERMISSION_DENIED: "):
                         await kv.get(b"k")
                 async with AsyncKVClient(g.addresses, security=reader) as kv:
                     assert (await kv.get(b"k")).value == b"v"
                     assert (await kv.get(key)).value == value  # the KV store applied it as a put
-                    with pytest.raises(DLedgerError, match="PERMISSION_DENIED"):
+                    with pytest.raises(PermissionDeniedError, match=r"^PERMISSION_DENIED: "):
                         await kv.put(b"k", b"w")
                 listed = await sc.call("ListUsers", {})
                 assert sorted(u["access_key"] for u in listed["users"]) == ["reader", "writer"]

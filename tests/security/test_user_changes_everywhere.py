@@ -100,7 +100,8 @@ def group(tmp_path_factory) -> Iterator[Group]:
 
 
 def _refused(fn, *args) -> str:
-    """The refusal ``fn`` raised (our clients raise a DLedgerError naming the gRPC code and reason)."""
+    """The refusal ``fn`` raised (our clients raise a DLedgerError naming the gRPC code and reason; for
+    PERMISSION_DENIED, its subclass PermissionDeniedError)."""
     with pytest.raises(DLedgerError) as e:
         fn(*args)
     return str(e.value)
