@@ -37,13 +37,12 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Final
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
 from rocketmq.grpc_protocol import (
     ClientType,
     Code,
@@ -58,23 +57,24 @@ from broker_adapter.core import message
 from broker_adapter.core.broker import Broker
 from broker_adapter.core.clock import now_ms
 from broker_adapter.core.groups import DEFAULT as DEFAULT_GROUP
-from broker_adapter.core.invisibility import Handled, Outcome
+from broker_adapter.core.invisibility import Handled
 from broker_adapter.core.model import UnknownTopicError, check_group
 from broker_adapter.core.transactions import Half
 from broker_adapter.rocketmq import cluster_routes, convert, route
 from broker_adapter.rocketmq.forward import Forwarder, client_id, forwarded
 from broker_adapter.rocketmq.recall import RecallHandle, RecallHandleError
-from broker_adapter.rocketmq.receipt import ReceiptHandle, ReceiptHandleError
+from broker_adapter.rocketmq.receiving import (
+    MAX_RECEIVE_BATCH,
+    Receives,
+    duration_ms,
+    handled_status,
+    polling_ms,
+)
 from broker_adapter.rocketmq.renewal import Renewals
 from broker_adapter.rocketmq.sending import HEADROOM, Sends
 from broker_adapter.rocketmq.status import RocketMQError, bad_request, from_dledger, of, status, unsupported
 from dledger.errors import DLedgerError, NotLeaderError, OutcomeUnknownError
 
-MAX_RECEIVE_BATCH: Final = 1024
-MIN_INVISIBLE_MS: Final = 1_000
-MAX_INVISIBLE_MS: Final = 12 * 3600 * 1000  # RocketMQ's upper bound
-DEFAULT_INVISIBLE_MS: Final = 60_000  # a push consumer asks for none (auto renew): RocketMQ's proxy default
-MAX_POLLING_MS: Final = 60_000
 DEFAULT_DEADLINE_S: Final = 10.0
 MAX_CLIENTS: Final = 10_000
 TELEMETRY_OUTBOX: Final = 1024  # commands waiting to go out on one Telemetry stream; more are dropped
@@ -88,10 +88,6 @@ SERVICE_NAME: Final = SERVICE.full_name
 # so acknowledging a delivery twice answers "already acknowledged" (``invisibility``). The official clients never
 # retry an ack, and an ack lost to a leader change is a redelivery (docs/rocketmq.md, "Consumption state").
 RETRIED_ON_LEADER_CHANGE: Final = frozenset({"AckMessage"})
-
-
-def duration_ms(d: Duration) -> int:
-    return d.seconds * 1000 + d.nanos // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +118,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             pops=lambda: broker.sm.pops,  # replaced when a snapshot loads: read it through the state machine
         )
         self._node.add_role_listener(self.renewals.role_changed)
+        self._receives = Receives(broker, self.renewals, self._deadline)
         # Producers' open Telemetry streams on this node, by client id: (their topics, the stream's outbox).
         self._producers: dict[str, tuple[frozenset[str], asyncio.Queue]] = {}
         broker.delivery.on_tx_check = self._check_transaction
@@ -369,137 +366,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     outbox.put_nowait(cmd)
                 return
 
-    # -- receive, ack, change invisible duration -----------------------------------------------------------
-    async def _receive(self, request, context) -> AsyncIterator[service_pb2.ReceiveMessageResponse]:
-        group = check_group(request.group.name)
-        self.renewals.touch(client_id(context))  # a long-polling client is alive: its messages stay renewed
-        topic, qid = self._queue(request.message_queue)
-        batch = request.batch_size
-        if not 1 <= batch <= MAX_RECEIVE_BATCH:
-            raise bad_request(f"batch_size must be in 1..{MAX_RECEIVE_BATCH}, got {batch}")
-        # no invisible duration: a PushConsumer's auto-renewed receive ([broker] auto_renew_invisible_ms)
-        invisible_ms = self.renewals.slice_ms if request.auto_renew else DEFAULT_INVISIBLE_MS
-        if request.HasField("invisible_duration"):
-            invisible_ms = duration_ms(request.invisible_duration)
-            if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
-                raise bad_request(
-                    f"invisible_duration must be {MIN_INVISIBLE_MS} ms to {MAX_INVISIBLE_MS} ms, got {invisible_ms} ms",
-                    Code.ILLEGAL_INVISIBLE_TIME,
-                )
-        poll_ms = duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else 0
-        poll_ms = _polling_ms(poll_ms)
-        got = await self._broker.pops.receive(
-            group,
-            topic,
-            qid,
-            convert.check_filter(request.filter_expression),
-            batch,
-            invisible_ms,
-            poll_ms,
-            self._deadline(context, margin_s=0.3),
-            renew=client_id(context) if request.auto_renew else "",
-        )
-        if not got:
-            yield service_pb2.ReceiveMessageResponse(
-                status=status(Code.MESSAGE_NOT_FOUND, "no message to receive")
-            )
-            return
-        qid, popped, msgs = got
-        if request.auto_renew:
-            self.renewals.received(group, topic, popped, client_id(context))
-        yield service_pb2.ReceiveMessageResponse(status=status())
-        # As RocketMQ's proxy does: the clients time delivery latency from it (the PushConsumer fails every
-        # received batch without it).
-        yield service_pb2.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(now_ms()))
-        handle = ReceiptHandle(group, topic, qid, 0, 0, popped.deadline_ms).encoder()
-        response = service_pb2.ReceiveMessageResponse
-        for d in popped.deliveries:
-            r = response()  # the message is built in place: no copy of it (and its body) into the response
-            convert.incoming(
-                msgs[d.offset],
-                receipt_handle=handle(d.offset, d.epoch),
-                attempt=d.attempt,
-                invisible_ms=invisible_ms,
-                out=r.message,
-            )
-            yield r
-
-    def _handle(self, text: str, group: str, topic: str) -> ReceiptHandle:
-        try:
-            h = ReceiptHandle.decode(text)
-        except ReceiptHandleError as e:
-            raise bad_request(str(e), Code.INVALID_RECEIPT_HANDLE) from None
-        if (h.group, h.topic) != (group, topic):
-            raise bad_request(
-                f"the receipt handle is for group {h.group!r} and topic {h.topic!r}, not {group!r} and {topic!r}",
-                Code.INVALID_RECEIPT_HANDLE,
-            )
-        return h
-
-    async def _ack(self, request, context) -> service_pb2.AckMessageResponse:
-        group = check_group(request.group.name)
-        topic = request.topic.name
-        self._broker.queues(topic)
-        entries = request.entries
-        if len(entries) == 1:  # the official clients ack one message per call: no per-entry lists
-            e = entries[0]
-            try:
-                h = self._handle(e.receipt_handle, group, topic)
-            except RocketMQError as err:
-                st = of(err)
-            else:
-                renewals = self.renewals
-                epoch = renewals.epoch(group, topic, h.queue_id, h.offset, h.epoch)
-                (r,) = await self._broker.pops.ack(group, topic, ((h.queue_id, h.offset, epoch),))
-                renewals.done(group, topic, h.queue_id, h.offset)
-                st = _handled_status(r, "acknowledge")
-            resp = service_pb2.AckMessageResponse(status=st)
-            resp.entries.add(message_id=e.message_id, receipt_handle=e.receipt_handle, status=st)
-            return resp
-        if not 1 <= len(entries) <= MAX_RECEIVE_BATCH:
-            raise bad_request(f"an AckMessageRequest carries 1..{MAX_RECEIVE_BATCH} entries")
-        statuses: list[definition_pb2.Status | None] = []
-        acks: list[tuple[int, tuple[int, int, int]]] = []
-        for i, e in enumerate(request.entries):
-            try:
-                h = self._handle(e.receipt_handle, group, topic)
-            except RocketMQError as err:
-                statuses.append(of(err))
-                continue
-            statuses.append(None)
-            epoch = self.renewals.epoch(group, topic, h.queue_id, h.offset, h.epoch)
-            acks.append((i, (h.queue_id, h.offset, epoch)))
-        if acks:
-            done = await self._broker.pops.ack(group, topic, [a for _, a in acks])
-            for _, (q, o, _e) in acks:
-                self.renewals.done(group, topic, q, o)
-            for (i, _), r in zip(acks, done, strict=True):
-                statuses[i] = _handled_status(r, "acknowledge")
-        resp = service_pb2.AckMessageResponse(status=_overall(statuses))
-        for e, st in zip(request.entries, statuses, strict=True):
-            resp.entries.add(message_id=e.message_id, receipt_handle=e.receipt_handle, status=st)
-        return resp
-
-    async def _change(self, request, context) -> service_pb2.ChangeInvisibleDurationResponse:
-        group = check_group(request.group.name)
-        topic = request.topic.name
-        self._broker.queues(topic)
-        h = self._handle(request.receipt_handle, group, topic)
-        invisible_ms = duration_ms(request.invisible_duration)
-        if not 0 <= invisible_ms <= MAX_INVISIBLE_MS:
-            raise bad_request(
-                f"invisible_duration must be 0..{MAX_INVISIBLE_MS} ms, got {invisible_ms} ms",
-                Code.ILLEGAL_INVISIBLE_TIME,
-            )
-        epoch = self.renewals.epoch(group, topic, h.queue_id, h.offset, h.epoch)
-        self.renewals.done(group, topic, h.queue_id, h.offset)  # the client decides from now on
-        r = await self._broker.pops.change_invisible(group, topic, h.queue_id, h.offset, epoch, invisible_ms)
-        st = _handled_status(r, "change the invisible duration of")
-        if st.code != Code.OK:
-            return service_pb2.ChangeInvisibleDurationResponse(status=st)
-        new = ReceiptHandle(group, topic, h.queue_id, h.offset, r.epoch, r.deadline_ms)
-        return service_pb2.ChangeInvisibleDurationResponse(status=st, receipt_handle=new.encode())
-
     # -- offsets -------------------------------------------------------------------------------------------
     async def _pull(self, request, context) -> AsyncIterator[service_pb2.PullMessageResponse]:
         check_group(request.group.name)
@@ -507,7 +373,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         batch = request.batch_size
         if not 1 <= batch <= MAX_RECEIVE_BATCH:
             raise bad_request(f"batch_size must be in 1..{MAX_RECEIVE_BATCH}, got {batch}")
-        poll_ms = _polling_ms(duration_ms(request.long_polling_timeout))
+        poll_ms = polling_ms(duration_ms(request.long_polling_timeout))
         found, next_offset = await self._broker.pull_selected(
             topic,
             qid,
@@ -579,9 +445,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         group = check_group(request.group.name)
         topic = request.topic.name
         self._broker.queues(topic)
-        h = self._handle(request.receipt_handle, group, topic)
+        h = self._receives.handle(request.receipt_handle, group, topic)
         r = await self._broker.pops.forward_dead(group, topic, h.queue_id, h.offset, h.epoch)
-        st = _handled_status(
+        st = handled_status(
             Handled(group, topic, h.queue_id, h.offset, r), "forward to the dead-letter queue"
         )
         return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=st)
@@ -616,8 +482,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 # the MessagingService, with the servicer attribute that serves it on the leader.
 LEADER_UNARY: Final = {
     "SendMessage": "_sends.send",
-    "AckMessage": "_ack",
-    "ChangeInvisibleDuration": "_change",
+    "AckMessage": "_receives.ack",
+    "ChangeInvisibleDuration": "_receives.change",
     "UpdateOffset": "_update_offset",
     "GetOffset": "_get_offset",
     "QueryOffset": "_query_offset",
@@ -625,7 +491,7 @@ LEADER_UNARY: Final = {
     "ForwardMessageToDeadLetterQueue": "_forward_dead",
     "RecallMessage": "_recall",
 }
-LEADER_STREAMS: Final = {"ReceiveMessage": "_receive", "PullMessage": "_pull"}
+LEADER_STREAMS: Final = {"ReceiveMessage": "_receives.receive", "PullMessage": "_pull"}
 
 
 def _response_class(method: str) -> type:
@@ -668,44 +534,3 @@ def _lost_leadership(response: type) -> Callable[[bytes], bool]:
         return parse(answer).status.code in (Code.HA_NOT_AVAILABLE, Code.PROXY_TIMEOUT)
 
     return lost
-
-
-def _polling_ms(poll_ms: int) -> int:
-    if not 0 <= poll_ms <= MAX_POLLING_MS:
-        raise bad_request(
-            f"long_polling_timeout must be 0..{MAX_POLLING_MS} ms, got {poll_ms} ms",
-            Code.ILLEGAL_POLLING_TIME,
-        )
-    return poll_ms
-
-
-def _handled_status(r: Any, verb: str) -> definition_pb2.Status:
-    """The status of one applied Ack / ChangeInvisible."""
-    if isinstance(r, Handled):
-        if r.outcome is Outcome.DONE:
-            return status()
-        if r.outcome is Outcome.ALREADY:
-            if verb == "acknowledge":
-                return status(message="already acknowledged")
-            return status(Code.INVALID_RECEIPT_HANDLE, "the message was already acknowledged")
-        if r.outcome is Outcome.REDELIVERED:
-            return status(
-                Code.INVALID_RECEIPT_HANDLE,
-                f"cannot {verb} this delivery: its invisible time ran out and the message was delivered again "
-                "(use the newer receipt handle)",
-            )
-        return status(Code.INVALID_RECEIPT_HANDLE, f"cannot {verb} a message the group never received")
-    if isinstance(r, DLedgerError):
-        return of(from_dledger(r))
-    return status(Code.INVALID_RECEIPT_HANDLE, str(r))
-
-
-def _overall(statuses: Sequence[definition_pb2.Status | None]) -> definition_pb2.Status:
-    if len(statuses) == 1 and statuses[0] is not None:  # the official clients ack one message per call
-        return statuses[0]
-    codes = {s.code for s in statuses if s is not None}
-    if codes == {Code.OK}:
-        return status()
-    if len(codes) == 1:
-        return next(s for s in statuses if s is not None)
-    return status(Code.MULTIPLE_RESULTS, "entries have different results")
