@@ -76,13 +76,11 @@ class Sender:
             self._applied_event = None
             ev.set()
 
-    async def wait_applied(
-        self, index: int, deadline: float, applied: Callable[[], int] | None = None
-    ) -> None:
-        """Until ``applied()`` (default: the dispatcher's applied index) reaches ``index``."""
+    async def wait_applied(self, index: int, deadline: float) -> None:
+        """Until the dispatcher's applied index reaches ``index``."""
         loop = asyncio.get_running_loop()
         sm = self._sm
-        while (applied() if applied is not None else sm.applied_index) < index:
+        while sm.applied_index < index:
             left = deadline - loop.time()
             if left <= 0:
                 raise OutcomeUnknownError(f"entry {index} was not applied in time; retry")
@@ -95,12 +93,13 @@ class Sender:
     async def settled(self, timeout_s: float = 10.0) -> None:
         """Until this node applied everything in its log now (every copy it appended is reflected in state). The
         node's applied index, not the dispatcher's: an entry of another state machine (a secure group's user
-        commands) never reaches the dispatcher, and a log ending with one would otherwise never be settled."""
-        loop = asyncio.get_running_loop()
-        node = self._node
-        await self.wait_applied(
-            node.log_store.last_index, loop.time() + timeout_s, lambda: node.metadata().applied_index
-        )
+        commands) never reaches the dispatcher, and a log ending with one would otherwise never be settled. The
+        node wakes the wait when it applies that far (``NodeHandle.wait_applied``): no polling."""
+        index = self._node.log_store.last_index
+        try:
+            await asyncio.wait_for(self._node.wait_applied(index), timeout_s)
+        except TimeoutError:
+            raise OutcomeUnknownError(f"entry {index} was not applied in time; retry") from None
 
     # -- send ----------------------------------------------------------------------------------------------
     async def check(self, topic: str, msgs: Sequence[Outgoing], system: bool = False) -> None:

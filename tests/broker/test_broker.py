@@ -56,6 +56,7 @@ class FakeNode:
         self.proposals: list[tuple[str, int]] = []  # ("append" | "submit", entries) per call, as they arrive
         self.unapplied: list[CommittedEntry] = []
         self.listeners: list = []
+        self.applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def is_leader(self) -> bool:
         return self.leader_id == self.id
@@ -95,7 +96,23 @@ class FakeNode:
 
     def apply_pending(self) -> dict[int, object]:
         entries, self.unapplied = self.unapplied, []
-        return {e.index: r for e, r in zip(entries, self.sm.apply(entries), strict=True)} if entries else {}
+        results = (
+            {e.index: r for e, r in zip(entries, self.sm.apply(entries), strict=True)} if entries else {}
+        )
+        waiting, self.applied_waiters = self.applied_waiters, []
+        for index, fut in waiting:
+            if index > self.sm.applied_index:
+                self.applied_waiters.append((index, fut))
+            elif not fut.done():
+                fut.set_result(None)
+        return results
+
+    async def wait_applied(self, index: int) -> None:
+        if self.sm.applied_index >= index:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.applied_waiters.append((index, fut))
+        await fut
 
     async def append(self, bodies, prepare=None) -> AppendedRun:
         self.proposals.append(("append", len(bodies)))
