@@ -24,6 +24,7 @@ last delivery that raced the move (the message was then both processed and dead-
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import shutil
@@ -530,11 +531,17 @@ class BrokerStateMachine:
 
     # -- snapshots: topics and offsets; ConsumeQueue files are derived from the log and kept on disk ----------
     def save_snapshot(self, writer: BinaryIO) -> None:
+        self.capture_snapshot()(writer)
+
+    def capture_snapshot(self) -> Callable[[BinaryIO], None]:
+        """The state as of now, and the function that writes it: called by the runtime on the event loop, which
+        runs the function on the snapshot thread (dledger/runtime/snapshots.py). What grows with the number of
+        queues and consumer groups (offsets, next offsets, topics) is copied here at C speed and sorted and
+        serialized there, so a node with 80,000 queues does not hold its loop for the JSON (docs/broker.md,
+        "Many topics, a long log"); what may change in place under the thread is turned into fresh rows here."""
         self.flush()
-        state = {
-            "topics": self.topics,
-            "offsets": [[g, t, q, o] for (g, t, q), o in sorted(self.offsets.items())],
-            "queues": [[t, q, n] for (t, q), n in sorted(self.next_offsets.items())],
+        offsets, queues, topics = dict(self.offsets), dict(self.next_offsets), dict(self.topics)
+        rows = {
             "producers": [
                 [pid, st.last_seq, [[seq, *_dispatched_row(st.recent[seq])] for seq in st.order]]
                 for pid, st in sorted(self.producers.items())
@@ -546,10 +553,20 @@ class BrokerStateMachine:
             "timer": self.timer.to_json(),
             "halves": self.halves.to_json(),
             "repeats": self.repeats,
-            "deleted_topics": self.deleted_topics,
-            "config": self.config,
+            "deleted_topics": dict(self.deleted_topics),
+            "config": copy.deepcopy(self.config),
         }
-        writer.write(json.dumps(state, sort_keys=True).encode())
+
+        def write(writer: BinaryIO) -> None:
+            state = {
+                **rows,
+                "topics": topics,
+                "offsets": [[g, t, q, o] for (g, t, q), o in sorted(offsets.items())],
+                "queues": [[t, q, n] for (t, q), n in sorted(queues.items())],
+            }
+            writer.write(json.dumps(state, sort_keys=True).encode())
+
+        return write
 
     def load_snapshot(self, reader: BinaryIO) -> None:
         state = json.loads(reader.read())

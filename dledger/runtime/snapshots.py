@@ -14,6 +14,7 @@ import io
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import BinaryIO
 
 from dledger.core.membership import ConfCheckpoint, Configuration
 from dledger.core.messages import InstallSnapshot, SnapshotMeta
@@ -247,7 +248,9 @@ class Snapshots:
         loop only ever applies between awaits); the file is written and fsynced on the snapshot thread and the
         log compacted on the I/O thread, so the loop keeps serving meanwhile. A machine with a
         ``prepare_snapshot()`` (called on the loop just before ``save_snapshot``) returns the work that makes
-        durable what its state points at; it runs on the snapshot thread before the file is written."""
+        durable what its state points at; it runs on the snapshot thread before the file is written. A machine
+        with a ``capture_snapshot()`` (called on the loop instead of ``save_snapshot``) returns the function that
+        writes the state it captured, run on the snapshot thread: its serialization leaves the loop too."""
         if self._apply is None:
             raise InvalidRequestError(f"node {self.id} runs no state machine: there is nothing to snapshot")
         if self._closing():
@@ -267,9 +270,21 @@ class Snapshots:
                 self._machine, "prepare_snapshot", None
             )
             durable = prepare() if prepare is not None else None
-            buf = io.BytesIO()
-            self._machine.save_snapshot(buf)
-            data = buf.getbuffer()
+            # Optional: the state captured here and serialized on the snapshot thread (``capture_snapshot()``
+            # returns the writer); otherwise ``save_snapshot`` writes it here, on the loop.
+            capture: Callable[[], Callable[[BinaryIO], None]] | None = getattr(
+                self._machine, "capture_snapshot", None
+            )
+            if capture is not None:
+                write_state = capture()
+            else:
+                buf = io.BytesIO()
+                self._machine.save_snapshot(buf)
+                data = buf.getbuffer()
+
+                def write_state(f: BinaryIO) -> None:
+                    f.write(data)
+
             self.stats["snapshot_serialize_us"] += int((time.perf_counter() - t0) * 1e6)
             if durable is not None:
                 await loop.run_in_executor(self._thread, durable)
@@ -281,7 +296,7 @@ class Snapshots:
                 header.chain_crc,
                 header.end,
                 self._machine.name,
-                lambda f: f.write(data),
+                write_state,
             )
             self._last_index = index
             self._last_bytes = applied_bytes
