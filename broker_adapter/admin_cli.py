@@ -201,8 +201,7 @@ def group_describe(
     as_json: JsonOpt = False,
 ) -> None:
     """Per queue: committed offset, max offset, lag, in flight; members: a cluster's from the name servers
-    (its consumers heartbeat there), a group's RocketMQ 5 consumers connected to its leader (our own Consumer
-    registers nowhere)."""
+    (its consumers heartbeat there), a group's consumers that pull from or heartbeat to its leader."""
     targets = _targets(dir, addresses, nameservers, topic or "")
     described = _each(targets, lambda a: a.describe_group(group, topic))
     rows = [

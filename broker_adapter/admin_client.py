@@ -194,8 +194,8 @@ class BrokerAdmin(BrokerConnection):
         ]
 
     def group_members(self, group: str) -> list[str]:
-        """The group's RocketMQ 5 consumers connected to the leader (client ids); our own consumers register
-        nowhere (a cluster's members: ``NameServerClient.consumers``)."""
+        """The group's consumers as the leader sees them (client ids): our own that pulled for the group and
+        RocketMQ 5 consumers that heartbeat, within 30 s (a cluster's members: ``NameServerClient.consumers``)."""
         return self.describe(group)[0]
 
     def delete_group(self, group: str) -> None:

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -79,8 +82,10 @@ def _pulled(r: broker_pb2.PullResponse) -> list[PulledMessage]:
 
 
 def _pull_request(
-    topic, queue_id, offset, max_messages, wait_ms, allow_follower, sql_filter=None
+    topic, queue_id, offset, max_messages, wait_ms, allow_follower, sql_filter=None, member=("", "")
 ) -> broker_pb2.PullRequest:
+    """``member``: (consumer group, client id) of a consumer's pull, so the group lists it among its members
+    (``broker_adapter/members.py``); empty for an anonymous read."""
     return broker_pb2.PullRequest(
         topic=topic,
         queue_id=queue_id,
@@ -90,7 +95,15 @@ def _pull_request(
         allow_follower=allow_follower,
         raw=True,
         filter=sql_filter or "",
+        consumer_group=member[0],
+        client_id=member[1],
     )
+
+
+def consumer_client_id() -> str:
+    """A consumer's id among its group's members: host, process and a per-instance suffix, as RocketMQ's
+    clients name themselves (``host@pid#...``)."""
+    return f"{socket.gethostname()}@{os.getpid()}#{uuid.uuid4().hex[:8]}"
 
 
 def _checked_filter(sql_filter: str | None) -> str | None:
@@ -291,10 +304,21 @@ class Consumer(BrokerConnection):
     """Pulls messages of a consumer group; committed offsets live in the replicated log. Thread-safe.
     ``sql_filter``: a SQL92 expression over properties and TAGS; only matching messages are pulled."""
 
-    def __init__(self, servers: Sequence[str], group: str, *, sql_filter: str | None = None, **kw):
+    def __init__(
+        self,
+        servers: Sequence[str],
+        group: str,
+        *,
+        sql_filter: str | None = None,
+        client_id: str | None = None,
+        **kw,
+    ):
+        """``client_id``: this consumer's name among the group's members, which the group lists while it pulls
+        (default ``consumer_client_id()``)."""
         super().__init__(servers, **kw)
         self.group = group
         self.sql_filter = _checked_filter(sql_filter)
+        self.client_id = client_id or consumer_client_id()
 
     def pull(
         self,
@@ -320,7 +344,16 @@ class Consumer(BrokerConnection):
         self, topic, queue_id, offset, max_messages, wait_ms=0, allow_follower=False, address=None
     ) -> tuple[list[PulledMessage], int]:
         """The pulled messages and the offset after those the server looked at (past filtered-out ones)."""
-        req = _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower, self.sql_filter)
+        req = _pull_request(
+            topic,
+            queue_id,
+            offset,
+            max_messages,
+            wait_ms,
+            allow_follower,
+            self.sql_filter,
+            (self.group, self.client_id),
+        )
         r = self.call("Pull", req, retry_unknown=True, address=address)
         return _pulled(r), r.next_offset
 
@@ -520,10 +553,19 @@ class AsyncProducer(AsyncBrokerConnection, Numbering):
 class AsyncConsumer(AsyncBrokerConnection):
     """``Consumer`` for asyncio."""
 
-    def __init__(self, servers: Sequence[str], group: str, *, sql_filter: str | None = None, **kw):
+    def __init__(
+        self,
+        servers: Sequence[str],
+        group: str,
+        *,
+        sql_filter: str | None = None,
+        client_id: str | None = None,
+        **kw,
+    ):
         super().__init__(servers, **kw)
         self.group = group
         self.sql_filter = _checked_filter(sql_filter)
+        self.client_id = client_id or consumer_client_id()
 
     async def pull(
         self,
@@ -541,7 +583,16 @@ class AsyncConsumer(AsyncBrokerConnection):
         self, topic, queue_id, offset, max_messages, wait_ms=0, allow_follower=False, address=None
     ) -> tuple[list[PulledMessage], int]:
         """As ``Consumer._pull``."""
-        req = _pull_request(topic, queue_id, offset, max_messages, wait_ms, allow_follower, self.sql_filter)
+        req = _pull_request(
+            topic,
+            queue_id,
+            offset,
+            max_messages,
+            wait_ms,
+            allow_follower,
+            self.sql_filter,
+            (self.group, self.client_id),
+        )
         r = await self.call("Pull", req, retry_unknown=True, address=address)
         return _pulled(r), r.next_offset
 

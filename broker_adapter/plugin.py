@@ -22,6 +22,7 @@ from broker_adapter.core.broker import Broker
 from broker_adapter.core.commands import is_message
 from broker_adapter.core.retention import Retention, RetentionPolicy
 from broker_adapter.core.statemachine import BrokerStateMachine
+from broker_adapter.members import MEMBER_TTL_S, PullingMembers
 from broker_adapter.nameserver.registrar import Registrar, node_credentials
 from broker_adapter.settings import SECTION, BrokerSettings
 from broker_adapter.v1 import admin_pb2_grpc, broker_pb2_grpc, nameserver_pb2
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MEMBER_TTL_S = 30.0  # a RocketMQ 5 client heartbeats every 10 s
 PRODUCER = 1  # apache.rocketmq.v2.ClientType.PRODUCER
 
 _SCAN_BYTES = 4 << 20
@@ -47,6 +47,7 @@ class BrokerPlugin:
         self.settings = BrokerSettings.of(config)  # a bad [broker] value stops the node here, named
         self.broker: Broker | None = None
         self.rocketmq: Any = None  # broker_adapter.rocketmq.servicer.MessagingServicer once attached
+        self.pulling = PullingMembers()  # our consumers, by the pulls they make for their groups
         self.allocator: QueueOffsetAllocator | None = None
         self.registrar: Registrar | None = (
             None  # with [broker] nameservers: this node's name-server heartbeat
@@ -95,15 +96,17 @@ class BrokerPlugin:
             )
 
     def _members(self, group: str) -> list[str]:
-        """The group's RocketMQ 5 consumers that heartbeat to this node lately (their client ids)."""
-        if self.rocketmq is None:
-            return []
-        now = time.monotonic()
-        return sorted(
-            cid
-            for cid, c in self.rocketmq.clients.items()
-            if c.group == group and c.client_type != PRODUCER and now - c.last_seen < MEMBER_TTL_S
-        )
+        """The group's members as this node sees them (their client ids): our consumers that pulled for it and
+        RocketMQ 5 consumers that heartbeat (every 10 s), both within ``MEMBER_TTL_S``."""
+        found = set(self.pulling.of(group))
+        if self.rocketmq is not None:
+            now = time.monotonic()
+            found.update(
+                cid
+                for cid, c in self.rocketmq.clients.items()
+                if c.group == group and c.client_type != PRODUCER and now - c.last_seen < MEMBER_TTL_S
+            )
+        return sorted(found)
 
     def _topics_changed(self) -> None:
         """A topic was created or deleted: tell the name servers now, not at the next heartbeat."""
@@ -146,7 +149,9 @@ class BrokerPlugin:
         self.broker.delivery.max_delay_ms = runtime_settings.effective(
             self.settings, self.state_machine.config
         ).max_delay_ms
-        broker_pb2_grpc.add_BrokerServicer_to_server(service.BrokerServicer(self.broker), server)
+        broker_pb2_grpc.add_BrokerServicer_to_server(
+            service.BrokerServicer(self.broker, self.pulling), server
+        )
         admin_pb2_grpc.add_BrokerAdminServicer_to_server(
             admin_service.AdminServicer(self.broker.admin, node, self._members), server
         )

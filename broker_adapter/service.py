@@ -18,6 +18,7 @@ from broker_adapter.core.groups import GroupSettings
 from broker_adapter.core.message import Message
 from broker_adapter.core.model import DELAY, NORMAL
 from broker_adapter.core.sqlfilter import FilterSyntaxError
+from broker_adapter.members import PullingMembers
 from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger.batch_stream import answer_each
 from dledger.errors import DLedgerError, InvalidRequestError, PermissionDeniedError
@@ -28,8 +29,9 @@ from dledger.v1 import client_pb2
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
-    def __init__(self, broker: Broker):
+    def __init__(self, broker: Broker, members: PullingMembers | None = None):
         self._broker = broker
+        self._members = members if members is not None else PullingMembers()  # who pulls for which group
 
     async def _abort(self, context: grpc.aio.ServicerContext, err: DLedgerError) -> None:
         await abort_rpc(context, err, self._broker.node.address_of)
@@ -116,6 +118,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return broker_pb2.LaterResponse(dead_lettered=dead, deliver_at_ms=due, attempt=attempt)
 
     async def Pull(self, request, context):
+        try:
+            self._members.pulled(request.consumer_group, request.client_id)
+        except DLedgerError as e:
+            await self._abort(context, e)
         if request.raw:
             return await self._pull_raw(request, context)
         try:

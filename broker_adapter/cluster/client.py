@@ -206,7 +206,10 @@ class ClusterConsumer:
         c = self._consumers.get(group)
         if c is None:
             c = self._consumers[group] = Consumer(
-                _addresses(self._route_of[group]), self.group, security=self.security
+                _addresses(self._route_of[group]),
+                self.group,
+                security=self.security,
+                client_id=self.client_id,  # one name for it in the name servers and in every group
             )
         return c
 

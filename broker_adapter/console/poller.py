@@ -371,8 +371,8 @@ class Poller:
         return rows
 
     def members_of(self, consumer_group: str) -> list[str]:
-        """The consumer group's members: RocketMQ 5 clients heartbeating to a group's leader, and a cluster's
-        consumers heartbeating to the name servers (our own ``Consumer`` registers nowhere: docs/console.md)."""
+        """The consumer group's members: our consumers pulling from a group's leader and RocketMQ 5 clients
+        heartbeating to it, and a cluster's consumers heartbeating to the name servers (docs/console.md)."""
         found = set(self.members.get(consumer_group, ()))
         for v in self.views.values():
             found.update(v.members.get(consumer_group, ()))

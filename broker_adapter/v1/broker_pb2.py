@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dledger.v1 import client_pb2 as dledger_dot_v1_dot_client__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x62roker_adapter/v1/broker.proto\x12\ndledger.v1\x1a\x17\x64ledger/v1/client.proto\"\xac\x02\n\x0fOutgoingMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0c\n\x04tags\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x0e\n\x06msg_id\x18\x05 \x01(\t\x12\x13\n\x0bproducer_id\x18\x06 \x01(\t\x12\x10\n\x08sequence\x18\x07 \x01(\x04\x12?\n\nproperties\x18\x08 \x03(\x0b\x32+.dledger.v1.OutgoingMessage.PropertiesEntry\x12\x16\n\x0e\x62orn_timestamp\x18\t \x01(\x03\x12\x1a\n\x12\x64\x65livery_timestamp\x18\n \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x0bSendRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.dledger.v1.OutgoingMessage\"\x80\x01\n\nSendResult\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x04 \x01(\x03\x12\x18\n\x10\x63ommitlog_offset\x18\x05 \x01(\x03\x12\x11\n\tduplicate\x18\x06 \x01(\x08\"7\n\x0cSendResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.dledger.v1.SendResult\"/\n\tSendBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x10\n\x08messages\x18\x02 \x03(\x0c\"\x91\x01\n\x0fSendBatchResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x15\n\rqueue_offsets\x18\x02 \x03(\x03\x12\x19\n\x11\x63ommitlog_offsets\x18\x03 \x03(\x03\x12\x12\n\nduplicates\x18\x04 \x03(\x08\x12&\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x17.dledger.v1.AppendError\"\x9e\x01\n\x0bPullRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x04 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x05 \x01(\x05\x12\x16\n\x0e\x61llow_follower\x18\x06 \x01(\x08\x12\x0b\n\x03raw\x18\x07 \x01(\x08\x12\x0e\n\x06\x66ilter\x18\x08 \x01(\t\"\xbd\x02\n\rStoredMessage\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x03 \x01(\x03\x12\x18\n\x10\x63ommitlog_offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12\x0c\n\x04tags\x18\x06 \x01(\t\x12\x0c\n\x04keys\x18\x07 \x03(\t\x12\x0e\n\x06msg_id\x18\x08 \x01(\t\x12=\n\nproperties\x18\t \x03(\x0b\x32).dledger.v1.StoredMessage.PropertiesEntry\x12\x16\n\x0e\x62orn_timestamp\x18\n \x01(\x03\x12\x17\n\x0fstore_timestamp\x18\x0b \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x84\x01\n\x0cPullResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.dledger.v1.StoredMessage\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x0b\n\x03raw\x18\x04 \x01(\x0c\x12\x11\n\traw_count\x18\x05 \x01(\x05\"3\n\x12\x43reateTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x01(\x05\"4\n\x13\x43reateTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x01(\x05\"+\n\x11ListTopicsRequest\x12\x16\n\x0e\x61llow_follower\x18\x01 \x01(\x08\"?\n\tTopicInfo\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x01(\x05\x12\x13\n\x0bmax_offsets\x18\x03 \x03(\x03\";\n\x12ListTopicsResponse\x12%\n\x06topics\x18\x01 \x03(\x0b\x32\x15.dledger.v1.TopicInfo\"U\n\x13\x43ommitOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"\x16\n\x14\x43ommitOffsetResponse\"\\\n\x12QueryOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x16\n\x0e\x61llow_follower\x18\x04 \x01(\x08\"4\n\x13QueryOffsetResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\"\xa5\x01\n\x14GroupSettingsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0c\n\x04\x66ifo\x18\x02 \x01(\x08\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x0f\n\x07\x62\x61\x63koff\x18\x04 \x01(\t\x12\x11\n\tlevels_ms\x18\x05 \x03(\x03\x12\x12\n\ninitial_ms\x18\x06 \x01(\x03\x12\x0e\n\x06max_ms\x18\x07 \x01(\x03\x12\x12\n\nmultiplier\x18\x08 \x01(\x01\".\n\x15GroupSettingsResponse\x12\x15\n\rsettings_json\x18\x01 \x01(\t\"T\n\x0cLaterRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x04 \x01(\x03\"N\n\rLaterResponse\x12\x15\n\rdead_lettered\x18\x01 \x01(\x08\x12\x15\n\rdeliver_at_ms\x18\x02 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\"\x0e\n\x0cRouteRequest\"w\n\rRouteResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x1c\n\x14max_commitlog_offset\x18\x05 \x01(\x03\x32\xd9\x05\n\x06\x42roker\x12\x39\n\x04Send\x12\x17.dledger.v1.SendRequest\x1a\x18.dledger.v1.SendResponse\x12\x44\n\nSendStream\x12\x15.dledger.v1.SendBatch\x1a\x1b.dledger.v1.SendBatchResult(\x01\x30\x01\x12\x39\n\x04Pull\x12\x17.dledger.v1.PullRequest\x1a\x18.dledger.v1.PullResponse\x12N\n\x0b\x43reateTopic\x12\x1e.dledger.v1.CreateTopicRequest\x1a\x1f.dledger.v1.CreateTopicResponse\x12K\n\nListTopics\x12\x1d.dledger.v1.ListTopicsRequest\x1a\x1e.dledger.v1.ListTopicsResponse\x12Q\n\x0c\x43ommitOffset\x12\x1f.dledger.v1.CommitOffsetRequest\x1a .dledger.v1.CommitOffsetResponse\x12N\n\x0bQueryOffset\x12\x1e.dledger.v1.QueryOffsetRequest\x1a\x1f.dledger.v1.QueryOffsetResponse\x12<\n\x05Route\x12\x18.dledger.v1.RouteRequest\x1a\x19.dledger.v1.RouteResponse\x12W\n\x10SetGroupSettings\x12 .dledger.v1.GroupSettingsRequest\x1a!.dledger.v1.GroupSettingsResponse\x12<\n\x05Later\x12\x18.dledger.v1.LaterRequest\x1a\x19.dledger.v1.LaterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x62roker_adapter/v1/broker.proto\x12\ndledger.v1\x1a\x17\x64ledger/v1/client.proto\"\xac\x02\n\x0fOutgoingMessage\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0c\n\x04tags\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x0e\n\x06msg_id\x18\x05 \x01(\t\x12\x13\n\x0bproducer_id\x18\x06 \x01(\t\x12\x10\n\x08sequence\x18\x07 \x01(\x04\x12?\n\nproperties\x18\x08 \x03(\x0b\x32+.dledger.v1.OutgoingMessage.PropertiesEntry\x12\x16\n\x0e\x62orn_timestamp\x18\t \x01(\x03\x12\x1a\n\x12\x64\x65livery_timestamp\x18\n \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\x0bSendRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.dledger.v1.OutgoingMessage\"\x80\x01\n\nSendResult\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x04 \x01(\x03\x12\x18\n\x10\x63ommitlog_offset\x18\x05 \x01(\x03\x12\x11\n\tduplicate\x18\x06 \x01(\x08\"7\n\x0cSendResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.dledger.v1.SendResult\"/\n\tSendBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x10\n\x08messages\x18\x02 \x03(\x0c\"\x91\x01\n\x0fSendBatchResult\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x15\n\rqueue_offsets\x18\x02 \x03(\x03\x12\x19\n\x11\x63ommitlog_offsets\x18\x03 \x03(\x03\x12\x12\n\nduplicates\x18\x04 \x03(\x08\x12&\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x17.dledger.v1.AppendError\"\xc9\x01\n\x0bPullRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x04 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x05 \x01(\x05\x12\x16\n\x0e\x61llow_follower\x18\x06 \x01(\x08\x12\x0b\n\x03raw\x18\x07 \x01(\x08\x12\x0e\n\x06\x66ilter\x18\x08 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\t \x01(\t\x12\x11\n\tclient_id\x18\n \x01(\t\"\xbd\x02\n\rStoredMessage\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x03 \x01(\x03\x12\x18\n\x10\x63ommitlog_offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12\x0c\n\x04tags\x18\x06 \x01(\t\x12\x0c\n\x04keys\x18\x07 \x03(\t\x12\x0e\n\x06msg_id\x18\x08 \x01(\t\x12=\n\nproperties\x18\t \x03(\x0b\x32).dledger.v1.StoredMessage.PropertiesEntry\x12\x16\n\x0e\x62orn_timestamp\x18\n \x01(\x03\x12\x17\n\x0fstore_timestamp\x18\x0b \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x84\x01\n\x0cPullResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.dledger.v1.StoredMessage\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x0b\n\x03raw\x18\x04 \x01(\x0c\x12\x11\n\traw_count\x18\x05 \x01(\x05\"3\n\x12\x43reateTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x01(\x05\"4\n\x13\x43reateTopicResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x01(\x05\"+\n\x11ListTopicsRequest\x12\x16\n\x0e\x61llow_follower\x18\x01 \x01(\x08\"?\n\tTopicInfo\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0e\n\x06queues\x18\x02 \x01(\x05\x12\x13\n\x0bmax_offsets\x18\x03 \x03(\x03\";\n\x12ListTopicsResponse\x12%\n\x06topics\x18\x01 \x03(\x0b\x32\x15.dledger.v1.TopicInfo\"U\n\x13\x43ommitOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"\x16\n\x14\x43ommitOffsetResponse\"\\\n\x12QueryOffsetRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x16\n\x0e\x61llow_follower\x18\x04 \x01(\x08\"4\n\x13QueryOffsetResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\"\xa5\x01\n\x14GroupSettingsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0c\n\x04\x66ifo\x18\x02 \x01(\x08\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x0f\n\x07\x62\x61\x63koff\x18\x04 \x01(\t\x12\x11\n\tlevels_ms\x18\x05 \x03(\x03\x12\x12\n\ninitial_ms\x18\x06 \x01(\x03\x12\x0e\n\x06max_ms\x18\x07 \x01(\x03\x12\x12\n\nmultiplier\x18\x08 \x01(\x01\".\n\x15GroupSettingsResponse\x12\x15\n\rsettings_json\x18\x01 \x01(\t\"T\n\x0cLaterRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x04 \x01(\x03\"N\n\rLaterResponse\x12\x15\n\rdead_lettered\x18\x01 \x01(\x08\x12\x15\n\rdeliver_at_ms\x18\x02 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\"\x0e\n\x0cRouteRequest\"w\n\rRouteResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x1c\n\x14max_commitlog_offset\x18\x05 \x01(\x03\x32\xd9\x05\n\x06\x42roker\x12\x39\n\x04Send\x12\x17.dledger.v1.SendRequest\x1a\x18.dledger.v1.SendResponse\x12\x44\n\nSendStream\x12\x15.dledger.v1.SendBatch\x1a\x1b.dledger.v1.SendBatchResult(\x01\x30\x01\x12\x39\n\x04Pull\x12\x17.dledger.v1.PullRequest\x1a\x18.dledger.v1.PullResponse\x12N\n\x0b\x43reateTopic\x12\x1e.dledger.v1.CreateTopicRequest\x1a\x1f.dledger.v1.CreateTopicResponse\x12K\n\nListTopics\x12\x1d.dledger.v1.ListTopicsRequest\x1a\x1e.dledger.v1.ListTopicsResponse\x12Q\n\x0c\x43ommitOffset\x12\x1f.dledger.v1.CommitOffsetRequest\x1a .dledger.v1.CommitOffsetResponse\x12N\n\x0bQueryOffset\x12\x1e.dledger.v1.QueryOffsetRequest\x1a\x1f.dledger.v1.QueryOffsetResponse\x12<\n\x05Route\x12\x18.dledger.v1.RouteRequest\x1a\x19.dledger.v1.RouteResponse\x12W\n\x10SetGroupSettings\x12 .dledger.v1.GroupSettingsRequest\x1a!.dledger.v1.GroupSettingsResponse\x12<\n\x05Later\x12\x18.dledger.v1.LaterRequest\x1a\x19.dledger.v1.LaterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -51,43 +51,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SENDBATCHRESULT']._serialized_start=689
   _globals['_SENDBATCHRESULT']._serialized_end=834
   _globals['_PULLREQUEST']._serialized_start=837
-  _globals['_PULLREQUEST']._serialized_end=995
-  _globals['_STOREDMESSAGE']._serialized_start=998
-  _globals['_STOREDMESSAGE']._serialized_end=1315
+  _globals['_PULLREQUEST']._serialized_end=1038
+  _globals['_STOREDMESSAGE']._serialized_start=1041
+  _globals['_STOREDMESSAGE']._serialized_end=1358
   _globals['_STOREDMESSAGE_PROPERTIESENTRY']._serialized_start=323
   _globals['_STOREDMESSAGE_PROPERTIESENTRY']._serialized_end=372
-  _globals['_PULLRESPONSE']._serialized_start=1318
-  _globals['_PULLRESPONSE']._serialized_end=1450
-  _globals['_CREATETOPICREQUEST']._serialized_start=1452
-  _globals['_CREATETOPICREQUEST']._serialized_end=1503
-  _globals['_CREATETOPICRESPONSE']._serialized_start=1505
-  _globals['_CREATETOPICRESPONSE']._serialized_end=1557
-  _globals['_LISTTOPICSREQUEST']._serialized_start=1559
-  _globals['_LISTTOPICSREQUEST']._serialized_end=1602
-  _globals['_TOPICINFO']._serialized_start=1604
-  _globals['_TOPICINFO']._serialized_end=1667
-  _globals['_LISTTOPICSRESPONSE']._serialized_start=1669
-  _globals['_LISTTOPICSRESPONSE']._serialized_end=1728
-  _globals['_COMMITOFFSETREQUEST']._serialized_start=1730
-  _globals['_COMMITOFFSETREQUEST']._serialized_end=1815
-  _globals['_COMMITOFFSETRESPONSE']._serialized_start=1817
-  _globals['_COMMITOFFSETRESPONSE']._serialized_end=1839
-  _globals['_QUERYOFFSETREQUEST']._serialized_start=1841
-  _globals['_QUERYOFFSETREQUEST']._serialized_end=1933
-  _globals['_QUERYOFFSETRESPONSE']._serialized_start=1935
-  _globals['_QUERYOFFSETRESPONSE']._serialized_end=1987
-  _globals['_GROUPSETTINGSREQUEST']._serialized_start=1990
-  _globals['_GROUPSETTINGSREQUEST']._serialized_end=2155
-  _globals['_GROUPSETTINGSRESPONSE']._serialized_start=2157
-  _globals['_GROUPSETTINGSRESPONSE']._serialized_end=2203
-  _globals['_LATERREQUEST']._serialized_start=2205
-  _globals['_LATERREQUEST']._serialized_end=2289
-  _globals['_LATERRESPONSE']._serialized_start=2291
-  _globals['_LATERRESPONSE']._serialized_end=2369
-  _globals['_ROUTEREQUEST']._serialized_start=2371
-  _globals['_ROUTEREQUEST']._serialized_end=2385
-  _globals['_ROUTERESPONSE']._serialized_start=2387
-  _globals['_ROUTERESPONSE']._serialized_end=2506
-  _globals['_BROKER']._serialized_start=2509
-  _globals['_BROKER']._serialized_end=3238
+  _globals['_PULLRESPONSE']._serialized_start=1361
+  _globals['_PULLRESPONSE']._serialized_end=1493
+  _globals['_CREATETOPICREQUEST']._serialized_start=1495
+  _globals['_CREATETOPICREQUEST']._serialized_end=1546
+  _globals['_CREATETOPICRESPONSE']._serialized_start=1548
+  _globals['_CREATETOPICRESPONSE']._serialized_end=1600
+  _globals['_LISTTOPICSREQUEST']._serialized_start=1602
+  _globals['_LISTTOPICSREQUEST']._serialized_end=1645
+  _globals['_TOPICINFO']._serialized_start=1647
+  _globals['_TOPICINFO']._serialized_end=1710
+  _globals['_LISTTOPICSRESPONSE']._serialized_start=1712
+  _globals['_LISTTOPICSRESPONSE']._serialized_end=1771
+  _globals['_COMMITOFFSETREQUEST']._serialized_start=1773
+  _globals['_COMMITOFFSETREQUEST']._serialized_end=1858
+  _globals['_COMMITOFFSETRESPONSE']._serialized_start=1860
+  _globals['_COMMITOFFSETRESPONSE']._serialized_end=1882
+  _globals['_QUERYOFFSETREQUEST']._serialized_start=1884
+  _globals['_QUERYOFFSETREQUEST']._serialized_end=1976
+  _globals['_QUERYOFFSETRESPONSE']._serialized_start=1978
+  _globals['_QUERYOFFSETRESPONSE']._serialized_end=2030
+  _globals['_GROUPSETTINGSREQUEST']._serialized_start=2033
+  _globals['_GROUPSETTINGSREQUEST']._serialized_end=2198
+  _globals['_GROUPSETTINGSRESPONSE']._serialized_start=2200
+  _globals['_GROUPSETTINGSRESPONSE']._serialized_end=2246
+  _globals['_LATERREQUEST']._serialized_start=2248
+  _globals['_LATERREQUEST']._serialized_end=2332
+  _globals['_LATERRESPONSE']._serialized_start=2334
+  _globals['_LATERRESPONSE']._serialized_end=2412
+  _globals['_ROUTEREQUEST']._serialized_start=2414
+  _globals['_ROUTEREQUEST']._serialized_end=2428
+  _globals['_ROUTERESPONSE']._serialized_start=2430
+  _globals['_ROUTERESPONSE']._serialized_end=2549
+  _globals['_BROKER']._serialized_start=2552
+  _globals['_BROKER']._serialized_end=3281
 # @@protoc_insertion_point(module_scope)

@@ -91,7 +91,7 @@ class SendBatchResult(_message.Message):
     def __init__(self, batch_id: _Optional[int] = ..., queue_offsets: _Optional[_Iterable[int]] = ..., commitlog_offsets: _Optional[_Iterable[int]] = ..., duplicates: _Optional[_Iterable[bool]] = ..., error: _Optional[_Union[_client_pb2.AppendError, _Mapping]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "allow_follower", "raw", "filter")
+    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "allow_follower", "raw", "filter", "consumer_group", "client_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,8 @@ class PullRequest(_message.Message):
     ALLOW_FOLLOWER_FIELD_NUMBER: _ClassVar[int]
     RAW_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     offset: int
@@ -108,7 +110,9 @@ class PullRequest(_message.Message):
     allow_follower: bool
     raw: bool
     filter: str
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., allow_follower: _Optional[bool] = ..., raw: _Optional[bool] = ..., filter: _Optional[str] = ...) -> None: ...
+    consumer_group: str
+    client_id: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., allow_follower: _Optional[bool] = ..., raw: _Optional[bool] = ..., filter: _Optional[str] = ..., consumer_group: _Optional[str] = ..., client_id: _Optional[str] = ...) -> None: ...
 
 class StoredMessage(_message.Message):
     __slots__ = ("topic", "queue_id", "queue_offset", "commitlog_offset", "body", "tags", "keys", "msg_id", "properties", "born_timestamp", "store_timestamp")

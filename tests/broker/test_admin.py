@@ -357,8 +357,10 @@ def test_run_time_settings_and_metrics(g):
     assert 'dledger_broker_group_committed{group="rater",topic="rates"} 2.0' in text
 
 
-def test_members_are_the_rocketmq_consumers_heartbeating_to_the_leader(g):
+def test_members_are_the_consumers_pulling_from_and_the_rocketmq_consumers_heartbeating_to_the_leader(g):
     from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+
+    from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 
     leader = grp.wait_for_leader(g)
     with grpc.insecure_channel(leader.address) as ch:
@@ -372,10 +374,27 @@ def test_members_are_the_rocketmq_consumers_heartbeating_to_the_leader(g):
                 metadata=[("x-mq-client-id", cid)],
                 timeout=5,
             )
-    with BrokerAdmin(g.addresses) as a:
+    create_topic(g, "member-topic", 1)
+    with Consumer(g.addresses, "members") as ours, BrokerAdmin(g.addresses) as a:
         a.set_group_settings("members", max_attempts=3)  # a group with state, so describe knows it
         assert a.group_members("members") == ["c-1"], "consumers only, producers are not members"
-    described = json.loads(
-        cli("consumer-group describe --group members --json --addresses", ",".join(g.addresses))
-    )
-    assert described["members"] == ["c-1"]
+        ours.pull("member-topic", 0, 0, wait_ms=10)  # our consumer names its group and itself on each pull
+        a.browse("member-topic", 0, 0, 1)  # an anonymous read: nobody's member
+        assert ours.client_id.startswith(f"{socket.gethostname()}@")
+        assert a.group_members("members") == sorted(["c-1", ours.client_id])
+        described = json.loads(
+            cli("consumer-group describe --group members --json --addresses", ",".join(g.addresses))
+        )
+        assert described["members"] == sorted(["c-1", ours.client_id])
+    with grpc.insecure_channel(leader.address) as ch:  # half a member, or a bad group: INVALID_ARGUMENT
+        pull = broker_pb2_grpc.BrokerStub(ch).Pull
+        for group, cid, why in (
+            ("members", "", "both its consumer_group and its client_id"),
+            ("bad group!", "x", "invalid consumer group"),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                pull(
+                    broker_pb2.PullRequest(topic="member-topic", consumer_group=group, client_id=cid),
+                    timeout=5,
+                )
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and why in refused.value.details()
