@@ -101,9 +101,16 @@ class NameServerSecurity:
                 pems.append(Path(path).read_bytes())
             except OSError as e:
                 raise ConfigError(f"name server {what} {path}: {e.strerror or e}") from None
+        secrets, admin, _ = self.read_users()
+        return pems[0], pems[1], pems[2], secrets, admin
+
+    def read_users(self) -> tuple[dict[str, str], str, dict[str, frozenset[str]]]:
+        """Every access key it accepts with its secret, the admin's access key, and the consumer groups each
+        user may join: from the admin file and the users file, read now (at start, and at each reload);
+        ConfigError naming a missing or bad file."""
         ak, sk = read_credentials(Path(self.admin))
         users = read_users(Path(self.users)) if self.users else {}
-        return pems[0], pems[1], pems[2], {**users, ak: sk}, ak
+        return {**users, ak: sk}, ak, self.consumer_groups()
 
     def consumer_groups(self) -> dict[str, frozenset[str]]:
         """access key -> consumer groups it may join, from the users file (the admin: every group)."""
@@ -201,10 +208,14 @@ class NameServerGuard(grpc.aio.ServerInterceptor):
         self.set_ca = (
             self._nodes.set_ca
         )  # a reload of the CA bundle (docs/security.md, "Rotating certificates")
-        self._secrets = dict(secrets)
-        self._admin = admin
         self._skew = skew_s
-        self._groups = dict(consumer_groups or {})
+        self.set_users(secrets, admin, consumer_groups or {})
+
+    def set_users(
+        self, secrets: Mapping[str, str], admin: str, consumer_groups: Mapping[str, frozenset[str]]
+    ) -> None:
+        """The users from the next call on (a reload read the files again: ``NameServerSecurity.read_users``)."""
+        self._secrets, self._admin, self._groups = dict(secrets), admin, dict(consumer_groups)
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)

@@ -16,6 +16,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -159,21 +160,38 @@ class NameServerServicer(pb_grpc.NameServerServicer):
         )
 
 
-def _reload_logged(listen: str, material: Reloadable) -> None:
-    """SIGHUP: reload the certificate, key and CA bundle; files that cannot serve are logged, nothing changes."""
+def _reloader(
+    security: NameServerSecurity, material: Reloadable, guard: NameServerGuard
+) -> Callable[[], dict[str, Any]]:
+    """A reload (SIGHUP, ``dledger cert reload``): the admin and users files read again and checked, then the
+    certificate, key and CA bundle; the guard takes the users only once both succeeded, so a bad file of
+    either kind changes nothing (ConfigError naming it)."""
+
+    def reload() -> dict[str, Any]:
+        secrets, admin, groups = security.read_users()
+        summary = material.reload()
+        guard.set_users(secrets, admin, groups)
+        log.info("name server: users reloaded: %d access keys", len(secrets))
+        return {**summary, "users": len(secrets)}
+
+    return reload
+
+
+def _reload_logged(listen: str, reload: Callable[[], dict[str, Any]]) -> None:
+    """SIGHUP: reload certificates and users; files that cannot serve are logged, nothing changes."""
     try:
-        material.reload()
+        reload()
     except ConfigError as e:
-        log.error("name server %s: SIGHUP: certificates not reloaded: %s", listen, e)
+        log.error("name server %s: SIGHUP: certificates and users not reloaded: %s", listen, e)
 
 
-def _reload_handler(material: Reloadable) -> grpc.GenericRpcHandler:
+def _reload_handler(reload_all: Callable[[], dict[str, Any]]) -> grpc.GenericRpcHandler:
     """``dledger.v1.Security/ReloadCertificates`` as a node serves it (``dledger cert reload``; the guard lets
     only the bootstrap admin call it): the answer is the reload's summary (JSON)."""
 
     async def reload(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
-            return json.dumps(material.reload()).encode()
+            return json.dumps(reload_all()).encode()
         except ConfigError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"name server: {e}")
             raise  # not reached: abort raises
@@ -196,6 +214,7 @@ async def serve(
     registry = registry or Registry()
     interceptors = []
     material: Reloadable | None = None
+    reload: Callable[[], dict[str, Any]] | None = None
     if security is not None:
         _cert, _key, _ca, secrets, admin = security.load()
         files = MaterialFiles(security.cert, security.key, security.ca, prefix="name server --")
@@ -205,10 +224,11 @@ async def serve(
         )
         material.on_reload(lambda m: guard.set_ca(m.ca_pem))
         interceptors.append(guard)
+        reload = _reloader(security, material, guard)
     server = grpc.aio.server(options=list(SERVER_OPTIONS), interceptors=interceptors)
     pb_grpc.add_NameServerServicer_to_server(NameServerServicer(registry), server)
-    if material is not None:
-        server.add_generic_rpc_handlers((_reload_handler(material),))
+    if material is not None and reload is not None:
+        server.add_generic_rpc_handlers((_reload_handler(reload),))
         port = server.add_secure_port(listen, material.server_credentials())
     else:
         port = server.add_insecure_port(listen)
@@ -221,9 +241,9 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread (tests)
             loop.add_signal_handler(sig, stop.set)
-    if material is not None:
+    if reload is not None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signal.SIGHUP, functools.partial(_reload_logged, listen, material))
+            loop.add_signal_handler(signal.SIGHUP, functools.partial(_reload_logged, listen, reload))
     if ready is not None:
         ready(port)
     try:

@@ -274,6 +274,23 @@ def test_a_name_server_reloads_on_sighup_and_from_the_cli(tmp_path):
         assert ok.returncode == 0 and ": reloaded:" in ok.stdout, ok.stdout + ok.stderr
         assert _register(address, d / f"{certs.NEXT_CA}.pem", pair) == grpc.StatusCode.OK
 
+        # The users file is read again by a reload: a user added is known from then on (a known non-admin is
+        # refused the reload itself, an unknown one is not even heard); a bad users file changes nothing.
+        users = tmp_path / "users.toml"
+        kept = users.read_text()
+        users.write_text(kept + '[[user]]\naccess_key = "late"\nsecret_key = "late-secret-22"\n')
+        unknown = cli_reload("late", "late-secret-22")
+        assert unknown.returncode == 1 and "unknown access key 'late'" in unknown.stdout + unknown.stderr
+        assert cli_reload().returncode == 0
+        known = cli_reload("late", "late-secret-22")
+        assert known.returncode == 1 and "may not call ReloadCertificates" in known.stdout + known.stderr
+        users.write_text('[[user]]\naccess_key = "late"\n')
+        bad = cli_reload()
+        assert bad.returncode == 1 and "users.toml" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+        known = cli_reload("late", "late-secret-22")  # the users it had
+        assert "may not call ReloadCertificates" in known.stdout + known.stderr
+        users.write_text(kept)
+
         # Files that cannot serve: refused naming the file, and the name server goes on with what it had.
         good_key = (d / "ns0.key").read_bytes()
         (d / "ns0.key").write_bytes(new_node.key_pem)
