@@ -106,6 +106,30 @@ def consumer_client_id() -> str:
     return f"{socket.gethostname()}@{os.getpid()}#{uuid.uuid4().hex[:8]}"
 
 
+class _GroupMember:
+    """What ``Consumer`` and ``AsyncConsumer`` share: their group, filter and name among the group's members."""
+
+    def _join(self, group: str, sql_filter: str | None, client_id: str | None) -> None:
+        self.group = group
+        self.sql_filter = _checked_filter(sql_filter)
+        self.client_id = client_id or consumer_client_id()
+
+    def _member_pull(
+        self, topic: str, queue_id: int, offset: int, max_messages: int, wait_ms: int, allow_follower: bool
+    ) -> broker_pb2.PullRequest:
+        """A pull that names this consumer, so the group lists it among its members while it pulls."""
+        return _pull_request(
+            topic,
+            queue_id,
+            offset,
+            max_messages,
+            wait_ms,
+            allow_follower,
+            self.sql_filter,
+            (self.group, self.client_id),
+        )
+
+
 def _checked_filter(sql_filter: str | None) -> str | None:
     """A consumer's SQL92 filter, parsed once here so a bad one fails at construction (``FilterSyntaxError``,
     a ValueError naming the position); the server parses and applies it (docs/broker.md, "Filters")."""
@@ -300,7 +324,7 @@ class Producer(BrokerConnection, Numbering):
         await self._aio_channels.close()
 
 
-class Consumer(BrokerConnection):
+class Consumer(BrokerConnection, _GroupMember):
     """Pulls messages of a consumer group; committed offsets live in the replicated log. Thread-safe.
     ``sql_filter``: a SQL92 expression over properties and TAGS; only matching messages are pulled."""
 
@@ -316,9 +340,7 @@ class Consumer(BrokerConnection):
         """``client_id``: this consumer's name among the group's members, which the group lists while it pulls
         (default ``consumer_client_id()``)."""
         super().__init__(servers, **kw)
-        self.group = group
-        self.sql_filter = _checked_filter(sql_filter)
-        self.client_id = client_id or consumer_client_id()
+        self._join(group, sql_filter, client_id)
 
     def pull(
         self,
@@ -344,16 +366,7 @@ class Consumer(BrokerConnection):
         self, topic, queue_id, offset, max_messages, wait_ms=0, allow_follower=False, address=None
     ) -> tuple[list[PulledMessage], int]:
         """The pulled messages and the offset after those the server looked at (past filtered-out ones)."""
-        req = _pull_request(
-            topic,
-            queue_id,
-            offset,
-            max_messages,
-            wait_ms,
-            allow_follower,
-            self.sql_filter,
-            (self.group, self.client_id),
-        )
+        req = self._member_pull(topic, queue_id, offset, max_messages, wait_ms, allow_follower)
         r = self.call("Pull", req, retry_unknown=True, address=address)
         return _pulled(r), r.next_offset
 
@@ -550,7 +563,7 @@ class AsyncProducer(AsyncBrokerConnection, Numbering):
         await AsyncBrokerConnection.close(self)
 
 
-class AsyncConsumer(AsyncBrokerConnection):
+class AsyncConsumer(AsyncBrokerConnection, _GroupMember):
     """``Consumer`` for asyncio."""
 
     def __init__(
@@ -563,9 +576,7 @@ class AsyncConsumer(AsyncBrokerConnection):
         **kw,
     ):
         super().__init__(servers, **kw)
-        self.group = group
-        self.sql_filter = _checked_filter(sql_filter)
-        self.client_id = client_id or consumer_client_id()
+        self._join(group, sql_filter, client_id)
 
     async def pull(
         self,
@@ -583,16 +594,7 @@ class AsyncConsumer(AsyncBrokerConnection):
         self, topic, queue_id, offset, max_messages, wait_ms=0, allow_follower=False, address=None
     ) -> tuple[list[PulledMessage], int]:
         """As ``Consumer._pull``."""
-        req = _pull_request(
-            topic,
-            queue_id,
-            offset,
-            max_messages,
-            wait_ms,
-            allow_follower,
-            self.sql_filter,
-            (self.group, self.client_id),
-        )
+        req = self._member_pull(topic, queue_id, offset, max_messages, wait_ms, allow_follower)
         r = await self.call("Pull", req, retry_unknown=True, address=address)
         return _pulled(r), r.next_offset
 
