@@ -285,6 +285,9 @@ def test_a_consumer_groups_offsets_reset_from_its_page_and_its_lag_updates(env: 
                 env.driver.find_element(By.ID, field).send_keys(text)
         return env.submit(env.driver.find_element(By.ID, "reset-submit"))
 
+    with Consumer(env.g.addresses, RESET_CG, security=env.admin) as member:  # its pulls make it a member
+        member.pull(TOPIC, 0, 0, 1)
+        eventually("the pulling consumer among the members", lambda: member.client_id in env.text("#members"))
     e = ends()
     eventually(
         "the committed offsets and lag",
