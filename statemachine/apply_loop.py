@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from statemachine.api import CommittedEntry, StateMachine
 from storage import codec
@@ -33,6 +33,13 @@ class Applied:
     term: int
     pos: int
     result: Any
+
+
+# Loop turns between the commit that wakes an idle apply loop and its apply (``ApplyLoop.run``): a commit resumes
+# the appends waiting for it, they resume their callers (a broker's group commit, its handlers), and those the
+# streams that answer them; applying after them sends those answers first. Measured (docs/send-budget.md): one
+# sequential broker send 7-8% sooner, 64 concurrent senders 10-12% more messages a second.
+REPLY_TURNS: Final = 3
 
 
 class ApplyLoop:
@@ -109,6 +116,8 @@ class ApplyLoop:
             if self.applied_index >= self.commit_index:
                 self._wakeup.clear()
                 await self._wakeup.wait()
+                for _ in range(REPLY_TURNS):  # the answers this commit resumed go out first
+                    await asyncio.sleep(0)
                 continue
             self.apply_available()
             await asyncio.sleep(0)
