@@ -324,11 +324,17 @@ def _route(
         physical_offset,
         size,
         None if tags is None else tags.decode(),
-        (pid.decode(), int(seq)) if pid and seq is not None and seq.isdigit() else None,
+        _producer(pid, seq),
         None if origin is None else origin.decode(),
         uniq,
         keys,
     )
+
+
+def _producer(pid: bytes | None, seq: bytes | None) -> tuple[str, int] | None:
+    """(PRODUCER_ID, PRODUCER_SEQ) from their raw values; a malformed sequence counts as absent (the message is
+    then not deduplicated, never rejected at dispatch)."""
+    return (pid.decode(), int(seq)) if pid and seq is not None and seq.isdigit() else None
 
 
 def peek_route(buf: Buffer) -> Route:
@@ -415,11 +421,10 @@ def peek_properties(buf: Buffer) -> dict[str, str]:
 
 
 def peek_producer(buf: Buffer) -> tuple[str, int] | None:
-    """(PRODUCER_ID, PRODUCER_SEQ) of an encoded message from an idempotent producer, else None.
-
-    Reads only the properties section; a malformed sequence is treated as absent (the message is then not
-    deduplicated, never rejected at dispatch)."""
-    return _producer(_properties_view(buf))
+    """(PRODUCER_ID, PRODUCER_SEQ) of an encoded message from an idempotent producer, else None: what its
+    ``Route.producer`` says (the same scan of the properties section)."""
+    found = _scan_properties(_properties_view(buf))
+    return _producer(found[2], found[3])
 
 
 def _properties_view(buf: Buffer) -> bytes:
@@ -430,18 +435,11 @@ def _properties_view(buf: Buffer) -> bytes:
     return bytes(buf[off + 2 : n])
 
 
-_PRODUCER_KEY: Final = (PROPERTY_PRODUCER_ID + NAME_VALUE_SEPARATOR).encode()
-_TAGS_KEY: Final = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
-_ORIGIN_KEY: Final = (PROPERTY_ORIGIN + NAME_VALUE_SEPARATOR).encode()
-_SEQUENCE_KEY: Final = (PROPERTY_SEQUENCE + NAME_VALUE_SEPARATOR).encode()
-_UNIQ_KEY: Final = (PROPERTY_UNIQ_KEY + NAME_VALUE_SEPARATOR).encode()
-_KEYS_KEY: Final = (PROPERTY_KEYS + NAME_VALUE_SEPARATOR).encode()
-
-
 def peek_id_and_keys(buf: Buffer) -> tuple[bytes | None, bytes | None]:
-    """The raw UNIQ_KEY and KEYS values of an encoded message (the key index's input), nothing decoded."""
-    raw = _properties_view(buf)
-    return property_bytes(raw, _UNIQ_KEY), property_bytes(raw, _KEYS_KEY)
+    """The raw UNIQ_KEY and KEYS values of an encoded message (the key index's input), nothing decoded: what its
+    ``Route.uniq`` and ``Route.keys`` say (the same scan), so the index's catch-up adds what dispatch adds."""
+    found = _scan_properties(_properties_view(buf))
+    return found[4], found[5]
 
 
 def property_bytes(raw: bytes, key: bytes) -> bytes | None:
@@ -454,13 +452,3 @@ def property_bytes(raw: bytes, key: bytes) -> bytes | None:
     start = at + len(key)
     end = raw.find(b"\x02", start)
     return raw[start : end if end >= 0 else len(raw)]
-
-
-def _producer(raw: bytes) -> tuple[str, int] | None:
-    pid = property_bytes(raw, _PRODUCER_KEY)
-    if not pid:
-        return None
-    seq = property_bytes(raw, _SEQUENCE_KEY)
-    if seq is None or not seq.isdigit():
-        return None
-    return pid.decode(), int(seq)
