@@ -221,46 +221,35 @@ class NameServerGuard(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         service, method = _method(details.method)
         md = tuple(details.invocation_metadata or ())
-        if handler is not None and (service, method) == RELOAD:
-            return self._admin_only(handler, method, md)
-        if handler is None or service != SERVICE:
-            return handler  # unknown methods: gRPC's UNIMPLEMENTED; the name server serves nothing else
-        if method in NODE_ONLY or (method in NODE_OR_CLIENT and any(k == tls.NODE for k, _ in md)):
-            try:
-                group, node = self._nodes.verify(md)
-            except tls.PeerIdentityError as e:
-                who = _who(md)
-                log.warning("name server: refused %s from %s: %s", method, who, e)
-                return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, f"unauthenticated: {e}")
-            if method in NODE_ONLY:
-                return _only_itself(handler, method, group, node)
-            return handler
-        if method not in NODE_OR_CLIENT and method not in CLIENT_ONLY:
-            why = f"{method} is not open to clients"
-            log.warning("name server: refused %s", why)
-            return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, why)
+        if handler is None:
+            return handler  # unknown methods: gRPC's UNIMPLEMENTED
+        reload = (service, method) == RELOAD
+        if not reload:
+            if service != SERVICE:
+                return handler  # the name server serves nothing else
+            if method in NODE_ONLY or (method in NODE_OR_CLIENT and any(k == tls.NODE for k, _ in md)):
+                try:
+                    group, node = self._nodes.verify(md)
+                except tls.PeerIdentityError as e:
+                    who = _who(md)
+                    log.warning("name server: refused %s from %s: %s", method, who, e)
+                    return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, f"unauthenticated: {e}")
+                if method in NODE_ONLY:
+                    return _only_itself(handler, method, group, node)
+                return handler
+            if method not in NODE_OR_CLIENT and method not in CLIENT_ONLY:
+                why = f"{method} is not open to clients"
+                log.warning("name server: refused %s", why)
+                return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, why)
         try:
             access_key = auth.verify(md, self._secrets.get, skew_s=self._skew)
         except auth.AuthenticationError as e:
             log.warning("name server: refused %s: %s", method, e)
             return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, f"unauthenticated: {e}")
-        if method == "ClusterInfo" and access_key != self._admin:
-            why = f"user {access_key!r} may not call ClusterInfo: it needs admin (the bootstrap admin)"
+        if (reload or method == "ClusterInfo") and access_key != self._admin:
+            why = f"user {access_key!r} may not call {method}: it needs admin (the bootstrap admin)"
             log.warning("name server: refused %s", why)
             return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, why)
         if method in CLIENT_ONLY and access_key != self._admin:
             return _in_group(handler, method, access_key, self._groups.get(access_key, frozenset()))
-        return handler
-
-    def _admin_only(self, handler: grpc.RpcMethodHandler, method: str, md: tuple) -> grpc.RpcMethodHandler:
-        """``ReloadCertificates``: the bootstrap admin's signed call only."""
-        try:
-            access_key = auth.verify(md, self._secrets.get, skew_s=self._skew)
-        except auth.AuthenticationError as e:
-            log.warning("name server: refused %s: %s", method, e)
-            return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, f"unauthenticated: {e}")
-        if access_key != self._admin:
-            why = f"user {access_key!r} may not call {method}: it needs admin (the bootstrap admin)"
-            log.warning("name server: refused %s", why)
-            return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, why)
         return handler
