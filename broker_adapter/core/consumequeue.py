@@ -144,6 +144,7 @@ class ConsumeQueue:
         "max_offset",
         "min_offset",
         "queue_id",
+        "rewrites",
         "topic",
     )
 
@@ -167,6 +168,9 @@ class ConsumeQueue:
         self._dirty: set[int] | None = None  # file starts written since the last flush
         self._appended = bytearray()  # units appended but not yet written, from queue offset _appended_at
         self._appended_at = 0
+        # Bumped whenever units below ``max_offset`` change (a hole filled, a truncation, files dropped or
+        # removed): a copy of units read earlier is stale once it moves (``BrokerStateMachine``'s replay).
+        self.rewrites = 0
         files_ = self._list()
         self.max_offset = self._recover(files_)
         self.min_offset = files_[0] // UNIT_SIZE if files_ else 0  # units below: their file was deleted
@@ -256,6 +260,7 @@ class ConsumeQueue:
             )
         byte = queue_offset * UNIT_SIZE
         start = byte - byte % self._file_size
+        self.rewrites += 1
         self.io.pwrite(self._fd(start), UNIT.pack(commitlog_offset, size, tags_code), byte - start)
         self._written(start)
 
@@ -279,6 +284,7 @@ class ConsumeQueue:
         if queue_offset >= self.max_offset:
             return 0
         removed = self.max_offset - queue_offset
+        self.rewrites += 1
         byte = queue_offset * UNIT_SIZE
         for start in self._list():
             if start > byte:
@@ -296,6 +302,7 @@ class ConsumeQueue:
         files = self._list()
         byte = queue_offset * UNIT_SIZE
         dropped = 0
+        self.rewrites += 1
         for start in files[:-1]:
             if start + self._file_size > byte:
                 break
@@ -328,34 +335,29 @@ class ConsumeQueue:
 
     def read(self, queue_offset: int, max_units: int) -> list[CQUnit]:
         """Up to ``max_units`` consecutive units from ``queue_offset`` (fewer at a file end or the queue end)."""
-        self.write_appended()
-        if queue_offset < 0:
-            raise IndexError(f"{self.topic}/{self.queue_id}: negative queue offset {queue_offset}")
-        n = min(max_units, self.max_offset - queue_offset)
-        if n <= 0 or queue_offset < self.min_offset:
-            return []
-        byte = queue_offset * UNIT_SIZE
-        start = byte - byte % self._file_size
-        n = min(n, (start + self._file_size - byte) // UNIT_SIZE)
-        raw = os.pread(self._fd(start), n * UNIT_SIZE, byte - start)
+        raw = self.raw_units(queue_offset, max_units)
         return [
             CQUnit(queue_offset + i, *UNIT.unpack_from(raw, i * UNIT_SIZE))
             for i in range(len(raw) // UNIT_SIZE)
         ]
 
-    def spans(self, queue_offset: int, max_units: int) -> tuple[list[int], list[int]]:
-        """``read`` for a pull: the (commitlog offsets, sizes) of up to ``max_units`` consecutive units, unpacked
-        with one call and no object per unit (fewer at a file end or the queue end)."""
+    def raw_units(self, queue_offset: int, max_units: int) -> bytes:
+        """``read`` as the units' bytes (``UNIT`` each), with one ``pread``."""
         self.write_appended()
         if queue_offset < 0:
             raise IndexError(f"{self.topic}/{self.queue_id}: negative queue offset {queue_offset}")
         n = min(max_units, self.max_offset - queue_offset)
         if n <= 0 or queue_offset < self.min_offset:
-            return [], []
+            return b""
         byte = queue_offset * UNIT_SIZE
         start = byte - byte % self._file_size
         n = min(n, (start + self._file_size - byte) // UNIT_SIZE)
-        raw = os.pread(self._fd(start), n * UNIT_SIZE, byte - start)
+        return os.pread(self._fd(start), n * UNIT_SIZE, byte - start)
+
+    def spans(self, queue_offset: int, max_units: int) -> tuple[list[int], list[int]]:
+        """``read`` for a pull: the (commitlog offsets, sizes) of up to ``max_units`` consecutive units, unpacked
+        with one call and no object per unit (fewer at a file end or the queue end)."""
+        raw = self.raw_units(queue_offset, max_units)
         n = len(raw) // UNIT_SIZE
         if n == 0:
             return [], []
@@ -372,6 +374,7 @@ class ConsumeQueue:
         """Delete the queue's files and directory (its topic was deleted): nothing appended is written."""
         self._appended = bytearray()
         self._dirty = None
+        self.rewrites += 1
         for start in self._list():
             self._files.close(self._path(start))
             self.io.unlink(self._path(start))

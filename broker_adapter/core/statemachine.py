@@ -30,14 +30,22 @@ import logging
 import shutil
 from array import array
 from bisect import bisect_left
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 from broker_adapter.core import commands, groups, message
-from broker_adapter.core.consumequeue import OPEN_FILES, UNITS_PER_FILE, ConsumeQueue, OpenFiles, holds
+from broker_adapter.core.consumequeue import (
+    OPEN_FILES,
+    UNIT,
+    UNIT_SIZE,
+    UNITS_PER_FILE,
+    ConsumeQueue,
+    OpenFiles,
+    holds,
+)
 from broker_adapter.core.invisibility import PopStates
 from broker_adapter.core.keyindex import KeyIndex
 from broker_adapter.core.timer import TimerIndex, Waiting
@@ -51,6 +59,11 @@ log = logging.getLogger(__name__)
 
 PRODUCER_WINDOW: Final = 4096  # results remembered per producer for answering retried sends
 POSITIONS_KEPT: Final = 1 << 17  # recent messages whose CommitLog offset -> index stays in memory (2-4 MiB)
+# A replay (a restart from a snapshot older than the queues) checks the units a queue already holds: read
+# REPLAY_UNITS of them at once instead of one ``pread`` per message, and keep the last REPLAY_READS such reads
+# (20 KiB each, 5 MiB at most).
+REPLAY_UNITS: Final = 1024
+REPLAY_READS: Final = 256
 
 
 class DispatchError(RuntimeError):
@@ -134,6 +147,8 @@ class BrokerStateMachine:
         self._unwritten: list[ConsumeQueue] = []  # queues with units appended in this apply, not yet written
         self._to_index: list[tuple[int, bytes | None, bytes | None]] = []  # this apply's (pos, id, keys)
         self._unsynced: list[str] = []  # ConsumeQueue files a failed snapshot sync did not make durable
+        # The units a replay read ahead, per queue: (first queue offset, the queue's ``rewrites`` then, bytes).
+        self._replayed: OrderedDict[ConsumeQueue, tuple[int, int, bytes]] = OrderedDict()
         self._on_dispatch = on_dispatch  # (topic, queue_id, next queue offset): wakes long-polling pulls
         # Administration (docs/broker.md, Administration): deleted topics (topic -> the deleting entry's index;
         # a send to one is refused until it is created again), run-time settings set through the log (JSON
@@ -280,17 +295,17 @@ class BrokerStateMachine:
                 self._unwritten.append(cq)
             cq.append(commitlog_offset, r.size, message.tags_code(r.tags))
         elif q < cq.max_offset:
-            unit = cq.get(q)
-            if unit.commitlog_offset > commitlog_offset:
+            held_offset, held_size = self._held_unit(cq, q)
+            if held_offset > commitlog_offset:
                 # A replay (a restart from an older snapshot) of a message of a topic deleted and created again
                 # since: the unit belongs to a later message of the new topic (positions grow in a queue). The
                 # deletion, replayed later, removes this queue and the new topic's messages are dispatched again.
                 self.next_offsets[key] = q + 1
                 return Dispatched(topic, queue_id, q, commitlog_offset, r.size)
-            if unit.commitlog_offset != commitlog_offset or unit.size != r.size:
+            if held_offset != commitlog_offset or held_size != r.size:
                 raise DispatchError(
-                    f"{topic}/{queue_id} offset {q}: ConsumeQueue points at {unit.commitlog_offset} "
-                    f"(size {unit.size}) but entry {e.index} puts the message at {commitlog_offset} (size {r.size})"
+                    f"{topic}/{queue_id} offset {q}: ConsumeQueue points at {held_offset} "
+                    f"(size {held_size}) but entry {e.index} puts the message at {commitlog_offset} (size {r.size})"
                 )
         else:
             raise DispatchError(
@@ -323,6 +338,26 @@ class BrokerStateMachine:
             if r.origin is not None:
                 self._origin(r.origin, r.topic)
         return d
+
+    def _held_unit(self, cq: ConsumeQueue, q: int) -> tuple[int, int]:
+        """(CommitLog offset, size) of the unit ``cq`` already holds at ``q`` (below its ``max_offset``), read
+        ahead ``REPLAY_UNITS`` at a time: a replay meets a queue's units in order."""
+        held = self._replayed.get(cq)
+        if held is not None:
+            first, rewrites, raw = held
+            at = (q - first) * UNIT_SIZE
+            if rewrites == cq.rewrites and 0 <= at < len(raw):
+                commitlog_offset, size, _ = UNIT.unpack_from(raw, at)
+                return commitlog_offset, size
+        raw = cq.raw_units(q, REPLAY_UNITS)
+        if not raw:
+            raise IndexError(f"{cq.topic}/{cq.queue_id}: queue offset {q} not in [0, {cq.max_offset})")
+        self._replayed[cq] = (q, cq.rewrites, raw)
+        self._replayed.move_to_end(cq)
+        if len(self._replayed) > REPLAY_READS:
+            self._replayed.popitem(last=False)
+        commitlog_offset, size, _ = UNIT.unpack_from(raw, 0)
+        return commitlog_offset, size
 
     def index_message(self, body: bytes | memoryview, pos: int) -> None:
         """Add a message at CommitLog offset ``pos`` to the key index (dispatch, and the index's catch-up)."""
@@ -634,6 +669,7 @@ class BrokerStateMachine:
             self.keyindex.close()
         self._files.close_all()
         self._queues.clear()
+        self._replayed.clear()
 
 
 def _dispatched_row(d: Dispatched) -> list[Any]:

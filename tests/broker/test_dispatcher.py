@@ -89,6 +89,42 @@ def test_replay_is_idempotent_and_conflicts_are_named(tmp_path):
     sm.close()
 
 
+def test_a_replay_reads_the_units_it_checks_ahead_and_still_names_a_conflict(tmp_path, monkeypatch):
+    from broker_adapter.core import statemachine
+
+    monkeypatch.setattr(statemachine, "REPLAY_UNITS", 8)  # blocks of 8 units: 50 messages span seven reads
+    sm = BrokerStateMachine(tmp_path / "cq")
+    log = Log()
+    entries = []
+    for q in range(50):
+        entries += log.entries([log.msg("t", q % 2, q // 2)])
+    sm.apply(entries)
+    sm.close()
+
+    sm = BrokerStateMachine(tmp_path / "cq")  # a restart without a snapshot: every unit is checked
+    reads = []
+    real = statemachine.ConsumeQueue.raw_units
+    monkeypatch.setattr(
+        statemachine.ConsumeQueue,
+        "raw_units",
+        lambda cq, q, n: reads.append((cq.queue_id, q)) or real(cq, q, n),
+    )
+    for i in range(0, 50, 5):  # in apply chunks, as the apply loop hands them
+        sm.apply(entries[i : i + 5])
+    assert sorted(reads) == [(qid, q) for qid in (0, 1) for q in (0, 8, 16, 24)]
+    assert sm.next_offset("t", 0) == sm.next_offset("t", 1) == 25
+    sm.close()
+
+    sm = BrokerStateMachine(tmp_path / "cq")
+    sm.apply(entries[:20])  # units 0-9 of each queue read ahead (0-7, then 8-15)
+    cq = sm.queue("t", 0)
+    cq.put(10, 1, 2, 3)  # a unit rewritten under what was read ahead: read again, and the conflict named
+    e = entries[20]
+    with pytest.raises(DispatchError, match="offset 10: ConsumeQueue points at 1 \\(size 2\\)"):
+        sm.apply([e])
+    sm.close()
+
+
 def test_snapshot_round_trip_truncate_beyond_and_repair(tmp_path):
     sm = BrokerStateMachine(tmp_path / "cq")
     log = Log()
