@@ -12,8 +12,10 @@ The files are derived data, like the ConsumeQueues, and never part of a snapshot
 says what is indexed: positions grow with the log, so a message at or below it is never indexed twice, and at
 start the node indexes what its log holds past it (all of it when the directory is missing). A file not closed
 cleanly (the process was killed) gets its slots rebuilt from its entries up to the header's count at open (an
-entry written after the last header write is dropped, and indexed again from the log). Nothing is synced but at
-``flush`` (before every snapshot), so a power loss may lose recent entries: delete the directory to rebuild it.
+entry written after the last header write is dropped, and indexed again from the log). Nothing is synced but
+before every snapshot (``take_unsynced``: the files written since, synced by the snapshot thread through
+descriptors of their own, which covers what the memory map wrote) or at ``flush``, so a power loss may lose recent
+entries: delete the directory to rebuild it.
 
 Hashes collide (64 bits) and entries outlive what they point at (a message deleted by retention, a message of
 a deleted topic): a query reads each candidate message and keeps those whose key or id matches and that their
@@ -140,11 +142,13 @@ class KeyIndex:
         self.last_pos: int = max((f.last_pos for f in self._files), default=-1)
         self._pending_pos = self.last_pos
         self.added = 0  # entries added since start
+        self._unsynced: set[_File] = set()  # files written since they were last synced
 
     def _writable(self, need: int = 1) -> _File:
         if not self._files or self._files[-1].count + need > self._files[-1].capacity:
             if self._files:
                 self._files[-1].write_header(clean=False)
+                self._unsynced.add(self._files[-1])
             n = int(self._files[-1].path.stem) + 1 if self._files else 0
             self._files.append(_File(self.dir / f"{n:08d}.idx", self._slots, self._capacity))
         return self._files[-1]
@@ -176,6 +180,7 @@ class KeyIndex:
             if not hashes:
                 continue
             if f.count + len(hashes) > f.capacity:  # this file is full: on to the next
+                self._unsynced.add(f)
                 f = self._writable(len(hashes))
             mm, base, mask, count = f.mm, f.base, f.mask, f.count
             for h in hashes:
@@ -196,13 +201,25 @@ class KeyIndex:
         if self._pending_pos == self.last_pos:
             return
         self.last_pos = self._pending_pos
-        self._writable().write_header(clean=False)
+        f = self._writable()
+        f.write_header(clean=False)
+        self._unsynced.add(f)
+
+    def take_unsynced(self) -> list[str]:
+        """Record what is indexed (``commit``) and hand over the files written since they were last synced: the
+        caller makes them durable (an ``fdatasync`` of each, off the event loop; ``ConsumeQueue.take_written``
+        is the same for the queues)."""
+        self.commit()
+        taken, self._unsynced = self._unsynced, set()
+        return [str(f.path) for f in taken]
 
     def flush(self) -> None:
-        """Make what is indexed durable (before a snapshot)."""
+        """Make what is indexed durable, on the calling thread."""
         self.commit()
-        for f in self._files[-1:]:
-            f.mm.flush()
+        taken, self._unsynced = self._unsynced, set()
+        for f in taken:
+            if f in self._files:  # not a file pruned since
+                f.mm.flush()
 
     def lookup(self, kind: str, value: str, limit: int) -> list[int]:
         """Positions of messages that may carry ``value`` as a key (``KEY``) or message id (``MSG_ID``),
@@ -221,6 +238,7 @@ class KeyIndex:
         gone = 0
         while len(self._files) > 1 and self._files[0].last_pos < pos:
             f = self._files.pop(0)
+            self._unsynced.discard(f)
             gone += f.count
             f.close(clean=True)
             f.path.unlink()

@@ -4,14 +4,16 @@ CommitLog position map."""
 import contextlib
 import errno
 import io
+import mmap
 import os
 from pathlib import Path
 
 import pytest
 
-from broker_adapter.core import commands
+from broker_adapter.core import commands, keyindex, message
 from broker_adapter.core import statemachine as dispatcher
 from broker_adapter.core.consumequeue import UNIT_SIZE, ConsumeQueue, OpenFiles, holds
+from broker_adapter.core.keyindex import KeyIndex
 from broker_adapter.core.statemachine import BrokerStateMachine
 from storage.fileio import FileIO
 from tests.broker.test_dispatcher import Log
@@ -163,6 +165,45 @@ def test_a_snapshot_syncs_only_the_queue_files_written_since_the_last_and_off_th
         str(tmp_path / "cq" / t / q / f"{2 * UNIT_SIZE:020d}") for t, q in (("t3", "1"), ("t5", "0"))
     )
     sm.close()
+
+
+def test_a_snapshot_syncs_the_key_index_off_the_loop_and_only_when_it_was_written(tmp_path, monkeypatch):
+    msyncs: list[int] = []
+
+    class CountedMap(mmap.mmap):
+        def flush(self, *args: int) -> None:
+            msyncs.append(1)
+            super().flush(*args)
+
+    monkeypatch.setattr(keyindex.mmap, "mmap", CountedMap)  # the index's files map through this
+    sm = BrokerStateMachine(tmp_path / "cq", index_dir=tmp_path / "idx")
+    io_ = sm._files.io = _CountedSyncs()
+    log = Log()
+
+    def keyed(q: int, key: str) -> bytes:
+        m = message.Message(topic="t", body=b"x", queue_id=0, properties={message.PROPERTY_KEYS: key})
+        raw = bytearray(message.encode(m))
+        message.patch_placement(raw, q, log.pos + 48)
+        return bytes(raw)
+
+    sm.apply(log.entries([keyed(0, "k1")]))
+    index_file = str(tmp_path / "idx" / "00000000.idx")
+    sync = sm.prepare_snapshot()  # on the loop: takes the queue's and the index's files, syncs nothing
+    assert io_.synced == [] and msyncs == []
+    sm.capture_snapshot()(io.BytesIO())  # nothing left to sync on the loop
+    assert io_.synced == [] and msyncs == []
+    sync()  # the snapshot thread
+    assert index_file in io_.synced
+    io_.synced.clear()
+    sm.prepare_snapshot()()  # nothing indexed since: the index is not synced again
+    assert index_file not in io_.synced
+    sm.apply(log.entries([keyed(1, "k2")]))
+    sm.prepare_snapshot()()
+    assert index_file in io_.synced and msyncs == []
+    sm.close()
+    again = KeyIndex(tmp_path / "idx")
+    assert again.lookup(keyindex.KEY, "k1", 5) and again.lookup(keyindex.KEY, "k2", 5)
+    again.close()
 
 
 def test_a_captured_snapshot_writes_the_state_of_its_capture_whatever_is_applied_before_it_runs(tmp_path):
