@@ -9,8 +9,8 @@ from __future__ import annotations
 import io
 
 from broker_adapter import admin_service, security_rules
-from broker_adapter.core import commands
-from broker_adapter.core.keyindex import KEY, MSG_ID, KeyIndex
+from broker_adapter.core import commands, keyindex
+from broker_adapter.core.keyindex import HEADER_SIZE, KEY, MSG_ID, KeyIndex
 from broker_adapter.core.statemachine import BrokerStateMachine
 from broker_adapter.v1 import admin_pb2
 from statemachine.api import CommittedEntry
@@ -101,6 +101,32 @@ def test_key_index_skips_what_it_holds_rolls_over_and_survives_a_kill(tmp_path):
     assert again.lookup(KEY, "k1", 10) == [300, 200]
     again.close()
     assert KeyIndex(tmp_path, slots=16, capacity=4).lookup(MSG_ID, "ID3", 5) == [300]
+
+
+def test_after_a_kill_only_the_newest_key_index_file_is_rebuilt_and_the_rebuild_matches(
+    tmp_path, monkeypatch
+):
+    idx = KeyIndex(tmp_path, slots=64, capacity=300)
+    for i in range(500):  # 1,000 entries: three full files and a fourth
+        idx.add(48 + 10 * i, f"ID{i}", [f"k{i % 7}"])
+        if i % 50 == 49:
+            idx.commit()
+    for f in idx._files:  # a SIGKILL: no close
+        f.mm.flush()
+    slots = [bytes(f.mm[HEADER_SIZE : f.base]) for f in idx._files]
+    rebuilt: list[str] = []
+    real = keyindex._File._rebuild_slots
+    monkeypatch.setattr(keyindex._File, "_rebuild_slots", lambda f: rebuilt.append(f.path.name) or real(f))
+    again = KeyIndex(tmp_path, slots=64, capacity=300)
+    assert rebuilt == ["00000003.idx"], "a full file was marked clean when the next one started"
+    assert [bytes(f.mm[HEADER_SIZE : f.base]) for f in again._files] == slots, "rebuilt as they were written"
+    assert again.lookup(MSG_ID, "ID3", 5) == [78] and again.lookup(MSG_ID, "ID499", 5) == [48 + 4990]
+    assert again.lookup(KEY, "k3", 200)[-1] == 78 and len(again.lookup(KEY, "k3", 200)) == 71
+    for f in again._files:
+        f.mm.flush()
+    rebuilt.clear()
+    KeyIndex(tmp_path, slots=64, capacity=300).close()  # killed again: still only the newest
+    assert rebuilt == ["00000003.idx"]
 
 
 def test_on_a_secure_group_reads_need_a_user_and_changes_need_admin():
