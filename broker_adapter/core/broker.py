@@ -114,7 +114,6 @@ class Broker:
     def dispatched(self, topic: str, queue_id: int, next_offset: int) -> None:
         """The dispatcher wrote units for this queue: wake long-polling pulls and receives."""
         self.reader.wake(topic, queue_id)
-        self._sender.applied()
 
     def role_changed(self, role: Role, term: int) -> None:
         self.leadership.role_changed(role, term)

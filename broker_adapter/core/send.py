@@ -9,7 +9,6 @@ answered with the first attempt's place (``SendResult.duplicate``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -63,32 +62,22 @@ class Sender:
         self._topics = topics
         # (producer, seq) -> (the results of the batch storing it, its index there), while that batch is proposed
         self._inflight: dict[tuple[str, int], tuple[asyncio.Future[Stored], int]] = {}
-        self._applied_event: asyncio.Event | None = None
         # Ids for messages sent without one: 32 hex digits as RocketMQ's, a random prefix per broker process
         # and a counter (uuid4 per message cost more than the rest of the encoding).
         self._id_prefix = uuid.uuid4().hex.upper()[:20]
         self._ids = itertools.count()
 
-    def applied(self) -> None:
-        """The dispatcher applied entries: wake sends waiting for a retried message's first attempt."""
-        ev = self._applied_event
-        if ev is not None:
-            self._applied_event = None
-            ev.set()
-
     async def wait_applied(self, index: int, deadline: float) -> None:
-        """Until the dispatcher's applied index reaches ``index``."""
-        loop = asyncio.get_running_loop()
-        sm = self._sm
-        while sm.applied_index < index:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise OutcomeUnknownError(f"entry {index} was not applied in time; retry")
-            if self._applied_event is None:
-                self._applied_event = asyncio.Event()
-            # Re-check at least every 50 ms: an apply that dispatched no message sends no wake-up.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._applied_event.wait(), min(left, 0.05))
+        """Until entry ``index`` (a message's first attempt) is applied, so the dispatcher's producer table has
+        it; woken by the node as it applies (``NodeHandle.wait_applied``), not by polling."""
+        if self._sm.applied_index >= index:
+            return
+        try:
+            await asyncio.wait_for(
+                self._node.wait_applied(index), deadline - asyncio.get_running_loop().time()
+            )
+        except TimeoutError:
+            raise OutcomeUnknownError(f"entry {index} was not applied in time; retry") from None
 
     async def settled(self, timeout_s: float = 10.0) -> None:
         """Until this node applied everything in its log now (every copy it appended is reflected in state). The
