@@ -21,4 +21,5 @@ def test_broker_path_prints_every_step(capsys: pytest.CaptureFixture[str]) -> No
     ]
     assert all(float(v) > 0 for v in steps.values())
     parts = [float(v) for k, v in steps.items() if k != "total"]
-    assert float(steps["total"]) == pytest.approx(sum(parts) + parts[-1], abs=0.02)
+    # Each figure is printed rounded to 0.01: six rounded terms and the rounded total differ by 0.035 at most.
+    assert float(steps["total"]) == pytest.approx(sum(parts) + parts[-1], abs=0.035)
