@@ -5,8 +5,9 @@ kill -9 keeps the page cache, so a missing fdatasync never shows in a crash test
 - ``PowerLossFileIO`` is a ``FileIO`` (storage/fileio.py) that performs every call for real and first appends a
   record of it to a *journal*: each write with the size before it and the bytes it overwrote, each truncation
   and preallocation, each fsync/fdatasync (which makes the file's earlier records durable), each file creation,
-  removal and rename (removed files are moved to a *grave* instead, so that they can come back) and each
-  directory fsync (which makes the earlier namespace records of that directory durable).
+  removal and rename (removed files are moved to a *grave* instead, so that they can come back), each
+  directory fsync (which makes the earlier namespace records of that directory durable) and each syncfs
+  (which makes every earlier record but LMDB's durable).
 - ``PowerLossMetaStore`` does the same for the LMDB metadata, which syncs through its own path: one record per
   write transaction (the keys and their previous values) and one per forced ``env.sync``.
 - ``power_loss(node_dir, rng)`` runs after the process is dead (a real SIGKILL: the journal is in the page
@@ -159,6 +160,15 @@ class PowerLossFileIO(FileIO):
 
     def fsync(self, fd: int) -> None:
         self._synced(fd, self.inner.fsync)
+
+    def syncfs(self, fd: int) -> None:
+        """Every file's and every directory's earlier records are durable (``S``; LMDB's are not counted)."""
+        j = self.journal
+        with j.lock:
+            upto = j.seq
+        self.inner.syncfs(fd)
+        with j.lock:
+            j.record("S", u=upto)
 
     def ftruncate(self, fd: int, length: int) -> None:
         j = self.journal
@@ -344,6 +354,8 @@ def _undo_data(
         elif o == "s":
             # Everything journaled before the sync began is on the disk.
             ops[r["i"]] = [x for x in ops.get(r["i"], []) if x["q"] > r["u"]]
+        elif o == "S":  # a syncfs: the same for every file
+            ops = {i: [x for x in pending if x["q"] > r["u"]] for i, pending in ops.items()}
     where = _inode_paths(root)
     for ino, pending in ops.items():
         path = where.get(ino)
@@ -401,13 +413,16 @@ def _undo_op(f: BinaryIO, op: dict[str, Any], keep_bytes: int | None) -> int:
 
 def _undo_namespace(records: list[dict[str, Any]], report: PowerLossReport) -> None:
     synced: dict[str, int] = {}  # directory -> the last sequence number its fsync covered
+    everywhere = 0  # the last sequence number a syncfs covered, in every directory
     for r in records:
         if r["o"] == "d":
             synced[r["p"]] = max(synced.get(r["p"], 0), r["u"])
+        elif r["o"] == "S":
+            everywhere = max(everywhere, r["u"])
     pending = []
     for r in records:
         dirs = [r["p"]] if r["o"] in ("c", "u") else [r["src"], r["dst"]] if r["o"] == "r" else []
-        if dirs and r["q"] > min(synced.get(os.path.dirname(d), 0) for d in dirs):
+        if dirs and r["q"] > max(everywhere, min(synced.get(os.path.dirname(d), 0) for d in dirs)):
             pending.append(r)
     for r in reversed(pending):
         o = r["o"]

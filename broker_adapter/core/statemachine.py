@@ -539,10 +539,9 @@ class BrokerStateMachine:
     def flush(self) -> None:
         """Make the ConsumeQueue files written since the last flush durable (only those: there may be 80,000
         queues), on the calling thread."""
-        for cq in list(self._files.written):
-            cq.flush()
+        paths = [path for cq in list(self._files.written) for path in cq.take_written()]
         unsynced, self._unsynced = self._unsynced, []
-        self._files.sync(unsynced)
+        self._files.sync(paths + unsynced)
         if self.keyindex is not None:
             self.keyindex.flush()
 

@@ -12,7 +12,7 @@ import pytest
 
 from broker_adapter.core import commands, keyindex, message
 from broker_adapter.core import statemachine as dispatcher
-from broker_adapter.core.consumequeue import UNIT_SIZE, ConsumeQueue, OpenFiles, holds
+from broker_adapter.core.consumequeue import SYNCFS_AT, UNIT_SIZE, ConsumeQueue, OpenFiles, holds
 from broker_adapter.core.keyindex import KeyIndex
 from broker_adapter.core.statemachine import BrokerStateMachine
 from storage.fileio import FileIO
@@ -127,10 +127,11 @@ def test_the_position_map_keeps_recent_messages_only(tmp_path, monkeypatch):
 
 
 class _CountedSyncs(FileIO):
-    """Records the file of every fdatasync; fails them while ``failing``."""
+    """Records the file of every fdatasync, and the file named for every syncfs; fails them while ``failing``."""
 
     def __init__(self) -> None:
         self.synced: list[str] = []
+        self.syncfs_of: list[str] = []
         self.failing = False
 
     def fdatasync(self, fd: int) -> None:
@@ -139,6 +140,12 @@ class _CountedSyncs(FileIO):
         self.synced.append(os.readlink(f"/proc/self/fd/{fd}"))
         super().fdatasync(fd)
 
+    def syncfs(self, fd: int) -> None:
+        if self.failing:
+            raise OSError(errno.EIO, "injected")
+        self.syncfs_of.append(os.readlink(f"/proc/self/fd/{fd}"))
+        super().syncfs(fd)
+
 
 def test_a_snapshot_syncs_only_the_queue_files_written_since_the_last_and_off_the_calling_thread(tmp_path):
     sm = BrokerStateMachine(tmp_path / "cq", units_per_file=2)
@@ -146,8 +153,9 @@ def test_a_snapshot_syncs_only_the_queue_files_written_since_the_last_and_off_th
     log = Log()
     _fill(sm, log, topics=10, queues=4, per_queue=3)  # 40 queues of two files each
     assert len(sm._files.written) == 40
+    io_.can_syncfs = False  # an fdatasync each, as on a system without syncfs
     sm.flush()
-    assert len(io_.synced) == 80 and not sm._files.written
+    assert len(io_.synced) == 80 and not sm._files.written and io_.syncfs_of == []
     io_.synced.clear()
     sm.apply(log.entries([log.msg("t3", 1, 3)]))  # a third file of one queue
     sm.apply(log.entries([log.msg("t5", 0, 3)]))
@@ -164,6 +172,31 @@ def test_a_snapshot_syncs_only_the_queue_files_written_since_the_last_and_off_th
     assert sorted(io_.synced) == sorted(
         str(tmp_path / "cq" / t / q / f"{2 * UNIT_SIZE:020d}") for t, q in (("t3", "1"), ("t5", "0"))
     )
+    sm.close()
+
+
+def test_many_files_are_synced_by_one_syncfs_and_a_failed_one_leaves_them_to_the_next(tmp_path):
+    sm = BrokerStateMachine(tmp_path / "cq", units_per_file=2)
+    io_ = sm._files.io = _CountedSyncs()
+    log = Log()
+    _fill(sm, log, topics=20, queues=4)  # 80 queues written: at least SYNCFS_AT files
+    assert len(sm._files.written) == 80 >= SYNCFS_AT
+    sync = sm.prepare_snapshot()
+    io_.failing = True
+    with pytest.raises(OSError):
+        sync()
+    io_.failing = False
+    sm.prepare_snapshot()()  # the files a failed sync left, taken again
+    assert io_.synced == [] and len(io_.syncfs_of) == 1
+    assert io_.syncfs_of[0].startswith(str(tmp_path / "cq"))
+    sm.apply(log.entries([log.msg("t3", 1, 1)]))
+    sm.prepare_snapshot()()  # one file: an fdatasync of it
+    assert io_.synced == [str(tmp_path / "cq" / "t3" / "1" / f"{0:020d}")] and len(io_.syncfs_of) == 1
+    for t in range(20):  # and the same on the calling thread (close, save_snapshot)
+        for q in range(4):
+            sm.apply(log.entries([log.msg(f"t{t}", q, 2 if (t, q) == (3, 1) else 1)]))
+    sm.flush()
+    assert len(io_.syncfs_of) == 2
     sm.close()
 
 

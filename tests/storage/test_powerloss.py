@@ -111,6 +111,35 @@ def test_a_new_segment_whose_directory_was_not_synced_disappears(node):
         assert f.read() == b"synced data"
 
 
+def test_a_syncfs_keeps_every_file_and_name_written_before_it_and_nothing_after(node):
+    """``syncfs`` (many ConsumeQueue files at a snapshot) is journaled as durable for every file and directory:
+    writes and creations before it survive, later ones in the same files and directories do not."""
+    io = PowerLossFileIO(Journal(node))
+    paths = []
+    for k in range(3):
+        (node / f"q{k}").mkdir()
+        paths.append(str(node / f"q{k}" / "units"))
+        fd = io.open(paths[-1], os.O_RDWR | os.O_CREAT)
+        io.pwrite(fd, b"before", 0)
+        io.close(fd)
+    fd = io.open(paths[0], os.O_RDONLY)
+    io.syncfs(fd)
+    io.close(fd)
+    fd = io.open(paths[1], os.O_RDWR)
+    io.pwrite(fd, b"-after", 6)  # after the syncfs, never synced: lost
+    io.close(fd)
+    late = str(node / "q2" / "late")
+    fd = io.open(late, os.O_RDWR | os.O_CREAT)
+    io.pwrite(fd, b"late", 0)
+    io.fdatasync(fd)  # its data synced, its name not: gone
+    io.close(fd)
+    report = power_loss(node, random.Random(4), "drop")
+    for path in paths:
+        with open(path, "rb") as f:
+            assert f.read() == b"before"
+    assert not os.path.exists(late) and report.undone_creations == [late]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_a_torn_tail_is_truncated_and_the_synced_prefix_kept(node, seed):
     s = open_store(node, "async", PowerLossFileIO(Journal(node)))
