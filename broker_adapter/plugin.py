@@ -90,7 +90,7 @@ class BrokerPlugin:
                 policy,
                 node.log_store,
                 lambda: sm.applied_index,
-                sm.queues_held,
+                sm.queues_to_trim,
                 node.config.data_dir,
                 prune=sm.keyindex.prune_below if sm.keyindex is not None else None,
             )

@@ -206,7 +206,8 @@ class Retention:
         return self._point
 
     def clean_queues(self) -> None:
-        """Delete ConsumeQueue files below what the log holds (once per move of the log's start)."""
+        """Delete ConsumeQueue files below what the log holds (once per move of the log's start), of the queues
+        that have more than one file (``BrokerStateMachine.queues_to_trim``)."""
         first = self._log.first_index
         if first == self._cleaned_first:
             return

@@ -167,10 +167,17 @@ class BrokerStateMachine:
         """The first log index retention keeps, for the runtime's compaction; None: no retention policy."""
         return None if self.retention is None else self.retention.retain_from()
 
-    def queues_held(self) -> list[tuple[str, int, ConsumeQueue, int]]:
-        """Every queue of every topic: (topic, queue id, its ConsumeQueue, its next offset)."""
+    def queues_to_trim(self) -> list[tuple[str, int, ConsumeQueue, int]]:
+        """The queues retention may delete a file of: (topic, queue id, its ConsumeQueue, its next offset).
+        Retention never deletes a queue's last file, so a queue whose units fit in its first file is left out,
+        unopened: a node may hold 80,000 queues, and opening every one (a directory listing and a ``stat``)
+        at each move of the log's start held the event loop for seconds."""
+        per_file = self._units_per_file
         return [
-            (t, q, self.queue(t, q), self.next_offset(t, q)) for t, n in self.topics.items() for q in range(n)
+            (t, q, self.queue(t, q), end)
+            for t, n in self.topics.items()
+            for q in range(n)
+            if (end := self.next_offset(t, q)) > per_file
         ]
 
     # -- queues --------------------------------------------------------------------------------------------

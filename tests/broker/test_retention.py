@@ -6,13 +6,17 @@ deleted; a pull that fell behind the log's start goes on from the first held off
 from __future__ import annotations
 
 import asyncio
+import io
+from types import SimpleNamespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker_adapter.core import commands, message
 from broker_adapter.core.consumequeue import ConsumeQueue
-from broker_adapter.core.retention import RetentionPolicy, first_held, first_kept, store_timestamp
+from broker_adapter.core.retention import Retention, RetentionPolicy, first_held, first_kept, store_timestamp
+from broker_adapter.core.statemachine import BrokerStateMachine
+from statemachine.api import CommittedEntry
 from storage import codec
 from storage.codec import HEADER_SIZE
 from storage.memory import MemoryLogStore
@@ -135,6 +139,41 @@ def test_consumequeue_drops_whole_files_below_an_offset(tmp_path):
     assert first_held(again, 35, 1000 + 32 * 100 - HEADER_SIZE) == 32
     assert first_held(again, 35, 0) == 30
     again.close()
+
+
+def test_cleaning_opens_only_the_queues_with_more_than_one_file(tmp_path):
+    """A node with many small queues: retention deletes the big queue's old files and opens no small queue (a
+    restart after a snapshot opens queues at first use; 80,000 opened at once held the loop for seconds)."""
+    sm = BrokerStateMachine(tmp_path / "cq", units_per_file=10)
+    sm.apply([CommittedEntry(0, 1, 0, commands.encode(commands.CreateTopic("small", 50)))])
+    sm.apply([CommittedEntry(1, 1, 100, commands.encode(commands.CreateTopic("big", 1)))])
+    pos, index = 1000, 2
+    for k in range(50):  # one message to each small queue, then 35 to the big one (four files)
+        raw = bytearray(message.encode(message.Message(topic="small", body=b"x", queue_id=k)))
+        message.patch_placement(raw, 0, pos + HEADER_SIZE)
+        sm.apply([CommittedEntry(index, 1, pos, bytes(raw))])
+        pos, index = pos + 1000, index + 1
+    for q in range(35):
+        raw = bytearray(message.encode(message.Message(topic="big", body=b"x", queue_id=0)))
+        message.patch_placement(raw, q, pos + HEADER_SIZE)
+        sm.apply([CommittedEntry(index, 1, pos, bytes(raw))])
+        pos, index = pos + 1000, index + 1
+    snapshot = io.BytesIO()
+    sm.save_snapshot(snapshot)
+    sm.close()
+
+    restarted = BrokerStateMachine(tmp_path / "cq", units_per_file=10)
+    restarted.load_snapshot(io.BytesIO(snapshot.getvalue()))
+    log = MemoryLogStore(1 << 20)
+    log.snapshot_point = lambda: SimpleNamespace(end_pos=pos - 8 * 1000)  # the log holds the last 8 messages
+    retention = Retention(
+        RetentionPolicy(max_bytes=1 << 30), log, lambda: index, restarted.queues_to_trim, tmp_path
+    )
+    retention.clean_queues()
+    assert retention.stats["consumequeue_files_deleted"] == 2  # [0, 10) and [10, 20); [20, 30) holds 27
+    assert list(restarted._queues) == [("big", 0)], "no small queue was opened"
+    assert restarted.queue("big", 0).min_offset == 20 and restarted.queue("small", 7).max_offset == 1
+    restarted.close()
 
 
 @run
