@@ -8,11 +8,14 @@ not once per item.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+DRAIN_S = 5.0  # how long ``close`` waits for the loop's pending tasks to finish
 
 
 class LoopThread:
@@ -35,6 +38,19 @@ class LoopThread:
         if self.loop.is_closed():
             return
         if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._drain(), self.loop).result(DRAIN_S)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
         self.loop.close()
+
+    async def _drain(self) -> None:
+        """What ``asyncio.run`` does before it closes its loop: the tasks still pending are cancelled and waited
+        for (gRPC's own, finishing the calls a closed channel cancelled), and async generators closed; a loop
+        stopped under them printed "Task was destroyed but it is pending!" as a client closed."""
+        me = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not me]
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await self.loop.shutdown_asyncgens()
