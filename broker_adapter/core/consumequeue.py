@@ -20,16 +20,20 @@ disk?" with one ``stat``, so a restart need not open every queue.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import logging
 import os
 import struct
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from storage.fileio import FileIO
+
+log = logging.getLogger(__name__)
 
 UNIT: Final = struct.Struct(">qiq")
 UNIT_SIZE: Final = UNIT.size  # 20
@@ -87,6 +91,7 @@ class OpenFiles:
         self._fds: OrderedDict[str, int] = OrderedDict()
         # Queues with files written since their last flush: a node's flush syncs these, not every queue it holds.
         self.written: set[ConsumeQueue] = set()
+        self._no_syncfs = False  # syncfs was refused: fdatasync each file
 
     def __len__(self) -> int:
         return len(self._fds)
@@ -118,11 +123,20 @@ class OpenFiles:
         file just written costs a journal commit, so a node that wrote to each of 80,000 queues spent 20-26 s
         syncing them one by one (docs/benchmarks.md)."""
         paths = list(paths)
-        if len(paths) >= SYNCFS_AT and self.io.can_syncfs:
-            paths = list(_one_per_filesystem(paths).values())
-            sync = self.io.syncfs
-        else:
-            sync = self.io.fdatasync
+        if len(paths) >= SYNCFS_AT and self.io.can_syncfs and not self._no_syncfs:
+            try:
+                self._each(list(_one_per_filesystem(paths).values()), self.io.syncfs)
+                return
+            except (
+                OSError
+            ) as e:  # refused here (a seccomp filter, an old kernel): an fdatasync each from now on
+                if e.errno not in (errno.ENOSYS, errno.EPERM, errno.EINVAL):
+                    raise
+                self._no_syncfs = True
+                log.warning("syncfs is refused here (%s): ConsumeQueue files are synced one by one", e)
+        self._each(paths, self.io.fdatasync)
+
+    def _each(self, paths: list[str], sync: Callable[[int], None]) -> None:
         for path in paths:
             try:
                 fd = self.io.open(path, os.O_RDONLY)

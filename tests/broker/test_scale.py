@@ -200,6 +200,24 @@ def test_many_files_are_synced_by_one_syncfs_and_a_failed_one_leaves_them_to_the
     sm.close()
 
 
+def test_where_syncfs_is_refused_the_files_are_synced_one_by_one(tmp_path):
+    class Refused(_CountedSyncs):
+        def syncfs(self, fd: int) -> None:
+            self.syncfs_of.append("refused")
+            raise OSError(errno.ENOSYS, "syncfs: Function not implemented")
+
+    files = OpenFiles(Refused())
+    paths = []
+    for k in range(SYNCFS_AT):
+        paths.append(str(tmp_path / f"f{k}"))
+        Path(paths[-1]).write_bytes(b"x")
+    files.sync(paths)
+    assert files.io.syncfs_of == ["refused"] and sorted(files.io.synced) == sorted(paths)
+    files.io.synced.clear()
+    files.sync(paths)  # not tried again
+    assert files.io.syncfs_of == ["refused"] and len(files.io.synced) == SYNCFS_AT
+
+
 def test_a_snapshot_syncs_the_key_index_off_the_loop_and_only_when_it_was_written(tmp_path, monkeypatch):
     msyncs: list[int] = []
 
