@@ -547,8 +547,13 @@ class BrokerStateMachine:
         """Make the ConsumeQueue files written since the last flush durable (only those: there may be 80,000
         queues), on the calling thread."""
         paths = [path for cq in list(self._files.written) for path in cq.take_written()]
-        unsynced, self._unsynced = self._unsynced, []
-        self._files.sync(paths + unsynced)
+        paths += self._unsynced
+        self._unsynced = []
+        try:
+            self._files.sync(paths)
+        except BaseException:
+            self._unsynced += paths  # taken again by the next flush or snapshot
+            raise
         if self.keyindex is not None:
             self.keyindex.flush()
 
