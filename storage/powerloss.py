@@ -147,28 +147,25 @@ class PowerLossFileIO(FileIO):
     def pread(self, fd: int, n: int, offset: int) -> bytes:
         return self.inner.pread(fd, n, offset)
 
-    def _synced(self, fd: int, how: Callable[[int], None]) -> None:
+    def _synced(self, sync: Callable[[], None], op: str, **fields: Any) -> None:
+        """Run ``sync``, then record that what was journaled before it began is durable (``u``): a sync the kill
+        interrupts counts as not done."""
         j = self.journal
         with j.lock:
             upto = j.seq
-        how(fd)
+        sync()
         with j.lock:
-            j.record("s", i=_ino(fd), u=upto)
+            j.record(op, u=upto, **fields)
 
     def fdatasync(self, fd: int) -> None:
-        self._synced(fd, self.inner.fdatasync)
+        self._synced(lambda: self.inner.fdatasync(fd), "s", i=_ino(fd))
 
     def fsync(self, fd: int) -> None:
-        self._synced(fd, self.inner.fsync)
+        self._synced(lambda: self.inner.fsync(fd), "s", i=_ino(fd))
 
     def syncfs(self, fd: int) -> None:
         """Every file's and every directory's earlier records are durable (``S``; LMDB's are not counted)."""
-        j = self.journal
-        with j.lock:
-            upto = j.seq
-        self.inner.syncfs(fd)
-        with j.lock:
-            j.record("S", u=upto)
+        self._synced(lambda: self.inner.syncfs(fd), "S")
 
     def ftruncate(self, fd: int, length: int) -> None:
         j = self.journal
@@ -205,12 +202,7 @@ class PowerLossFileIO(FileIO):
             self.inner.replace(src, dst)
 
     def fsync_dir(self, path: str) -> None:
-        j = self.journal
-        with j.lock:
-            upto = j.seq
-        self.inner.fsync_dir(path)
-        with j.lock:
-            j.record("d", p=os.path.abspath(path), u=upto)
+        self._synced(lambda: self.inner.fsync_dir(path), "d", p=os.path.abspath(path))
 
 
 def _read_all(path: str) -> bytes:
