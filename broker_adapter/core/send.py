@@ -68,9 +68,11 @@ class Sender:
         self._ids = itertools.count()
 
     async def wait_applied(self, index: int, deadline: float) -> None:
-        """Until entry ``index`` (a message's first attempt) is applied, so the dispatcher's producer table has
-        it; woken by the node as it applies (``NodeHandle.wait_applied``), not by polling."""
-        if self._sm.applied_index >= index:
+        """Until this node applied entry ``index`` (a retried message's first attempt, so the dispatcher's producer
+        table has it; or the log's end, ``settled``); woken by the node as it applies
+        (``NodeHandle.wait_applied``), not by polling. The node's applied index, not the dispatcher's: an entry of
+        another state machine (a secure group's user commands) never reaches the dispatcher."""
+        if self._sm.applied_index >= index:  # applied already (the dispatcher's index never runs ahead)
             return
         try:
             await asyncio.wait_for(
@@ -80,15 +82,10 @@ class Sender:
             raise OutcomeUnknownError(f"entry {index} was not applied in time; retry") from None
 
     async def settled(self, timeout_s: float = 10.0) -> None:
-        """Until this node applied everything in its log now (every copy it appended is reflected in state). The
-        node's applied index, not the dispatcher's: an entry of another state machine (a secure group's user
-        commands) never reaches the dispatcher, and a log ending with one would otherwise never be settled. The
-        node wakes the wait when it applies that far (``NodeHandle.wait_applied``): no polling."""
-        index = self._node.log_store.last_index
-        try:
-            await asyncio.wait_for(self._node.wait_applied(index), timeout_s)
-        except TimeoutError:
-            raise OutcomeUnknownError(f"entry {index} was not applied in time; retry") from None
+        """Until this node applied everything in its log now (every copy it appended is reflected in state)."""
+        await self.wait_applied(
+            self._node.log_store.last_index, asyncio.get_running_loop().time() + timeout_s
+        )
 
     # -- send ----------------------------------------------------------------------------------------------
     async def check(self, topic: str, msgs: Sequence[Outgoing], system: bool = False) -> None:
