@@ -247,7 +247,7 @@ def topics_part(root: Path, n_topics: int, seconds: float, rounds: int) -> None:
         took = touch_queues(many, names)
         print(f"one message to each of the {n_topics * QUEUES:,} queues: {took:.1f} s")
         print(memory_row(f"{n_topics:,} topics", many))
-        # The next snapshot makes every queue file written since the last one durable (one fdatasync a file):
+        # The next snapshot makes every queue file written since the last one durable (a syncfs from 64 files):
         # taken here, timed, so that the send rounds measure sending, not that one-time sync.
         for label, d in (("1 topic", root / "one-topic"), (f"{n_topics:,} topics", root / "many-topics")):
             print(f"a snapshot on every node after the first writes, {label}: {snapshot_all(d):.1f} s")
