@@ -580,6 +580,9 @@ class BrokerStateMachine:
 
     # -- snapshots: topics and offsets; ConsumeQueue files are derived from the log and kept on disk ----------
     def save_snapshot(self, writer: BinaryIO) -> None:
+        """The state, with the files it points at made durable here first (the runtime instead calls
+        ``prepare_snapshot`` and ``capture_snapshot``, and syncs off the loop)."""
+        self.flush()
         self.capture_snapshot()(writer)
 
     def capture_snapshot(self) -> Callable[[BinaryIO], None]:
@@ -587,8 +590,8 @@ class BrokerStateMachine:
         runs the function on the snapshot thread (dledger/runtime/snapshots.py). What grows with the number of
         queues and consumer groups (offsets, next offsets, topics) is copied here at C speed and sorted and
         serialized there, so a node with 80,000 queues does not hold its loop for the JSON (docs/broker.md,
-        "Many topics, a long log"); what may change in place under the thread is turned into fresh rows here."""
-        self.flush()
+        "Many topics, a long log"); what may change in place under the thread is turned into fresh rows here.
+        Nothing is synced here: ``prepare_snapshot``, called just before, took the files to sync."""
         offsets, queues, topics = dict(self.offsets), dict(self.next_offsets), dict(self.topics)
         rows = {
             "producers": [
