@@ -94,8 +94,8 @@ def run(group_dir: Path, console: Console) -> int:
         )
         try:
             raft_pb2_grpc.RaftPeerStub(ch).Vote(
-                raft_pb2.VoteRequest(group=g.name, src="n2", dst="n0"), timeout=5
-            )
+                raft_pb2.VoteRequest(group=g.name, src="n2", dst="n0"), timeout=10, wait_for_ready=True
+            )  # waits out a connection not yet up (a loaded machine): the refusal is the node's, not the network's
             console.print("[red]n1's certificate was accepted as n2[/red]")
             return 1
         except grpc.RpcError as e:

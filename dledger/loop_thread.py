@@ -15,11 +15,12 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-DRAIN_S = 5.0  # how long ``close`` waits for the loop's pending tasks to finish
+DRAIN_S = 5.0  # how long ``close`` waits for the loop's pending tasks to finish, then for the loop to stop
 
 
 class LoopThread:
-    """Started at construction; ``close()`` stops the loop and joins the thread (idempotent)."""
+    """Started at construction; ``close()`` stops the loop and joins the thread (idempotent, bounded: a loop
+    stuck in a blocking call is left running on its daemon thread rather than hanging the caller)."""
 
     def __init__(self, name: str):
         self.loop = asyncio.new_event_loop()
@@ -41,7 +42,16 @@ class LoopThread:
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(self._drain(), self.loop).result(DRAIN_S)
             self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join()
+            self._thread.join(DRAIN_S)
+            if self._thread.is_alive():  # the loop is stuck in a blocking call: leave it (a daemon thread)
+                return
+        # The loop stopped: tasks it left (a drain that came too late to run) are cancelled and finished here, so
+        # no coroutine is closed unawaited.
+        left = asyncio.all_tasks(self.loop)
+        for t in left:
+            t.cancel()
+        if left:
+            self.loop.run_until_complete(asyncio.wait(left, timeout=DRAIN_S))
         self.loop.close()
 
     async def _drain(self) -> None:
@@ -52,5 +62,6 @@ class LoopThread:
         pending = [t for t in asyncio.all_tasks() if t is not me]
         for t in pending:
             t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        if pending:  # bounded: a task that ignores its cancellation does not hold the close
+            await asyncio.wait(pending, timeout=DRAIN_S)
         await self.loop.shutdown_asyncgens()

@@ -36,3 +36,28 @@ def test_close_cancels_and_waits_for_the_tasks_left_pending(capsys):
     del task
     gc.collect()
     assert "Task was destroyed" not in capsys.readouterr().err
+
+
+def test_close_does_not_hang_on_a_loop_stuck_in_a_blocking_call(monkeypatch):
+    """A loop blocked by a synchronous call never runs the drain nor the stop: ``close`` gives up after its bound
+    and leaves the daemon thread, instead of hanging its caller (a test's teardown, a client's ``with``)."""
+    import dledger.loop_thread as loop_thread
+
+    monkeypatch.setattr(loop_thread, "DRAIN_S", 0.2)
+    lt = LoopThread("stuck-loop")
+    release = threading.Event()
+    blocked = threading.Event()
+
+    def block() -> None:
+        blocked.set()
+        release.wait(30)
+
+    lt.loop.call_soon_threadsafe(block)
+    assert blocked.wait(5)
+    lt.close()  # returns after its two bounded waits
+    assert lt._thread.is_alive() and not lt.loop.is_closed()
+    release.set()
+    lt._thread.join(5)  # the stop queued by close runs once the call returns
+    assert not lt._thread.is_alive()
+    lt.close()  # and closing again now closes the loop
+    assert lt.loop.is_closed()
