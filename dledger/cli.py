@@ -563,7 +563,10 @@ def register_extensions(target: typer.Typer) -> list[str]:
 
 
 def main() -> None:
+    from dledger import owner
     from dledger.security.cli import register as register_security  # same layer: no entry point needed
+
+    owner.watch()  # DLEDGER_OWNER_PID: stop when the process that owns this one is gone (dledger/owner.py)
 
     register_security(app)
     register_extensions(app)

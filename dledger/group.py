@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dledger import owner
 from dledger.errors import ConfigError, DLedgerError, OutcomeUnknownError, UnavailableError
 from dledger.transport.base import NodeInfo
 from dledger.transport.grpc import run_sync
@@ -252,14 +253,11 @@ def read_pid(spec: NodeSpec) -> int | None:
 def is_running(spec: NodeSpec, pid: int | None = None) -> bool:
     """True if ``pid`` (default: the pid file's) is alive and is this node's process."""
     pid = read_pid(spec) if pid is None else pid
-    if pid is None:
+    if pid is None or not owner.alive(pid):  # gone, or a zombie waiting to be reaped
         return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    if ") Z" in stat:  # a zombie waiting to be reaped is not running
         return False
     return spec.config.encode() in cmdline
 

@@ -14,9 +14,15 @@ from __future__ import annotations
 import os
 
 from dledger.nodeconfig import INDEX_UNITS_ENV
+from dledger.owner import OWNER_ENV
 
 TEST_INDEX_UNITS = 65_536  # 2 MiB index files
 os.environ.setdefault(INDEX_UNITS_ENV, str(TEST_INDEX_UNITS))
+
+# Every ``dledger`` process a test starts (nodes and name servers run in sessions of their own, dledger/group.py)
+# stops when this process is gone (dledger/owner.py): a run ended by its time limit, or an xdist worker ended by
+# pytest-timeout, leaves none of them running on the machine. Each xdist worker names itself.
+os.environ[OWNER_ENV] = str(os.getpid())
 
 
 # -- pytest-xdist: the longest files first ------------------------------------------------------------------------
