@@ -18,6 +18,7 @@ a bad signature, and logs who and why.
 
 from __future__ import annotations
 
+import ctypes
 import datetime as dt
 import hashlib
 import logging
@@ -110,6 +111,23 @@ class PeerProofPlugin(grpc.AuthMetadataPlugin):
         callback(self.metadata(), None)
 
 
+_ENGINE_HOLDER: list[grpc.Channel] = []  # one channel for the life of the process (``hold_event_engine``)
+
+
+def hold_event_engine() -> None:
+    """Keep one channel, never used and never closed, for the life of the process. Closing the channel that holds
+    the last reference to gRPC's event engine shuts the engine down while the closing thread holds the GIL, and
+    waits for the engine's threads; one of them may be releasing a Python call-credentials plugin (ours below),
+    which needs the GIL: the whole process froze, timeouts and all (grpc/grpc PR 42247; a test worker hung in
+    ``Channel.close`` after one call with peer credentials until its CI run was killed). While this channel
+    lives, no other channel's close is the last, so none shuts the engine down. It is never freed, not even as
+    the interpreter exits (an extra reference): the process's end takes the engine with it."""
+    if not _ENGINE_HOLDER:
+        holder = grpc.insecure_channel("unix-abstract:dledger-event-engine-holder")  # never dialled
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(holder))
+        _ENGINE_HOLDER.append(holder)
+
+
 def peer_channel_credentials(
     group: str,
     node_id: str,
@@ -120,6 +138,7 @@ def peer_channel_credentials(
 ) -> grpc.ChannelCredentials:
     """TLS trusting only the group's CA (bundle), presenting the node's certificate, with the peer proof on every
     call: ``proof`` when given (a node shares one, which a reload updates), else a new one for this certificate."""
+    hold_event_engine()
     tls = grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
     plugin = proof if proof is not None else PeerProofPlugin(group, node_id, cert_pem, key_pem)
     return grpc.composite_channel_credentials(tls, grpc.metadata_call_credentials(plugin))
@@ -130,6 +149,7 @@ def client_channel_credentials(security: ClientSecurity) -> grpc.ChannelCredenti
     tls = grpc.ssl_channel_credentials(security.ca_file.read_bytes())
     if not security.access_key:
         return tls
+    hold_event_engine()
     return grpc.composite_channel_credentials(
         tls, grpc.metadata_call_credentials(auth.SignaturePlugin(security.access_key, security.secret_key))
     )
