@@ -3,7 +3,7 @@ shut gRPC's event engine down. A close that does holds the GIL while it waits fo
 of them may need the GIL to release the plugin: the whole process froze (grpc/grpc PR 42247; a CI run hung so).
 
 Observable from outside: an engine shut down and started again runs new threads. A client process that opens
-and closes such channels one after another saw 51-57 distinct engine threads in 20 closes without the holder
+and closes such channels one after another saw 47-57 distinct engine threads in 20 closes without the holder
 (the engine restarted every close or two), 4 with it."""
 
 from __future__ import annotations
