@@ -9,16 +9,20 @@ what it has applied and nothing is counted on the send or consume path.
   queues; ``rate()`` of it is the group's consume rate on that topic.
 - ``dledger_broker_group_lag{group,topic}``: messages the group has yet to consume (end - committed, summed).
 - ``dledger_broker_key_index_rows``: rows of the key index on this node.
+- ``dledger_rocketmq_calls_total{method,served}``: RocketMQ 5 calls this node took that the leader serves, by
+  how: ``here`` (this node led), ``relayed`` (a follower's sends on its producer session) or ``forwarded`` (to
+  the leader as the client sent them). Clients that dial followers cost the group the relaying or forwarding.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Iterable
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -26,6 +30,21 @@ from broker_adapter.core.statemachine import BrokerStateMachine
 from dledger.metrics import SCRAPE_TIMEOUT_S
 
 Figures = tuple[dict[str, int], dict[tuple[str, str], tuple[int, int]], int]
+T = TypeVar("T")
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, take: Callable[[], T]) -> T:
+    """``take()`` run on the node's event loop (where what it reads changes), for a scrape's thread."""
+    fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(take())
+        except Exception as e:  # reported to the scraper as a failed scrape
+            fut.set_exception(e)
+
+    loop.call_soon_threadsafe(run)
+    return fut.result(timeout=SCRAPE_TIMEOUT_S)
 
 
 def figures(sm: BrokerStateMachine) -> Figures:
@@ -47,16 +66,7 @@ class BrokerCollector(Collector):
         self._sm = sm
 
     def _take(self) -> Figures:
-        fut: concurrent.futures.Future[Figures] = concurrent.futures.Future()
-
-        def take() -> None:
-            try:
-                fut.set_result(figures(self._sm))
-            except Exception as e:  # reported to the scraper as a failed scrape
-                fut.set_exception(e)
-
-        self._loop.call_soon_threadsafe(take)
-        return fut.result(timeout=SCRAPE_TIMEOUT_S)
+        return _on_loop(self._loop, lambda: figures(self._sm))
 
     def describe(self) -> Iterable[Metric]:
         return []
@@ -95,3 +105,32 @@ def register(node: Any, sm: BrokerStateMachine) -> None:
     registry = getattr(getattr(node, "metrics", None), "registry", None)
     if registry is not None:
         registry.register(BrokerCollector(asyncio.get_running_loop(), sm))
+
+
+class CallsCollector(Collector):
+    """``dledger_rocketmq_calls_total``: the RocketMQ face's count of leader calls by (method, how served)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, calls: Counter[tuple[str, str]]):
+        self._loop = loop
+        self._calls = calls
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        calls = _on_loop(self._loop, lambda: sorted(self._calls.items()))
+        family = CounterMetricFamily(
+            "dledger_rocketmq_calls",
+            "RocketMQ 5 calls the leader serves, taken by this node: served here, relayed or forwarded.",
+            labels=["method", "served"],
+        )
+        for (method, served), n in calls:
+            family.add_metric([method, served], n)
+        return [family]
+
+
+def register_calls(node: Any, calls: Counter[tuple[str, str]]) -> None:
+    """Add the RocketMQ face's call counts to the node's registry (none for a node without one)."""
+    registry = getattr(getattr(node, "metrics", None), "registry", None)
+    if registry is not None:
+        registry.register(CallsCollector(asyncio.get_running_loop(), calls))

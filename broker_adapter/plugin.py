@@ -168,6 +168,7 @@ class BrokerPlugin:
             )
             return names
         self.rocketmq = MessagingServicer(self.broker, cluster=self.registrar)
+        metrics.register_calls(node, self.rocketmq.calls)
         handlers.add_to_server(self.rocketmq, server)
         return (*names, handlers.SERVICE_NAME)
 

@@ -139,9 +139,12 @@ class Sessions:
             )
         )
 
-    async def send(self, raws: list[bytes]) -> Sequence[Placed]:
-        attempts = self._router.attempts(self._retry_for_s, "SendStream", retry_unknown=True)
-        return await self._streams.submit(attempts, raws, self._timeout_s)
+    async def send(self, raws: list[bytes], within_s: float | None = None) -> Sequence[Placed]:
+        """Where each message was stored, retrying (and following the leader) for ``within_s`` (default: the
+        sessions' ``retry_for_s``)."""
+        budget = self._retry_for_s if within_s is None else within_s
+        attempts = self._router.attempts(budget, "SendStream", retry_unknown=True)
+        return await self._streams.submit(attempts, raws, min(self._timeout_s, budget))
 
     async def close(self) -> None:
         await self._streams.close()

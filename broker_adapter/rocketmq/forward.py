@@ -89,7 +89,8 @@ class Forwarder:
                 return None
             await asyncio.sleep(0.01)
 
-    def _channel(self, address: str) -> grpc.aio.Channel:
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """This node's channel to ``address`` (TLS in a secure group), made on first use."""
         channel = self._channels.get(address)
         if channel is None:
             options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
@@ -111,12 +112,12 @@ class Forwarder:
             if stream is None or stream.broken is not None:  # a broken one fails at once: open the next
                 if stream is not None:
                     stream.cancel()
-                stream = LeaderStream(self._channel(address), self._node.id, FORWARDED, CLIENT_ID)
+                stream = LeaderStream(self.channel(address), self._node.id, FORWARDED, CLIENT_ID)
                 self._streams[address] = stream
             return stream.caller(method, streaming, _encode)
         hit = self._calls.get((address, method))
         if hit is None:
-            channel = self._channel(address)
+            channel = self.channel(address)
             path = f"/{_SERVICE.full_name}/{method}"
             make = channel.unary_stream if streaming else channel.unary_unary
             hit = self._calls[(address, method)] = make(path, request_serializer=_encode)

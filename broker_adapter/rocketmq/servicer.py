@@ -17,6 +17,8 @@ follower forwards them (``forward``); those are not written out one by one but m
 - SendMessage: the messages become the broker's outgoing messages (``convert``), sent through ``Broker.send``
   (idempotent, acknowledged at quorum commit); the queue is the message group's hash, else round robin.
   Delayed messages wait in the timer topic and transactional ones in the half topic (``broker_delivery``).
+  A follower of a plain group relays normal and FIFO messages on its own producer session to the leader
+  instead of forwarding the call (``RELAYED``, ``sending.Sends.relay``).
 - EndTransaction: commits (a copy to the topic) or rolls back an open transaction, by its transaction id (the
   message id, which every send receipt carries as its transaction id, as RocketMQ does).
 - ForwardMessageToDeadLetterQueue: copies the delivery named by a receipt handle to ``%DLQ%<group>``.
@@ -36,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from operator import attrgetter
@@ -105,7 +107,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._cluster = cluster
         self._node = broker.node
         self._forward = Forwarder(broker.node)
-        self._sends = Sends(broker)
+        self._sends = Sends(broker, self._forward.channel)
+        # (method, "here" | "relayed" | "forwarded"): how this node's leader calls were served (its metrics)
+        self.calls: Counter[tuple[str, str]] = Counter()
         self.routes = route.Routes(self._node.group, self._node.config.peers.values())
         self._node.add_role_listener(self.routes.clear)
         self.clients: OrderedDict[str, ClientInfo] = OrderedDict()
@@ -133,6 +137,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def close(self) -> None:
         await self.renewals.close()
+        await self._sends.close()
         await self._forward.close()
 
     # -- plumbing ------------------------------------------------------------------------------------------
@@ -142,19 +147,36 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return asyncio.get_running_loop().time() + max(0.05, left - margin_s)
 
     async def _unary(
-        self, method: str, request: Any, context: Any, local: Callable, response: type, raw: bytes | None
+        self,
+        method: str,
+        request: Any,
+        context: Any,
+        local: Callable,
+        response: type,
+        raw: bytes | None,
+        relay: Callable | None = None,
     ) -> Any:
         """Serve on the leader, or forward (the client's bytes, ``raw``, when the handler passed them). On the
         leader the call goes straight to ``local`` (no deadline, forwarding coroutine or closure per call: the
-        forwarder would do the same after asking the same question)."""
+        forwarder would do the same after asking the same question). ``relay``: what a follower tries before
+        forwarding (its answer, or None to forward)."""
+        calls = self.calls
         try:
             try:
                 if self._node.is_leader():
+                    calls[(method, "here")] += 1
                     return await local(request, context)
             except (OutcomeUnknownError, NotLeaderError):
                 if method not in RETRIED_ON_LEADER_CHANGE:
                     raise
                 # Once more, on whichever node leads next (this one again, or forwarded there).
+            # A secure group's leader checks every client's signature on a call of its own: no relaying there.
+            if relay is not None and not forwarded(context) and not self.secure():
+                answer = await relay(request, context, self._deadline(context))
+                if answer is not None:
+                    calls[(method, "relayed")] += 1
+                    return answer
+            calls[(method, "forwarded")] += 1
             return await self._forward.unary(
                 method,
                 request if raw is None else raw,
@@ -173,9 +195,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     ):
         try:
             if self._node.is_leader():  # as in ``_unary``
+                self.calls[(method, "here")] += 1
                 async for r in local(request, context):
                     yield r
                 return
+            self.calls[(method, "forwarded")] += 1
             async for r in self._forward.stream(
                 method,
                 request if raw is None else raw,
@@ -492,6 +516,8 @@ LEADER_UNARY: Final = {
     "RecallMessage": "_recall",
 }
 LEADER_STREAMS: Final = {"ReceiveMessage": "_receives.receive", "PullMessage": "_pull"}
+# What a follower tries before forwarding such a call (``_unary``'s ``relay``).
+RELAYED: Final = {"SendMessage": "_sends.relay"}
 
 
 def _response_class(method: str) -> type:
@@ -500,9 +526,13 @@ def _response_class(method: str) -> type:
 
 def _leader_unary(method: str, local: str) -> Callable:
     response, serve = _response_class(method), attrgetter(local)
+    relayed = RELAYED.get(method)
+    relay = attrgetter(relayed) if relayed is not None else None
 
     async def call(self: MessagingServicer, request: Any, context: Any, raw: bytes | None = None) -> Any:
-        return await self._unary(method, request, context, serve(self), response, raw)
+        return await self._unary(
+            method, request, context, serve(self), response, raw, relay(self) if relay is not None else None
+        )
 
     call.__name__ = call.__qualname__ = method
     return call
