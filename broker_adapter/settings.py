@@ -15,6 +15,7 @@ Example::
     max_delay_ms = 86400000               # how far ahead a delayed message may be due (RocketMQ: 1 day)
     key_index = true                      # index keys and message ids at dispatch (queries by key and id)
     auto_renew_invisible_ms = 60000       # a PushConsumer's message: invisible this long, renewed while it runs
+    group_commit_linger_ms = 4            # under concurrent load, calls wait up to this for others to join
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class BrokerSettings:
     # the invisible time of a PushConsumer's auto-renewed receive, and of each renewal (RocketMQ's proxy:
     # defaultInvisibleTimeMills, 60 s); renewed a sixth of it before it runs out (broker_adapter/rocketmq/renewal.py)
     auto_renew_invisible_ms: int = 60_000
+    # under concurrent load, the calls that came while a proposal was in flight wait this long for others to
+    # join them in the next one (broker_adapter/core/group_commit.py); 0: flushed as soon as the last finishes
+    group_commit_linger_ms: float = 4.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.key_index, bool):
@@ -80,6 +84,7 @@ class BrokerSettings:
             ("retention_hours", 1e6),
             ("retention_bytes", 1 << 62),
             ("disk_max_used_percent", 100),
+            ("group_commit_linger_ms", 100),
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= hi:

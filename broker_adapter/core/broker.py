@@ -71,7 +71,8 @@ class Broker:
         self.commitlog = CommitLog(node.log_store, state_machine)
         # The parts, each given the few others it uses (none of them sees this facade):
         self.leadership = Leadership(node)  # may this node write; its read barrier as a new leader
-        self.group_commit = GroupCommit(node, allocator)  # concurrent calls' entries: one proposal
+        # concurrent calls' entries: one proposal
+        self.group_commit = GroupCommit(node, allocator, linger_s=self.settings.group_commit_linger_ms / 1000)
         self.topics = TopicRegistry(
             state_machine, self.leadership, self.group_commit, self.settings.auto_create_topic_queues
         )

@@ -11,6 +11,13 @@ the one call before; a call cancelled before its flush is left out (nothing of i
 
 A proposal holding a call that wants applied results is a ``node.submit`` (it resolves once applied); one of
 sends only is a ``node.append`` (it resolves at commit).
+
+Under concurrent load (the proposal that just finished carried several calls' entries, and calls came while it
+was in flight) the waiting calls are flushed ``linger_s`` later rather than at once, so that the calls still on
+their way join them: every Raft round costs each node the same gRPC messages, persist and apply turn however
+few entries it carries (about 1.9 ms of a 3-node group's CPU on a 2-vCPU machine, docs/send-budget.md), and
+a loaded group spends less per message, and answers sooner, when its rounds carry more. A lone caller, or
+callers in lock-step (a producer session's), find nothing waiting when a round ends and are never held.
 """
 
 from __future__ import annotations
@@ -47,10 +54,17 @@ class _Call:
 
 
 class GroupCommit:
-    def __init__(self, node: NodeHandle, allocator: QueueOffsetAllocator, max_inflight: int = 1):
+    def __init__(
+        self,
+        node: NodeHandle,
+        allocator: QueueOffsetAllocator,
+        max_inflight: int = 1,
+        linger_s: float = 0.0,
+    ):
         self._node = node
         self._alloc = allocator
         self._max_inflight = max_inflight
+        self._linger_s = linger_s  # [broker] group_commit_linger_ms
         self._pending: list[_Call] = []
         self._inflight = 0
         self._scheduled = False
@@ -139,7 +153,11 @@ class GroupCommit:
         finally:
             self._inflight -= 1
             if self._pending and not self._scheduled:
-                self._flush()
+                if self._linger_s and len(bodies) > 1:  # concurrent load: let more join the next round
+                    self._scheduled = True
+                    asyncio.get_running_loop().call_later(self._linger_s, self._flush)
+                else:
+                    self._flush()
         i = 0
         for c in batch:
             k = len(c.bodies)

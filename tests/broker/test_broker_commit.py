@@ -70,6 +70,48 @@ async def test_a_sequential_send_is_proposed_without_waiting(made):
 
 
 @run
+async def test_under_concurrent_load_waiting_calls_linger_for_others_to_join(made):
+    broker, node = made
+    await topic(broker)
+    node.proposals.clear()
+    node.gate = asyncio.Event()
+    first = [asyncio.create_task(broker.send("T", [out(0, bytes([i]))])) for i in range(2)]
+    await turns()
+    assert node.proposals == [("append", 2)]  # concurrent: one proposal of both
+    waiting = asyncio.create_task(broker.send("T", [out(1, b"w")]))
+    await turns()
+    node.gate.set()
+    await asyncio.gather(*first)
+    await turns()
+    assert node.proposals == [("append", 2)]  # the waiting call lingers: the last round was a busy one
+    joined = asyncio.create_task(broker.send("T", [out(1, b"j")]))
+    await asyncio.sleep(0.2)  # well past [broker] group_commit_linger_ms (4 by default)
+    assert node.proposals == [("append", 2), ("append", 2)]  # the latecomer joined it
+    assert [r.queue_offset for (r,) in await asyncio.gather(waiting, joined)] == [0, 1]
+
+
+@run
+async def test_no_linger_after_a_lone_call_or_when_turned_off(made):
+    broker, node = made
+    await topic(broker)
+    for linger_off in (False, True):
+        if linger_off:
+            broker.group_commit._linger_s = 0.0  # [broker] group_commit_linger_ms = 0
+        node.proposals.clear()
+        node.gate = asyncio.Event()
+        n = 2 if linger_off else 1  # with linger on, a lone call's round holds nobody back
+        first = [asyncio.create_task(broker.send("T", [out(0, b"f")])) for _ in range(n)]
+        await turns()
+        waiting = asyncio.create_task(broker.send("T", [out(1, b"w")]))
+        await turns()
+        node.gate.set()
+        await asyncio.gather(*first)
+        await turns()
+        assert node.proposals == [("append", n), ("append", 1)]  # flushed as the round ended
+        await waiting
+
+
+@run
 async def test_a_failing_call_does_not_fail_its_neighbours(made):
     broker, node = made
     node.config.max_body_bytes = 4096

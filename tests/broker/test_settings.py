@@ -29,6 +29,11 @@ def test_defaults_and_values(tmp_path):
     assert BrokerSettings.of(config(tmp_path, "")) == BrokerSettings()
     assert BrokerSettings().auto_create_topic_queues == 0, "off by default"
     assert BrokerSettings().max_delay_ms == 86_400_000, "RocketMQ's proxy default: 1 day"
+    assert BrokerSettings().group_commit_linger_ms == 4.0
+    assert (
+        BrokerSettings.of(config(tmp_path, "[broker]\ngroup_commit_linger_ms = 0\n")).group_commit_linger_ms
+        == 0
+    )
     s = BrokerSettings.of(
         config(
             tmp_path,
@@ -47,6 +52,7 @@ def test_defaults_and_values(tmp_path):
         ('cluster = "a b"', "cluster 'a b' is invalid"),
         ("retention_hours = -1", "retention_hours"),
         ('nameservers = ["nohost"]', "nameservers"),
+        ("group_commit_linger_ms = 500", r"group_commit_linger_ms must be a number in 0\.\.100"),
     ],
 )
 def test_a_bad_value_stops_the_plugin_naming_the_key(tmp_path, table, match):
