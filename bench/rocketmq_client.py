@@ -329,18 +329,20 @@ def _summary(rows: dict[str, list[tuple[float, float]]], a_name: str, b_name: st
 
 def _up(d: Path, tree: Path | None) -> grp.GroupSpec:
     """A three-node broker group in ``d``; its nodes run the code of source tree ``tree`` (their PYTHONPATH)
-    when given (the spawned nodes inherit this process's environment)."""
-    old = os.environ.get("PYTHONPATH")
+    when given (the spawned nodes inherit this process's environment). PYTHONSAFEPATH keeps the working
+    directory off their ``sys.path``: ``python -m`` puts it first, so nodes started from a checkout would
+    otherwise import that checkout's code whatever PYTHONPATH says (both groups the same code)."""
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH")}
     if tree is not None:
-        os.environ["PYTHONPATH"] = str(tree)
+        os.environ.update(PYTHONPATH=str(tree), PYTHONSAFEPATH="1")
     try:
         g, _ = grp.up(d, 3, None, state_machine="broker")
     finally:
-        if tree is not None:
-            if old is None:
-                del os.environ["PYTHONPATH"]
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
             else:
-                os.environ["PYTHONPATH"] = old
+                os.environ[k] = v
     grp.wait_for_all(g, 30)
     return g
 
