@@ -13,11 +13,12 @@ A proposal holding a call that wants applied results is a ``node.submit`` (it re
 sends only is a ``node.append`` (it resolves at commit).
 
 Under concurrent load (the proposal that just finished carried several calls' entries, and calls came while it
-was in flight) the waiting calls are flushed ``linger_s`` later rather than at once, so that the calls still on
-their way join them: every Raft round costs each node the same gRPC messages, persist and apply turn however
-few entries it carries (about 1.9 ms of a 3-node group's CPU on a 2-vCPU machine, docs/send-budget.md), and
-a loaded group spends less per message, and answers sooner, when its rounds carry more. A lone caller, or
-callers in lock-step (a producer session's), find nothing waiting when a round ends and are never held.
+was in flight) the waiting calls are flushed when as many entries wait as that proposal carried, or
+``linger_s`` later, whichever comes first, rather than at once, so that the calls still on their way join
+them: every Raft round costs each node the same gRPC messages, persist and apply turn however few entries it
+carries (about 1.9 ms of a 3-node group's CPU on a 2-vCPU machine, docs/send-budget.md), and a loaded group
+spends less per message, and answers sooner, when its rounds carry more. A lone caller, or callers in
+lock-step (a producer session's), find nothing waiting when a round ends and are never held.
 """
 
 from __future__ import annotations
@@ -66,8 +67,12 @@ class GroupCommit:
         self._max_inflight = max_inflight
         self._linger_s = linger_s  # [broker] group_commit_linger_ms
         self._pending: list[_Call] = []
+        self._pending_entries = 0
         self._inflight = 0
         self._scheduled = False
+        # Lingering (see the module's docstring): the timer that ends it, and how many entries end it sooner.
+        self._lingering: asyncio.TimerHandle | None = None
+        self._fill = 0
         self._tasks: set[asyncio.Task[None]] = (
             set()
         )  # proposals running (held: the loop keeps only weak refs)
@@ -82,8 +87,13 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         call = _Call(bodies, want_results, loop.create_future(), routes)
         self._pending.append(call)
+        self._pending_entries += len(bodies)
         if self._inflight < self._max_inflight and not self._scheduled:
             self._scheduled = True
+            loop.call_soon(self._flush)
+        elif self._lingering is not None and self._pending_entries >= self._fill:
+            self._lingering.cancel()  # the next round is as full as the last: no need to wait longer
+            self._lingering = None
             loop.call_soon(self._flush)
         return await call.future
 
@@ -97,18 +107,20 @@ class GroupCommit:
 
     def _flush(self) -> None:
         self._scheduled = False
+        self._lingering = None
         while self._pending and self._inflight < self._max_inflight:
             batch: list[_Call] = []
             n = 0
             while self._pending:
                 c = self._pending[0]
                 if c.future.done():  # cancelled while waiting: never proposed
-                    self._pending.pop(0)
+                    self._pending_entries -= len(self._pending.pop(0).bodies)
                     continue
                 if batch and n + len(c.bodies) > MAX_GROUP_ENTRIES:
                     break
                 batch.append(self._pending.pop(0))
                 n += len(c.bodies)
+                self._pending_entries -= len(c.bodies)
             if not batch:
                 return
             self._inflight += 1
@@ -153,9 +165,12 @@ class GroupCommit:
         finally:
             self._inflight -= 1
             if self._pending and not self._scheduled:
-                if self._linger_s and len(bodies) > 1:  # concurrent load: let more join the next round
+                carried = len(bodies)
+                if self._linger_s and carried > 1 and self._pending_entries < carried:
+                    # concurrent load, and fewer waiting than this round carried: let more join the next one
                     self._scheduled = True
-                    asyncio.get_running_loop().call_later(self._linger_s, self._flush)
+                    self._fill = carried
+                    self._lingering = asyncio.get_running_loop().call_later(self._linger_s, self._flush)
                 else:
                     self._flush()
         i = 0

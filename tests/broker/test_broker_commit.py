@@ -85,9 +85,29 @@ async def test_under_concurrent_load_waiting_calls_linger_for_others_to_join(mad
     await turns()
     assert node.proposals == [("append", 2)]  # the waiting call lingers: the last round was a busy one
     joined = asyncio.create_task(broker.send("T", [out(1, b"j")]))
-    await asyncio.sleep(0.2)  # well past [broker] group_commit_linger_ms (4 by default)
-    assert node.proposals == [("append", 2), ("append", 2)]  # the latecomer joined it
+    await turns()
+    # the latecomer joined it, and with that the next round is as full as the last: proposed without waiting
+    assert node.proposals == [("append", 2), ("append", 2)]
     assert [r.queue_offset for (r,) in await asyncio.gather(waiting, joined)] == [0, 1]
+
+
+@run
+async def test_a_linger_ends_at_its_time_when_too_few_calls_come(made):
+    broker, node = made
+    await topic(broker)
+    node.proposals.clear()
+    node.gate = asyncio.Event()
+    first = [asyncio.create_task(broker.send("T", [out(0, bytes([i]))])) for i in range(3)]
+    await turns()
+    waiting = asyncio.create_task(broker.send("T", [out(1, b"w")]))
+    await turns()
+    node.gate.set()
+    await asyncio.gather(*first)
+    await turns()
+    assert node.proposals == [("append", 3)]  # one waits for two more
+    await asyncio.sleep(0.2)  # well past [broker] group_commit_linger_ms (4 by default)
+    assert node.proposals == [("append", 3), ("append", 1)]
+    await waiting
 
 
 @run
