@@ -69,65 +69,56 @@ async def test_a_sequential_send_is_proposed_without_waiting(made):
     assert node.proposals == [("append", 1)] * 3
 
 
-@run
-async def test_under_concurrent_load_waiting_calls_linger_for_others_to_join(made):
-    broker, node = made
-    await topic(broker)
+async def _round_then_waiting(broker, node, callers: int) -> asyncio.Task:
+    """A proposal of ``callers`` concurrent sends, one more send arriving while it is in flight; returns once
+    that proposal finished, with the later send's task."""
     node.proposals.clear()
     node.gate = asyncio.Event()
-    first = [asyncio.create_task(broker.send("T", [out(0, bytes([i]))])) for i in range(2)]
+    first = [asyncio.create_task(broker.send("T", [out(0, bytes([i]))])) for i in range(callers)]
     await turns()
-    assert node.proposals == [("append", 2)]  # concurrent: one proposal of both
+    assert node.proposals == [("append", callers)]  # concurrent: one proposal of them all
     waiting = asyncio.create_task(broker.send("T", [out(1, b"w")]))
     await turns()
     node.gate.set()
     await asyncio.gather(*first)
     await turns()
-    assert node.proposals == [("append", 2)]  # the waiting call lingers: the last round was a busy one
-    joined = asyncio.create_task(broker.send("T", [out(1, b"j")]))
+    return waiting
+
+
+@run
+async def test_under_concurrent_load_waiting_calls_linger_for_others_to_join(made):
+    broker, node = made
+    await topic(broker)
+    waiting = await _round_then_waiting(broker, node, 3)
+    assert node.proposals == [("append", 3)]  # the waiting call lingers: three callers were under way
+    joined = [asyncio.create_task(broker.send("T", [out(1, b"j")])) for _ in range(2)]
     await turns()
-    # the latecomer joined it, and with that the next round is as full as the last: proposed without waiting
-    assert node.proposals == [("append", 2), ("append", 2)]
-    assert [r.queue_offset for (r,) in await asyncio.gather(waiting, joined)] == [0, 1]
+    # the latecomers joined it, and with that the next round is as full as the last: proposed without waiting
+    assert node.proposals == [("append", 3), ("append", 3)]
+    assert [r.queue_offset for (r,) in await asyncio.gather(waiting, *joined)] == [0, 1, 2]
 
 
 @run
 async def test_a_linger_ends_at_its_time_when_too_few_calls_come(made):
     broker, node = made
     await topic(broker)
-    node.proposals.clear()
-    node.gate = asyncio.Event()
-    first = [asyncio.create_task(broker.send("T", [out(0, bytes([i]))])) for i in range(3)]
-    await turns()
-    waiting = asyncio.create_task(broker.send("T", [out(1, b"w")]))
-    await turns()
-    node.gate.set()
-    await asyncio.gather(*first)
-    await turns()
-    assert node.proposals == [("append", 3)]  # one waits for two more
+    waiting = await _round_then_waiting(broker, node, 4)
+    assert node.proposals == [("append", 4)]  # one waits for three more
     await asyncio.sleep(0.2)  # well past [broker] group_commit_linger_ms (4 by default)
-    assert node.proposals == [("append", 3), ("append", 1)]
+    assert node.proposals == [("append", 4), ("append", 1)]
     await waiting
 
 
 @run
-async def test_no_linger_after_a_lone_call_or_when_turned_off(made):
+async def test_no_linger_after_one_or_two_callers_or_when_turned_off(made):
+    """A lone caller, and a producer session (its batches come one or two to a round), are never held."""
     broker, node = made
     await topic(broker)
-    for linger_off in (False, True):
-        if linger_off:
+    for callers, linger_on in ((1, True), (2, True), (3, False)):
+        if not linger_on:
             broker.group_commit._linger_s = 0.0  # [broker] group_commit_linger_ms = 0
-        node.proposals.clear()
-        node.gate = asyncio.Event()
-        n = 2 if linger_off else 1  # with linger on, a lone call's round holds nobody back
-        first = [asyncio.create_task(broker.send("T", [out(0, b"f")])) for _ in range(n)]
-        await turns()
-        waiting = asyncio.create_task(broker.send("T", [out(1, b"w")]))
-        await turns()
-        node.gate.set()
-        await asyncio.gather(*first)
-        await turns()
-        assert node.proposals == [("append", n), ("append", 1)]  # flushed as the round ended
+        waiting = await _round_then_waiting(broker, node, callers)
+        assert node.proposals == [("append", callers), ("append", 1)]  # flushed as the round ended
         await waiting
 
 
