@@ -24,6 +24,7 @@ from broker_adapter.core.retention import Retention, RetentionPolicy
 from broker_adapter.core.statemachine import BrokerStateMachine
 from broker_adapter.members import MEMBER_TTL_S, PullingMembers
 from broker_adapter.nameserver.registrar import Registrar, node_credentials
+from broker_adapter.rocketmq import protocol_without_client
 from broker_adapter.settings import SECTION, BrokerSettings
 from broker_adapter.v1 import admin_pb2_grpc, broker_pb2_grpc, nameserver_pb2
 from dledger.plugins import NodeHandle
@@ -245,4 +246,5 @@ def _scan(log: Any, lo: int, hi: int) -> Iterator[Any]:
 
 
 def make(config: Any) -> BrokerPlugin:
+    protocol_without_client()  # a node serves RocketMQ 5's protocol; it never runs the official client
     return BrokerPlugin(config)

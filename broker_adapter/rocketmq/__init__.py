@@ -13,6 +13,8 @@ Importing this package imports nothing of gRPC; the state machine uses ``invisib
 """
 
 import asyncio
+import importlib.util
+import sys
 
 
 def ensure_event_loop() -> None:
@@ -28,3 +30,30 @@ def ensure_event_loop() -> None:
         policy.get_event_loop()
     except RuntimeError:
         policy.set_event_loop(policy.new_event_loop())
+
+
+def protocol_without_client() -> None:
+    """Let this process import RocketMQ 5's generated protocol (``rocketmq.grpc_protocol``) without the official
+    client: the ``rocketmq`` package's own ``__init__`` imports the whole client, OpenTelemetry's exporters
+    included, which took 40% of a broker node's imports, and a node that serves the protocol never runs the
+    client. The package is registered unexecuted; its ``__init__`` runs at the first name asked of it
+    (``from rocketmq import Producer``), so a process that does use the client later still gets all of it. A
+    process that imported the package already keeps it as it is."""
+    if "rocketmq" in sys.modules:
+        return
+    spec = importlib.util.find_spec("rocketmq")
+    if spec is None or spec.loader is None:
+        return  # not installed: the plugin says so when it tries the protocol
+    package = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+
+    def client(name: str) -> object:
+        del package.__getattr__  # type: ignore[attr-defined]  # once: the real __init__ defines the names
+        loader.exec_module(package)
+        try:
+            return package.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"module 'rocketmq' has no attribute {name!r}") from None
+
+    package.__getattr__ = client  # type: ignore[method-assign]
+    sys.modules["rocketmq"] = package
