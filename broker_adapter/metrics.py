@@ -18,34 +18,18 @@ what it has applied and nothing is counted on the send or consume path, but for 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 from collections import Counter
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from broker_adapter.core.statemachine import BrokerStateMachine
-from dledger.metrics import SCRAPE_TIMEOUT_S
+from dledger.metrics import on_loop
 
 Figures = tuple[dict[str, int], dict[tuple[str, str], tuple[int, int]], int]
-T = TypeVar("T")
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop, take: Callable[[], T]) -> T:
-    """``take()`` run on the node's event loop (where what it reads changes), for a scrape's thread."""
-    fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            fut.set_result(take())
-        except Exception as e:  # reported to the scraper as a failed scrape
-            fut.set_exception(e)
-
-    loop.call_soon_threadsafe(run)
-    return fut.result(timeout=SCRAPE_TIMEOUT_S)
 
 
 def figures(sm: BrokerStateMachine) -> Figures:
@@ -67,7 +51,7 @@ class BrokerCollector(Collector):
         self._sm = sm
 
     def _take(self) -> Figures:
-        return _on_loop(self._loop, lambda: figures(self._sm))
+        return on_loop(self._loop, lambda: figures(self._sm))
 
     def describe(self) -> Iterable[Metric]:
         return []
@@ -119,7 +103,7 @@ class CallsCollector(Collector):
         return []
 
     def collect(self) -> Iterable[Metric]:
-        calls = _on_loop(self._loop, lambda: sorted(self._calls.items()))
+        calls = on_loop(self._loop, lambda: sorted(self._calls.items()))
         family = CounterMetricFamily(
             "dledger_rocketmq_calls",
             "RocketMQ 5 calls the leader serves, taken by this node: served here, relayed or forwarded.",

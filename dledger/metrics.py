@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
@@ -45,6 +45,24 @@ LATENCY_BUCKETS = (
     5.0,
 )
 SCRAPE_TIMEOUT_S = 2.0
+
+
+T = TypeVar("T")
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, take: Callable[[], T]) -> T:
+    """``take()`` run on the node's event loop (where what it reads changes) for a scrape's thread; an error
+    fails the scrape."""
+    fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(take())
+        except Exception as e:  # reported to the scraper as a failed scrape
+            fut.set_exception(e)
+
+    loop.call_soon_threadsafe(run)
+    return fut.result(timeout=SCRAPE_TIMEOUT_S)
 
 
 class _NodeCollector(Collector):
@@ -140,19 +158,7 @@ class NodeMetrics:
     ) -> None:
         """Register the gauges; ``snapshot`` runs on ``loop`` (the node's) at each scrape."""
 
-        def on_loop() -> tuple[NodeInfo, dict[str, int]]:
-            fut: concurrent.futures.Future[tuple[NodeInfo, dict[str, int]]] = concurrent.futures.Future()
-
-            def take() -> None:
-                try:
-                    fut.set_result(snapshot())
-                except Exception as e:  # reported to the scraper as a failed scrape
-                    fut.set_exception(e)
-
-            loop.call_soon_threadsafe(take)
-            return fut.result(timeout=SCRAPE_TIMEOUT_S)
-
-        self.registry.register(_NodeCollector(on_loop))
+        self.registry.register(_NodeCollector(lambda: on_loop(loop, snapshot)))
 
     def serve(self, address: str) -> int:
         """Serve ``/metrics`` on ``host:port`` (port 0 picks a free one); returns the port."""

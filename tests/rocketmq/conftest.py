@@ -95,3 +95,26 @@ def poll(cond, timeout_s: float = 20.0, what: str = "condition", interval_s: flo
             return v
         time.sleep(interval_s)
     raise AssertionError(f"{what} not reached within {timeout_s} s")
+
+
+def receive_exactly_once(consumer, acked: dict[str, int], timeout_s: float = 120) -> dict[str, int]:
+    """Receive and ack until every acknowledged send came (``acked``: message id -> the i of its body
+    ``b"m<i>"``), failing on any message that comes again after its ack; then three more receives, in which
+    nothing acked may come back (a send whose outcome was unknown may: once). Message id -> i of all received."""
+    received: dict[str, int] = {}
+    deadline = time.monotonic() + timeout_s
+    while not set(acked) <= set(received):
+        assert time.monotonic() < deadline, f"received {len(set(acked) & set(received))} of {len(acked)}"
+        for m in consumer.receive(32, 30):
+            assert m.message_id not in received, f"{m.message_id} came again after it was acked"
+            received[m.message_id] = int(bytes(m.body)[1:])
+            consumer.ack(m)
+    for _ in range(3):
+        again = consumer.receive(32, 30)
+        assert all(m.message_id not in received for m in again), "an acked message was delivered again"
+        for m in again:
+            received[m.message_id] = int(bytes(m.body)[1:])
+            consumer.ack(m)
+    for msg_id, i in acked.items():
+        assert received[msg_id] == i, f"acknowledged send {i} came back with another body"
+    return received

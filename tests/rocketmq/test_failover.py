@@ -8,7 +8,6 @@ A ``PushConsumer`` with a listener consumes another topic to its end. Real node 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from rocketmq import FilterExpression, Producer, PushConsumer, SimpleConsumer
@@ -16,7 +15,15 @@ from rocketmq.v5.consumer.push.message_listener import ConsumeResult, MessageLis
 
 from broker_adapter.client import Producer as OurProducer
 from dledger import group as grp
-from tests.rocketmq.conftest import client_config, create_topic, new_message, poll, running, start_group
+from tests.rocketmq.conftest import (
+    client_config,
+    create_topic,
+    new_message,
+    poll,
+    receive_exactly_once,
+    running,
+    start_group,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -56,25 +63,10 @@ def test_producer_through_a_leader_kill_then_simple_consumer_gets_every_acked_se
     grp.start_node(g.node(killed))
     assert len(acked) >= count - 50, f"only {len(acked)} of {count} sends acknowledged ({failed} failed)"
 
-    received: dict[str, int] = {}
     with running(
         SimpleConsumer(client_config(g), "rmq-failover-g", {topic: FilterExpression()}, await_duration=1)
     ) as consumer:
-        deadline = time.monotonic() + 120
-        while not set(acked) <= set(received):
-            assert time.monotonic() < deadline, f"received {len(set(acked) & set(received))} of {len(acked)}"
-            for m in consumer.receive(32, 30):
-                assert m.message_id not in received, f"{m.message_id} came again after it was acked"
-                received[m.message_id] = int(m.body[1:])
-                consumer.ack(m)
-        for _ in range(3):  # everything was acked: nothing comes back
-            again = consumer.receive(32, 30)
-            assert all(m.message_id not in received for m in again), "an acked message was delivered again"
-            for m in again:  # a send whose outcome was unknown may have been stored: received once, acked
-                received[m.message_id] = int(m.body[1:])
-                consumer.ack(m)
-    for msg_id, i in acked.items():
-        assert received[msg_id] == i, f"acknowledged send {i} came back with another body"
+        received = receive_exactly_once(consumer, acked)
     assert len(received) <= count, "nothing was received that no producer sent"
 
 

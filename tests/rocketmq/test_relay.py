@@ -23,7 +23,16 @@ from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
 from broker_adapter.client import BrokerConnection
 from dledger import group as grp
-from tests.rocketmq.conftest import META, create_topic, new_message, poll, running, start_group, stub
+from tests.rocketmq.conftest import (
+    META,
+    create_topic,
+    new_message,
+    poll,
+    receive_exactly_once,
+    running,
+    start_group,
+    stub,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -215,19 +224,10 @@ def _relayed_through_a_leader_kill(g: grp.GroupSpec) -> None:
     assert killed is not None
     grp.start_node(g.node(killed))
     assert len(acked) >= 550, f"only {len(acked)} of 600 sends acknowledged"
-    received: dict[str, int] = {}
     with running(
         SimpleConsumer(
             _config(follower.address), "relay-failover-g", {topic: FilterExpression()}, await_duration=1
         )
     ) as c:
-        deadline = time.monotonic() + 120
-        while not set(acked) <= set(received):
-            assert time.monotonic() < deadline, f"received {len(set(acked) & set(received))} of {len(acked)}"
-            for m in c.receive(32, 20):
-                assert m.message_id not in received, f"{m.message_id} came again after it was acked"
-                received[m.message_id] = int(bytes(m.body)[1:])
-                c.ack(m)
-    for msg_id, i in acked.items():
-        assert received[msg_id] == i
+        received = receive_exactly_once(c, acked)
     assert len(received) <= 600
