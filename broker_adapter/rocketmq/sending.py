@@ -42,8 +42,8 @@ RELAY_ANSWER_S: Final = 5.0
 class Sends:
     """The leader's side of SendMessage; it remembers where each topic's round robin stands."""
 
-    def __init__(self, broker: Broker, channel: Callable[[str], grpc.aio.Channel] | None = None):
-        """``channel``: this node's channel to another node's address, for relaying (None: never relay)."""
+    def __init__(self, broker: Broker, channel: Callable[[str], grpc.aio.Channel]):
+        """``channel``: this node's channel to another node's address, for relaying."""
         self._broker = broker
         self._group = broker.node.group
         self._round_robin: dict[str, int] = {}
@@ -125,8 +125,6 @@ class Sends:
         message id sequence, as a forwarded call's; the answer is the one the leader would give. None: the
         leader serves it (forwarded as the client sent it): another kind, or a topic this node does not know
         (yet: the leader creates or refuses it). ``deadline``: loop time."""
-        if self._channel is None:
-            return None
         msgs = request.messages
         topic = self._request(msgs)
         kinds = [convert.check_type(m) for m in msgs]
@@ -156,7 +154,6 @@ class Sends:
         node = self._broker.node
         if self._sessions is None:
             channel = self._channel
-            assert channel is not None
             self._router = Router([a for a in map(node.address_of, node.config.peers) if a])
             self._sessions = Sessions(
                 self._router,

@@ -11,7 +11,6 @@ exactly once. The follower's ``dledger_rocketmq_calls_total`` says which path ea
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 import urllib.request
 from concurrent.futures import wait
@@ -37,20 +36,14 @@ from tests.rocketmq.conftest import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def metered_group(tmp_path_factory):
     """A three-node broker group whose every node serves /metrics: (group, metrics address by node id). Shared
     by the tests that kill nothing; each reads the counters' change over its own calls."""
     g = grp.create(tmp_path_factory.mktemp("relay") / "g", 3, None, state_machine="broker")
     metrics = {}
-    for n in g.nodes:
-        metrics[n.id] = f"127.0.0.1:{_free_port()}"
+    for n, port in zip(g.nodes, grp.free_ports(len(g.nodes)), strict=True):
+        metrics[n.id] = f"127.0.0.1:{port}"
         text = Path(n.config).read_text()
         Path(n.config).write_text(f'metrics_listen = "{metrics[n.id]}"\n' + text)
     try:
