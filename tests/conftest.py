@@ -1,4 +1,4 @@
-"""Settings for every test: small index files for every node the suite starts.
+"""Settings for every test: small index files for every node the suite starts, quick Spark drivers.
 
 A node preallocates its index files whole (storage/index.py); at DLedger's 160 MiB a file, the hundreds of
 nodes the suite creates wrote tens of gigabytes under /tmp at its peak. ``[storage] index_units_per_file``
@@ -23,6 +23,13 @@ os.environ.setdefault(INDEX_UNITS_ENV, str(TEST_INDEX_UNITS))
 # stops when this process is gone (dledger/owner.py): a run ended by its time limit, or an xdist worker ended by
 # pytest-timeout, leaves none of them running on the machine. Each xdist worker names itself.
 os.environ[OWNER_ENV] = str(os.getpid())
+
+# Every Spark driver a test starts (in-process sessions, ``dledger audit``, spark-submit) is a short-lived JVM
+# over a few megabytes: its own start-up and the JIT's second tier are most of its time. Spark's launcher adds
+# SPARK_SUBMIT_OPTS to the driver's command line (silently, unlike JAVA_TOOL_OPTIONS), so the suite's drivers
+# stop at the quick first tier and use the serial collector: the Spark tests and the demo tour took 175 s
+# against 215 with the JVM's defaults (docs/benchmarks.md, "Test suite time"). A production audit keeps them.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 # -- pytest-xdist: the longest files first ------------------------------------------------------------------------
