@@ -90,8 +90,10 @@ class ProducerState:
     order: deque[int] = field(default_factory=deque)  # sequences of ``recent`` in log order
 
     def record(self, seq: int, d: Dispatched) -> None:
-        self.last_seq = max(self.last_seq, seq)
-        if seq not in self.recent:
+        if seq > self.last_seq:  # the usual case: a sequence above every one recorded is not in ``recent``
+            self.last_seq = seq
+            self.order.append(seq)
+        elif seq not in self.recent:
             self.order.append(seq)
         self.recent[seq] = d
         if len(self.order) > PRODUCER_WINDOW:
@@ -300,7 +302,8 @@ class BrokerStateMachine:
         if q == cq.max_offset:
             if not cq.has_appended:
                 self._unwritten.append(cq)
-            cq.append(commitlog_offset, r.size, message.tags_code(r.tags))
+            tags = r.tags
+            cq.append(commitlog_offset, r.size, message.java_string_hash(tags) if tags else 0)  # tags_code
         elif q < cq.max_offset:
             held_offset, held_size = self._held_unit(cq, q)
             if held_offset > commitlog_offset:
@@ -336,7 +339,7 @@ class BrokerStateMachine:
             st = self.producers.get(pid)
             if st is None:
                 st = self.producers[pid] = ProducerState()
-            elif self.sent(pid, seq) is not False:
+            elif seq <= st.last_seq and self.sent(pid, seq) is not False:  # (``sent`` is False above it)
                 self.duplicates += 1
             st.record(seq, d)
         if r.topic == TIMER_TOPIC or r.topic == HALF_TOPIC:

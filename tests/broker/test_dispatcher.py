@@ -202,6 +202,25 @@ def test_producer_table_is_bounded_and_survives_a_snapshot(tmp_path, monkeypatch
     again.close()
 
 
+def test_producer_table_takes_sequences_out_of_order_and_counts_a_repeat_once(tmp_path):
+    """Concurrent sends of one producer reach the log out of sequence order; a sequence already in the log
+    (a retry the leader should have caught) is counted as a duplicate, the others are not."""
+    sm = BrokerStateMachine(tmp_path / "cq")
+    log = Log()
+    sm.apply(log.entries([commands.encode(commands.CreateTopic("t", 1))]))
+    for q, seq in enumerate([0, 2, 1, 2]):
+        props = {message.PROPERTY_PRODUCER_ID: "p1", message.PROPERTY_SEQUENCE: str(seq)}
+        raw = bytearray(message.encode(message.Message(topic="t", body=b"b", properties=props)))
+        message.patch_placement(raw, q, log.pos + 48)
+        sm.apply(log.entries([bytes(raw)]))
+    assert sm.duplicates == 1
+    assert [sm.sent("p1", s).queue_offset for s in (0, 1)] == [0, 2]
+    assert sm.sent("p1", 2).queue_offset == 3, "the repeat's place is the one remembered"
+    assert sm.sent("p1", 3) is False
+    assert list(sm.producers["p1"].order) == [0, 2, 1] and sm.producers["p1"].last_seq == 2
+    sm.close()
+
+
 def test_a_message_not_placed_by_the_broker_is_skipped_not_fatal(tmp_path):
     sm = BrokerStateMachine(tmp_path / "cq")
     log = Log()
