@@ -1,5 +1,16 @@
-"""``python -m dledger``: the same command line as the ``dledger`` console script."""
+"""``python -m dledger``, and the ``dledger`` console script (``run``): the command line of ``dledger.cli``,
+started after the gRPC settings of ``dledger.grpc_env``, which must come before anything imports gRPC."""
 
-from dledger.cli import main
+from dledger.grpc_env import prefer_classic_listener
 
-main()
+prefer_classic_listener()
+
+from dledger.cli import main  # noqa: E402  (gRPC reads its settings when imported: after the line above)
+
+
+def run() -> None:
+    main()
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+from dledger.grpc_env import prefer_classic_listener
 from storage.fileio import FileIO
 
 CONTROL = "chaos-disk-full"
@@ -63,6 +64,7 @@ def _data_dir(argv: list[str]) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    prefer_classic_listener()  # the same gRPC settings as ``python -m dledger`` (dledger/grpc_env.py)
     data_dir = _data_dir(argv)
     control = str(control_path(data_dir))
 

@@ -263,7 +263,8 @@ class Node:
             t.add_done_callback(self._task_done)
         self._members.watch_conf()
         log.info(
-            "%s started: group %s, term %d, last index %d, listening on %s, flush %s, event loop %s",
+            "%s started: group %s, term %d, last index %d, listening on %s, flush %s, event loop %s, "
+            "gRPC experiments %s",
             self.id,
             self.group,
             hard_state.term,
@@ -271,6 +272,7 @@ class Node:
             cfg.bind,
             cfg.flush,
             type(loop).__module__,
+            os.environ.get("GRPC_EXPERIMENTS") or "(gRPC's defaults)",  # dledger/grpc_env.py
         )
 
     def _new_core(self, hard_state: HardState, applied: int) -> RaftCore:

@@ -1,14 +1,19 @@
 """A node started as ``dledger node`` (a real process, as ``dledger group up`` starts it) runs on uvloop, the
-event loop ``dledger.runtime.node.serve`` installs (docs/send-budget.md), and serves appends on it."""
+event loop ``dledger.runtime.node.serve`` installs (docs/send-budget.md), and serves appends on it; its gRPC
+server uses the classic listener ``dledger.grpc_env`` asks for, unless the environment set GRPC_EXPERIMENTS."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from dledger import group as grp
 from dledger.client import DLedgerClient
+from dledger.grpc_env import EXPERIMENTS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,6 +32,35 @@ def test_a_node_process_runs_on_uvloop_and_serves(tmp_path: Path) -> None:
             for line in (Path(g.nodes[0].data_dir) / "node.log").read_text().splitlines()
             if " started: " in line
         ]
-        assert started and started[-1].endswith("event loop uvloop"), started
+        assert started and "event loop uvloop, " in started[-1], started
+        expected = os.environ.get("GRPC_EXPERIMENTS") or EXPERIMENTS  # a setting of the environment wins
+        assert started[-1].endswith(f"gRPC experiments {expected}"), started
     finally:
         grp.stop_group(g)
+
+
+def _entry_setting(env: dict[str, str], code: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    return out.stdout.strip()
+
+
+def test_the_entry_point_sets_grpc_experiments_before_grpc_is_imported_and_keeps_the_users() -> None:
+    """``dledger.__main__`` (``python -m dledger`` and the ``dledger`` script) sets it, and before gRPC is
+    imported (which reads it only then: ``prefer_classic_listener`` sets nothing once gRPC is imported, the
+    last case); a value the user set is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    show = (
+        "import os, sys, dledger.__main__; print(os.environ.get('GRPC_EXPERIMENTS'), 'grpc' in sys.modules)"
+    )
+    assert _entry_setting(env, show) == f"{EXPERIMENTS} True"
+    assert (
+        _entry_setting({**env, "GRPC_EXPERIMENTS": "-event_engine_client"}, show)
+        == "-event_engine_client True"
+    )
+    late = (
+        "import grpc, os; from dledger.grpc_env import prefer_classic_listener; "
+        "print(prefer_classic_listener(), os.environ.get('GRPC_EXPERIMENTS'))"
+    )
+    assert _entry_setting(env, late) == "False None"
