@@ -23,12 +23,14 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Final
 
 from dledger import owner
 from dledger.errors import ConfigError, DLedgerError, OutcomeUnknownError, UnavailableError
@@ -92,11 +94,44 @@ class NodeStatus:
         return asdict(self)
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports that were free a moment ago on 127.0.0.1 (the OS picks them)."""
-    socks, ports = [], []
+LISTEN_PORTS_FROM: Final = 20000  # free_ports picks from here up to the kernel's ephemeral range
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (``ip_local_port_range``)."""
     try:
-        for _ in range(n):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports that were free a moment ago on 127.0.0.1, each bound (and let go) here to be sure.
+
+    They are taken below the kernel's ephemeral range: a port the OS would pick for ``bind(0)`` is one it may
+    also give any outgoing connection as its local port, and on a busy machine one did, between this call and
+    the node's bind ("Failed to bind to address"). Ports from ``LISTEN_PORTS_FROM`` up are tried in a random
+    order; where the ephemeral range leaves no room below it, the OS picks."""
+    low, _ = _ephemeral_ports()
+    room = range(LISTEN_PORTS_FROM, low)
+    # A generator of its own (callers' random state is theirs); a sample, not a shuffle of the whole range.
+    candidates = random.Random().sample(room, min(len(room), n + 64))
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for port in candidates:
+            if len(ports) == n:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use (or in TIME_WAIT: passed over, it will be free later)
+                s.close()
+                continue
+            socks.append(s)
+            ports.append(port)
+        while len(ports) < n:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind(("127.0.0.1", 0))
             socks.append(s)

@@ -38,19 +38,13 @@ app = typer.Typer()
 broker_cli.register(app)  # the broker's commands of the dledger CLI
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def g(tmp_path_factory):
     directory = tmp_path_factory.mktemp("admin")
     spec = grp.create(directory / "g", 3, None, state_machine="broker")
     for n in spec.nodes:
         text = Path(n.config).read_text()
-        Path(n.config).write_text(f'metrics_listen = "127.0.0.1:{_free_port()}"\n' + text)
+        Path(n.config).write_text(f'metrics_listen = "127.0.0.1:{grp.free_ports(1)[0]}"\n' + text)
     for n in spec.nodes:
         grp.start_node(n)
     try:

@@ -364,6 +364,9 @@ def test_topic_auto_create_is_off_by_default_and_goes_through_the_log_when_on(tm
 
         async with group(tmp_path / "off") as g:
             leader = await g.leader()
+            # A new leader's first entry (its term's no-op) may not be in its log yet: wait, or it lands after
+            # ``before`` and looks like a write of the refused send.
+            await g.until(lambda: leader.commit_index >= 0, what="the leader's first entry committed")
             before = leader.log_store.last_index
             async with grpc.aio.insecure_channel(leader.config.address) as ch:
                 stub = broker_pb2_grpc.BrokerStub(ch)

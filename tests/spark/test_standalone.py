@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,14 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from dledger import group as grp
 from spark.audit import EXIT_OK, EXIT_VIOLATIONS
 from tests.spark import builder as b
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spark_home() -> Path:
@@ -49,7 +43,7 @@ def standalone(tmp_path_factory):
         "PYSPARK_PYTHON": sys.executable,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    port = _free_port()
+    port, master_ui, worker_ui = grp.free_ports(3)
     master_url = f"spark://127.0.0.1:{port}"
     procs: list[subprocess.Popen] = []
     logs = {name: open(work / f"{name}.log", "w") for name in ("master", "worker")}  # noqa: SIM115
@@ -64,7 +58,7 @@ def standalone(tmp_path_factory):
                     "--port",
                     str(port),
                     "--webui-port",
-                    str(_free_port()),
+                    str(master_ui),
                 ],
                 stdout=logs["master"],
                 stderr=subprocess.STDOUT,
@@ -84,7 +78,7 @@ def standalone(tmp_path_factory):
                     "--memory",
                     "1g",
                     "--webui-port",
-                    str(_free_port()),
+                    str(worker_ui),
                     "--work-dir",
                     str(work / "worker"),
                     master_url,
@@ -175,7 +169,6 @@ def test_the_dledger_source_and_sink_run_on_a_standalone_cluster(standalone, tmp
     """The executors import the source from the zip ``register`` ships (their working directory is the worker's,
     not this tree): a batch read of a live group's topic and a write of it to another topic."""
     from broker_adapter.client import BrokerConnection, Consumer, Producer
-    from dledger import group as grp
     from spark.session import ROOT
 
     master_url, env = standalone

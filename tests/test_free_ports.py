@@ -1,0 +1,38 @@
+"""``dledger.group.free_ports``: ports for a local group's nodes, taken where no outgoing connection can take them
+first (below the kernel's ephemeral range), each one free when it was chosen."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from dledger import group as grp
+
+
+def test_ports_are_distinct_below_the_ephemeral_range_and_free() -> None:
+    low, _ = grp._ephemeral_ports()
+    ports = grp.free_ports(24)
+    assert len(set(ports)) == 24
+    assert all(grp.LISTEN_PORTS_FROM <= p < low for p in ports), ports
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+
+
+def test_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        # the only room below the "ephemeral range" is the port in use and the one after it
+        monkeypatch.setattr(grp, "LISTEN_PORTS_FROM", port)
+        monkeypatch.setattr(grp, "_ephemeral_ports", lambda: (port + 2, 65535))
+        (got,) = grp.free_ports(1)  # port + 1, or the OS's pick if that one is busy too
+        assert got != port
+
+
+def test_without_room_below_the_ephemeral_range_the_os_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grp, "_ephemeral_ports", lambda: (grp.LISTEN_PORTS_FROM, 65535))
+    ports = grp.free_ports(3)
+    assert len(set(ports)) == 3 and all(p > 0 for p in ports)
