@@ -81,8 +81,7 @@ def nameserver(
             fail(f"--skew-s must be in 1..86400, got {skew_s}", 2)
         security = NameServerSecurity(cert, key, ca, admin, users, skew_s)  # type: ignore[arg-type]
         try:
-            security.load()
-            security.consumer_groups()
+            security.load()  # every file read and checked before the server starts
         except DLedgerError as e:
             fail(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

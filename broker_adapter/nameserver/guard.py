@@ -70,14 +70,13 @@ def _user_tables(path: Path) -> list[dict[str, Any]]:
     return tables
 
 
-def read_users(path: Path) -> dict[str, str]:
-    """access key -> secret key from a users file: ``[[user]]`` tables with ``access_key`` and ``secret_key``."""
-    return {u["access_key"]: u["secret_key"] for u in _user_tables(path)}
-
-
-def read_consumer_groups(path: Path) -> dict[str, frozenset[str]]:
-    """access key -> the consumer groups that user may join (``consumer_groups``; none when absent)."""
-    return {u["access_key"]: frozenset(u.get("consumer_groups", ())) for u in _user_tables(path)}
+def read_users(path: Path) -> tuple[dict[str, str], dict[str, frozenset[str]]]:
+    """From a users file (``[[user]]`` tables with ``access_key``, ``secret_key`` and ``consumer_groups``), read
+    once so both come from the same version of it: access key -> secret key, and access key -> the consumer
+    groups that user may join (none when absent)."""
+    tables = _user_tables(path)
+    secrets = {u["access_key"]: u["secret_key"] for u in tables}
+    return secrets, {u["access_key"]: frozenset(u.get("consumer_groups", ())) for u in tables}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,29 +91,23 @@ class NameServerSecurity:
     users: Path | None = None
     skew_s: int = auth.DEFAULT_SKEW_S
 
-    def load(self) -> tuple[bytes, bytes, bytes, dict[str, str], str]:
-        """(cert, key, ca) PEM bytes, every access key it accepts with its secret, and the admin's access key;
-        ConfigError naming a missing or bad file."""
+    def load(self) -> tuple[bytes, bytes, bytes, dict[str, str], str, dict[str, frozenset[str]]]:
+        """(cert, key, ca) PEM bytes and ``read_users``'s three; ConfigError naming a missing or bad file."""
         pems = []
         for path, what in ((self.cert, "--cert"), (self.key, "--key"), (self.ca, "--ca")):
             try:
                 pems.append(Path(path).read_bytes())
             except OSError as e:
                 raise ConfigError(f"name server {what} {path}: {e.strerror or e}") from None
-        secrets, admin, _ = self.read_users()
-        return pems[0], pems[1], pems[2], secrets, admin
+        return pems[0], pems[1], pems[2], *self.read_users()
 
     def read_users(self) -> tuple[dict[str, str], str, dict[str, frozenset[str]]]:
         """Every access key it accepts with its secret, the admin's access key, and the consumer groups each
-        user may join: from the admin file and the users file, read now (at start, and at each reload);
-        ConfigError naming a missing or bad file."""
+        user may join (the admin: every group): from the admin file and the users file, each read once, now
+        (at start, and at each reload); ConfigError naming a missing or bad file."""
         ak, sk = read_credentials(Path(self.admin))
-        users = read_users(Path(self.users)) if self.users else {}
-        return {**users, ak: sk}, ak, self.consumer_groups()
-
-    def consumer_groups(self) -> dict[str, frozenset[str]]:
-        """access key -> consumer groups it may join, from the users file (the admin: every group)."""
-        return read_consumer_groups(Path(self.users)) if self.users else {}
+        users, groups = read_users(Path(self.users)) if self.users else ({}, {})
+        return {**users, ak: sk}, ak, groups
 
 
 def _method(full: str) -> tuple[str, str]:

@@ -216,12 +216,10 @@ async def serve(
     material: Reloadable | None = None
     reload: Callable[[], dict[str, Any]] | None = None
     if security is not None:
-        _cert, _key, _ca, secrets, admin = security.load()
+        _cert, _key, _ca, secrets, admin, groups = security.load()
         files = MaterialFiles(security.cert, security.key, security.ca, prefix="name server --")
         material = Reloadable(files.read, lambda m: check_material(m, files))
-        guard = NameServerGuard(
-            material.material.ca_pem, secrets, admin, security.skew_s, security.consumer_groups()
-        )
+        guard = NameServerGuard(material.material.ca_pem, secrets, admin, security.skew_s, groups)
         material.on_reload(lambda m: guard.set_ca(m.ca_pem))
         interceptors.append(guard)
         reload = _reloader(security, material, guard)

@@ -12,7 +12,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from broker_adapter.nameserver.guard import NameServerSecurity, read_consumer_groups, read_users
+from broker_adapter.nameserver.guard import NameServerSecurity, read_users
 from dledger.errors import ConfigError
 from dledger.security import auth, certs, tls
 
@@ -87,7 +87,7 @@ def test_the_name_servers_files_are_checked_with_messages_naming_them(tmp_path: 
     with pytest.raises(ConfigError, match="not valid TOML"):
         read_users(users)
     users.write_text('[[user]]\naccess_key = "alice"\nsecret_key = "s1"\n')
-    assert read_users(users) == {"alice": "s1"}
+    assert read_users(users) == ({"alice": "s1"}, {"alice": frozenset()})
     admin = tmp_path / "admin.toml"
     admin.write_text('access_key = "admin"\nsecret_key = "s0"\n')
     missing = NameServerSecurity(tmp_path / "none.pem", tmp_path / "k", tmp_path / "ca", admin)
@@ -96,7 +96,7 @@ def test_the_name_servers_files_are_checked_with_messages_naming_them(tmp_path: 
     for name in ("ns.pem", "ns.key", "ca.pem"):
         (tmp_path / name).write_bytes(b"x")
     sec = NameServerSecurity(tmp_path / "ns.pem", tmp_path / "ns.key", tmp_path / "ca.pem", admin, users)
-    assert sec.load()[3:] == ({"alice": "s1", "admin": "s0"}, "admin")
+    assert sec.load()[3:] == ({"alice": "s1", "admin": "s0"}, "admin", {"alice": frozenset()})
 
 
 def test_a_users_file_names_the_consumer_groups_each_user_may_join(tmp_path: Path):
@@ -106,16 +106,17 @@ def test_a_users_file_names_the_consumer_groups_each_user_may_join(tmp_path: Pat
         '[[user]]\naccess_key = "ops"\nsecret_key = "s2"\nconsumer_groups = ["*"]\n'
         '[[user]]\naccess_key = "bob"\nsecret_key = "s3"\n'
     )
-    assert read_consumer_groups(users) == {
+    secrets, groups = read_users(users)
+    assert groups == {
         "alice": frozenset({"billing", "audit"}),
         "ops": frozenset({"*"}),
         "bob": frozenset(),  # none given: bob may ask routes, not join a consumer group
     }
-    assert read_users(users) == {"alice": "s1", "ops": "s2", "bob": "s3"}
+    assert secrets == {"alice": "s1", "ops": "s2", "bob": "s3"}
     for bad in ('"billing"', "[1]", '[""]'):
         users.write_text(f'[[user]]\naccess_key = "alice"\nsecret_key = "s1"\nconsumer_groups = {bad}\n')
         with pytest.raises(ConfigError, match=r"#1 \(alice\): consumer_groups must be a list"):
-            read_consumer_groups(users)
+            read_users(users)
 
 
 def test_cluster_certs_issues_name_server_certificates_that_name_no_node(tmp_path):
@@ -142,3 +143,21 @@ def test_cluster_certs_issues_name_server_certificates_that_name_no_node(tmp_pat
     assert node_identity(cert) is None
     with pytest.raises(ValueError, match="other than node and group"):
         certs.make_service_cert(certs.load_or_make_ca(tmp_path), "node", "n9")
+
+
+def test_a_load_reads_the_users_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Secrets and consumer groups come from one reading of the file, so a reload never pairs two versions."""
+    from broker_adapter.nameserver import guard
+
+    users = tmp_path / "users.toml"
+    users.write_text('[[user]]\naccess_key = "alice"\nsecret_key = "s1"\nconsumer_groups = ["billing"]\n')
+    admin = tmp_path / "admin.toml"
+    admin.write_text('access_key = "admin"\nsecret_key = "s0"\n')
+    for name in ("ns.pem", "ns.key", "ca.pem"):
+        (tmp_path / name).write_bytes(b"x")
+    reads: list[Path] = []
+    tables = guard._user_tables
+    monkeypatch.setattr(guard, "_user_tables", lambda p: reads.append(p) or tables(p))
+    sec = NameServerSecurity(tmp_path / "ns.pem", tmp_path / "ns.key", tmp_path / "ca.pem", admin, users)
+    assert sec.load()[5] == {"alice": frozenset({"billing"})}
+    assert reads == [users]
