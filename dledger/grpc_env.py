@@ -2,7 +2,7 @@
 
 gRPC 1.85 accepts connections through its EventEngine listener by default. On this project's servers the
 classic listener costs less per message on every connection it accepted (a bare unary call, an AppendEntries
-on a follower's stream, a producer session's batch): 8-16% less node CPU per sequential call, and 5-12% lower
+on a follower's stream, a producer session's batch): 5-16% less node CPU per sequential call, and 5-12% lower
 p50 latency, measured side by side (docs/decisions/0028-grpc-classic-listener.md). So the processes that run
 servers (``python -m dledger``: a node, a name server, the console; the chaos ``faultnode`` launcher) ask gRPC
 for the classic listener, unless ``GRPC_EXPERIMENTS`` is already set, which then wins as it is. The client side
