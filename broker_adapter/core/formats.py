@@ -98,7 +98,6 @@ class MessageFields:
     msg_id: str | None
 
 
-@functools.lru_cache(maxsize=4096)
 def java_string_hash(s: str) -> int:
     """Java's String.hashCode (over UTF-16 code units, 32-bit wrap): RocketMQ's tags code."""
     h = 0
@@ -108,7 +107,9 @@ def java_string_hash(s: str) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+@functools.lru_cache(maxsize=4096)
 def tags_code(tags: str | None) -> int:
+    """A ConsumeQueue unit's tags code (0: no tags). Cached: every message's dispatch asks it, of a few tags."""
     return java_string_hash(tags) if tags else 0
 
 

@@ -302,8 +302,7 @@ class BrokerStateMachine:
         if q == cq.max_offset:
             if not cq.has_appended:
                 self._unwritten.append(cq)
-            tags = r.tags
-            cq.append(commitlog_offset, r.size, message.java_string_hash(tags) if tags else 0)  # tags_code
+            cq.append(commitlog_offset, r.size, message.tags_code(r.tags))
         elif q < cq.max_offset:
             held_offset, held_size = self._held_unit(cq, q)
             if held_offset > commitlog_offset:
