@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -97,13 +98,19 @@ class NodeStatus:
 LISTEN_PORTS_FROM: Final = 20000  # free_ports picks from here up to the kernel's ephemeral range
 
 
-def _ephemeral_ports() -> tuple[int, int]:
-    """The kernel's range for the local ports of outgoing connections (``ip_local_port_range``)."""
+def _ephemeral_low() -> int:
+    """Where the kernel's range for the local ports of outgoing connections starts (``ip_local_port_range``)."""
     try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+# Where this process's next free_ports call starts looking. Ports handed out are not bound until a node starts,
+# so independent draws (a sample per call) gave the same port to two groups of one cluster; a walk through the
+# room gives distinct ports until it has gone all the way round, as the kernel's own choice did, and each
+# process starts it at a random place, away from other processes' walks.
+_cursor = itertools.count(random.randrange(1 << 16))
 
 
 def free_ports(n: int) -> list[int]:
@@ -111,17 +118,17 @@ def free_ports(n: int) -> list[int]:
 
     They are taken below the kernel's ephemeral range: a port the OS would pick for ``bind(0)`` is one it may
     also give any outgoing connection as its local port, and on a busy machine one did, between this call and
-    the node's bind ("Failed to bind to address"). Ports from ``LISTEN_PORTS_FROM`` up are tried in a random
-    order; where the ephemeral range leaves no room below it, the OS picks."""
-    low, _ = _ephemeral_ports()
-    room = range(LISTEN_PORTS_FROM, low)
-    # A generator of its own (callers' random state is theirs); a sample, not a shuffle of the whole range.
-    candidates = random.Random().sample(room, min(len(room), n + 64))
+    the node's bind ("Failed to bind to address"). Ports from ``LISTEN_PORTS_FROM`` up are tried in turn
+    (``_cursor``); where the ephemeral range leaves no room below it, the OS picks."""
+    room = range(LISTEN_PORTS_FROM, _ephemeral_low())
+    # taken one at a time, only while more are needed: the cursor moves past the ports tried, no further
+    candidates = (room[next(_cursor) % len(room)] for _ in range(min(len(room), n + 64)))
     socks: list[socket.socket] = []
     ports: list[int] = []
     try:
-        for port in candidates:
-            if len(ports) == n:
+        while len(ports) < n:
+            port = next(candidates, None)
+            if port is None:
                 break
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:

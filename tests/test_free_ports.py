@@ -11,7 +11,7 @@ from dledger import group as grp
 
 
 def test_ports_are_distinct_below_the_ephemeral_range_and_free() -> None:
-    low, _ = grp._ephemeral_ports()
+    low = grp._ephemeral_low()
     ports = grp.free_ports(24)
     assert len(set(ports)) == 24
     assert all(grp.LISTEN_PORTS_FROM <= p < low for p in ports), ports
@@ -27,12 +27,19 @@ def test_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
         port = held.getsockname()[1]
         # the only room below the "ephemeral range" is the port in use and the one after it
         monkeypatch.setattr(grp, "LISTEN_PORTS_FROM", port)
-        monkeypatch.setattr(grp, "_ephemeral_ports", lambda: (port + 2, 65535))
+        monkeypatch.setattr(grp, "_ephemeral_low", lambda: port + 2)
         (got,) = grp.free_ports(1)  # port + 1, or the OS's pick if that one is busy too
         assert got != port
 
 
 def test_without_room_below_the_ephemeral_range_the_os_picks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(grp, "_ephemeral_ports", lambda: (grp.LISTEN_PORTS_FROM, 65535))
+    monkeypatch.setattr(grp, "_ephemeral_low", lambda: grp.LISTEN_PORTS_FROM)
     ports = grp.free_ports(3)
     assert len(set(ports)) == 3 and all(p > 0 for p in ports)
+
+
+def test_calls_in_a_row_hand_out_distinct_ports() -> None:
+    """Ports are not bound until a node starts: a cluster's groups, each given its ports by a call of its own,
+    must not be given the same one."""
+    ports = [p for _ in range(300) for p in grp.free_ports(3)]
+    assert len(set(ports)) == len(ports)
