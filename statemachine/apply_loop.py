@@ -87,24 +87,20 @@ class ApplyLoop:
         hi = min(self.commit_index + 1, lo + self._max_entries)
         if lo >= hi:
             return []
-        entries = self._log.entries(lo, hi, self._max_bytes)
-        normal = [
-            CommittedEntry(h.index, h.term, h.pos, e.body)
-            for e in entries
-            if (h := e.header).magic == codec.MAGIC_NORMAL
-        ]
+        rows = self._log.entry_fields(lo, hi, self._max_bytes)  # (magic, index, term, pos, body)
+        normal = [CommittedEntry(i, t, p, b) for m, i, t, p, b in rows if m == codec.MAGIC_NORMAL]
         results = self.state_machine.apply(normal) if normal else []
         if len(results) != len(normal):
             raise RuntimeError(
                 f"state machine {self.state_machine.name!r} returned {len(results)} results for {len(normal)} entries"
             )
-        if len(normal) == len(entries):  # the usual chunk: no configuration or no-op entries in it
+        if len(normal) == len(rows):  # the usual chunk: no configuration or no-op entries in it
             applied = [Applied(c.index, c.term, c.pos, r) for c, r in zip(normal, results, strict=True)]
         else:
             by_index = {c.index: r for c, r in zip(normal, results, strict=True)}
-            applied = [Applied(e.index, e.term, e.pos, by_index.get(e.index)) for e in entries]
-        self.applied_bytes += sum(e.header.body_length for e in entries)
-        self.applied_index = entries[-1].index
+            applied = [Applied(i, t, p, by_index.get(i)) for _, i, t, p, _ in rows]
+        self.applied_bytes += sum(len(row[4]) for row in rows)
+        self.applied_index = rows[-1][1]
         if self._on_applied is not None:
             self._on_applied(applied)
         return applied

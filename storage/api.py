@@ -14,6 +14,9 @@ from typing import Protocol, runtime_checkable
 
 from storage.codec import MAGIC_NORMAL, Entry
 
+# One entry as a bulk reader needs it (``LogStore.entry_fields``): (magic, index, term, pos, body).
+EntryFields = tuple[int, int, int, int, bytes | memoryview]
+
 
 @dataclass(frozen=True, slots=True)
 class HardState:
@@ -83,6 +86,11 @@ class LogStore(Protocol):
 
     def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
         """Entries lo..hi-1, stopping early once ``max_bytes`` is reached (always at least one entry)."""
+        ...
+
+    def entry_fields(self, lo: int, hi: int, max_bytes: int | None = None) -> list[EntryFields]:
+        """``entries`` as plain (magic, index, term, pos, body) tuples, read and checked the same way: a reader
+        that passes over every entry once (the apply loop) need not pay for an ``Entry`` and a ``Header`` each."""
         ...
 
     def raw(self, lo: int, hi: int, max_bytes: int | None = None) -> bytes:

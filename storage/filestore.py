@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
 
 from storage import bodies, codec
-from storage.api import LogPosition
+from storage.api import EntryFields, LogPosition
 from storage.codec import Entry
 from storage.errors import (
     Compacted,
@@ -42,6 +42,13 @@ from storage.recovery import LogStart, Recovery, recover
 from storage.segments import DataSegments
 
 FLUSH_POLICIES = ("sync", "async")
+
+_T = TypeVar("_T")
+
+
+def _fields(h: Any, body: memoryview) -> EntryFields:
+    """(magic, index, term, pos, body) of a ``codec.HEADER`` unpack and its body."""
+    return h[0], h[2], h[3], h[4], body
 
 
 class FileLogStore:
@@ -413,14 +420,23 @@ class FileLogStore:
             return b"".join(self._read_runs(lo, hi, max_bytes)[0])
 
     def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
+        return self._decoded(lo, hi, max_bytes, codec.decoded_entry)
+
+    def entry_fields(self, lo: int, hi: int, max_bytes: int | None = None) -> list[EntryFields]:
+        return self._decoded(lo, hi, max_bytes, _fields)
+
+    def _decoded(
+        self, lo: int, hi: int, max_bytes: int | None, make: Callable[[Any, memoryview], _T]
+    ) -> list[_T]:
+        """Entries lo..hi-1 (cut by ``max_bytes``), each checked against its place and CRC as it is cut out of
+        the file's bytes and handed to ``make(header fields, body)``."""
         with self._lock:
             self._check_open()
             self._check_span(lo, hi)
             chunks, starts = self._read_runs(lo, hi, max_bytes)
-        out: list[Entry] = []
+        out: list[_T] = []
         unpack = codec.HEADER.unpack_from
         crc32 = codec._crc32
-        make = codec.decoded_entry
         index = lo
         for data, pos0 in zip(chunks, starts, strict=True):
             mv = memoryview(data)

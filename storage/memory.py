@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from storage import codec
-from storage.api import HardState, LogPosition
+from storage.api import EntryFields, HardState, LogPosition
 from storage.codec import Entry
 from storage.errors import Compacted, IndexOutOfRange, NoEntryError, StoreClosedError
 
@@ -176,6 +176,13 @@ class MemoryLogStore:
         for k in range(a, b):
             off = self._off[k] - base
             out.append(make(unpack(data, off), data[off + body_at : off + self._size[k]]))
+        return out
+
+    def entry_fields(self, lo: int, hi: int, max_bytes: int | None = None) -> list[EntryFields]:
+        out: list[EntryFields] = []
+        for e in self.entries(lo, hi, max_bytes):
+            h = e.header
+            out.append((h.magic, h.index, h.term, h.pos, e.body))
         return out
 
     def bodies_at(

@@ -151,16 +151,16 @@ class DataDir:
             check_data_format(self.meta, cfg.data_dir)
 
     def checkpoint_commit(self, commit_index: int) -> None:
-        """Record the commit index in the MetaStore (unsynced) for readers such as the audit."""
+        """Record the commit index in the MetaStore for readers such as the audit (an LMDB commit: LMDB syncs
+        it to disk, an fdatasync of its own; hence ``ready_loop.COMMIT_CHECKPOINT_S``)."""
         if commit_index > self.checkpointed_commit:
             assert self.meta is not None, "checkpointed only while open"
             self.meta.put(COMMIT_INDEX_KEY, str(commit_index).encode())
             self.checkpointed_commit = commit_index
 
-    def sync_and_checkpoint(self, commit_index: int) -> None:
+    def sync_log(self) -> None:
         assert self.log is not None, "synced only while open"
         self.log.sync()
-        self.checkpoint_commit(commit_index)
 
     def close(self, commit_index: int, state_machine: StateMachine | None) -> None:
         """Sync the log, checkpoint the commit index (synced), close every store, then release the lock."""

@@ -72,6 +72,10 @@ class RecordingMeta(MemoryMetaStore):
         super().__init__()
         self.events = events
 
+    def put(self, key, value, sync=False):
+        self.events.append(("meta_put", key))
+        super().put(key, value, sync)
+
     def save_hard_state(self, hs):
         super().save_hard_state(hs)
         self.events.append(("hard_state", hs.term, hs.vote))

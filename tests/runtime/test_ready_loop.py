@@ -132,6 +132,44 @@ def test_an_async_flush_in_progress_does_not_send_appends_to_the_io_thread(tmp_p
     asyncio.run(run())
 
 
+def test_the_flusher_checkpoints_the_commit_index_at_most_every_interval(tmp_path, monkeypatch):
+    """The log is synced every flush interval, but the commit index (an LMDB commit, which LMDB syncs) is
+    recorded at most every ``COMMIT_CHECKPOINT_S``: the latest one, once one is due."""
+    monkeypatch.setattr(ready_loop, "COMMIT_CHECKPOINT_S", 0.2)
+
+    async def run():
+        async with Harness(tmp_path, flush="async", flush_interval_ms=1) as h:
+            flusher = asyncio.create_task(h.ready.flusher())
+            loop = asyncio.get_running_loop()
+            try:
+                start = loop.time()
+                prev = -1
+                for i in range(12):  # a commit every ~50 ms for ~0.6 s, each synced by the next flush
+                    await asyncio.wait_for(
+                        h.step(
+                            AppendEntries(
+                                1, "n1", "n0", prev, 1 if i else 0, i, frames(i, 1, [b"x"], *_tail(h))
+                            )
+                        ),
+                        5,
+                    )
+                    prev = i
+                    await asyncio.sleep(0.05)
+                took = loop.time() - start
+                while h.data.checkpointed_commit < 11:  # the last commit is recorded at the next due time
+                    await asyncio.sleep(0.01)
+            finally:
+                flusher.cancel()
+                await asyncio.gather(flusher, return_exceptions=True)
+            puts = [e for e in h.events if e == ("meta_put", "commit_index")]
+            syncs = [e for e in h.events if e == ("sync",)]
+            assert 2 <= len(puts) <= took / 0.2 + 2, (len(puts), took)
+            assert len(syncs) >= 10, "every write is synced at the next flush, not at the next checkpoint"
+            assert h.meta.get("commit_index") == b"11"
+
+    asyncio.run(run())
+
+
 def _tail(h: Harness) -> tuple[int, int]:
     t = h.log.tail()
     return t.end_pos, t.chain_crc

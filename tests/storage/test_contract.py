@@ -61,6 +61,27 @@ def test_append_returns_positions_and_reads_agree(factory, store):
     store.close()
 
 
+def test_entry_fields_are_the_entries_as_tuples(factory, store):
+    """The apply loop's read: the same entries, cut by ``max_bytes`` the same way, as plain tuples."""
+    append(store, bodies(0, 40), term=2)
+    t = store.tail()
+    noop = bytearray()
+    codec.encode_into(
+        noop, t.last_index + 1, 2, codec.place(t.end_pos, 48, SEGMENT), b"", t.chain_crc, codec.MAGIC_NOOP
+    )
+    store.append(noop)
+    for s in now_and_reopened(factory, store):
+        for lo, hi, max_bytes in ((0, 41, None), (5, 41, 1), (0, 41, 3000), (38, 41, None)):
+            want = [
+                (e.header.magic, e.index, e.term, e.pos, bytes(e.body)) for e in s.entries(lo, hi, max_bytes)
+            ]
+            got = [(m, i, t, p, bytes(b)) for m, i, t, p, b in s.entry_fields(lo, hi, max_bytes)]
+            assert got == want and got
+        assert s.entry_fields(40, 41)[0][0] == codec.MAGIC_NOOP
+        store = s
+    store.close()
+
+
 def test_appends_continue_the_chain(factory, store):
     for k in range(10):
         append(store, bodies(k * 5, k * 5 + 5, salt=k), term=k + 1)
@@ -242,6 +263,7 @@ def test_use_after_close(store):
         lambda: store.first_index,
         lambda: store.append(b""),
         lambda: store.entry(0),
+        lambda: store.entry_fields(0, 1),
         lambda: store.term(0),
         lambda: store.sync(),
         lambda: store.truncate_suffix(0),

@@ -121,6 +121,9 @@ def test_damage_outside_the_tail_window_is_found_on_read_and_by_full_verify(log)
     with pytest.raises(StorageCorruptError) as err:
         s.entries(0, 10)
     assert err.value.index == 3 and err.value.path == data_file(d, pos)
+    with pytest.raises(StorageCorruptError) as err:
+        s.entry_fields(2, 10)  # the apply loop's read checks the same way
+    assert err.value.index == 3 and err.value.path == data_file(d, pos)
     s.close()
     with pytest.raises(StorageCorruptError):
         FileLogStore.open(str(d), segment_size=SEGMENT, index_units=INDEX_UNITS, verify="full")
