@@ -36,8 +36,10 @@ from dledger.runtime.proposals import Proposals
 from storage.api import LogStore, MetaStore
 from storage.errors import DiskFullError
 
-# Appends up to this size are written on the event loop while writes take less than this on average.
-INLINE_MAX_BYTES = 64 << 10
+# Appends up to this size are written on the event loop while writes take less than this on average. 1 MiB holds a
+# Raft round of 64 concurrent 1 KiB messages (about 85 KB) and a broker batch of 256 (about 340 KB): handing those
+# to the I/O thread and back cost more than the write (docs/decisions/0006-small-writes-inline.md, 2026-11-28).
+INLINE_MAX_BYTES = 1 << 20
 INLINE_MAX_PERSIST_S = 0.002
 # The flusher records the commit index in the MetaStore at most this often: each record is an LMDB commit, which
 # LMDB syncs (about 55 us of CPU and an fdatasync on this machine); at the ``async`` policy's 10 ms interval it

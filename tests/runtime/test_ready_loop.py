@@ -38,6 +38,25 @@ def test_a_follower_answers_an_append_only_after_persisting_it(tmp_path, mode):
     asyncio.run(run())
 
 
+def test_a_write_larger_than_the_inline_limit_goes_to_the_io_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        ready_loop, "INLINE_MAX_BYTES", 120
+    )  # one 48-byte header and a short body fit, three do not
+
+    async def run():
+        async with Harness(tmp_path) as h:
+            await asyncio.wait_for(h.step(AppendEntries(1, "n1", "n0", -1, 0, -1, frames(0, 1, [b"a"]))), 5)
+            assert (h.stats["persists_inline"], h.stats["persists"]) == (1, 1)
+            big = frames(1, 1, [b"b", b"c", b"d"], *_tail(h))
+            await asyncio.wait_for(h.step(AppendEntries(1, "n1", "n0", 0, 1, -1, big)), 5)
+            assert (h.stats["persists_inline"], h.stats["persists"]) == (1, 2), (
+                "the large write went to the thread"
+            )
+            assert h.log.last_index == 3
+
+    asyncio.run(run())
+
+
 def test_a_candidate_sends_votes_only_after_its_vote_is_durable(tmp_path, mode):
     async def run():
         async with Harness(tmp_path) as h:
