@@ -23,7 +23,7 @@ class RaftConfig:
     pre_vote: bool = True
     check_quorum: bool = True
     max_inflight: int = 8  # AppendEntries in flight per follower (pipelining window)
-    max_append_bytes: int = 256 * 1024  # frames carried by one AppendEntries
+    max_append_bytes: int = 1024 * 1024  # frames carried by one AppendEntries
     segment_size: int = DEFAULT_SEGMENT_SIZE  # must be equal on every node: pos is replicated state
     preferred_leader: str | None = None  # as DLedger's preferredLeaderIds: gets leadership back when healthy
     # A new commit index reaches followers with the next AppendEntries, or within two leader ticks, instead of
