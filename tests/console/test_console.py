@@ -27,7 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -105,12 +109,23 @@ class Env:
         """Click a link or a form's button and wait for the page it leads to (the old one gone)."""
         old = self.driver.find_element(By.TAG_NAME, "html")
         element.click()
-        WebDriverWait(self.driver, 20).until(staleness_of(old))
+        WebDriverWait(self.driver, 20).until(lambda _: _detached(old))
 
     def submit(self, button: Any) -> str:
         """``follow`` a form's button; the message the page it leads to shows (the POST's outcome)."""
         self.follow(button)
         return str(eventually("the outcome's message", lambda: self.text("#flash")))
+
+
+def _detached(old: Any) -> bool:
+    """``staleness_of``, also when Chrome, in the middle of the navigation, answers for the old page's element with
+    "Node with given id does not belong to the document" instead of a stale-element error."""
+    try:
+        return bool(staleness_of(old)(None))
+    except WebDriverException as e:
+        if "does not belong to the document" in str(e):
+            return True
+        raise
 
 
 @pytest.fixture(scope="module")
