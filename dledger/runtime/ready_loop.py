@@ -275,13 +275,16 @@ class ReadyLoop:
             # On the flush thread, not the I/O thread: an fdatasync there would count as pending I/O and send
             # every append of its window to the I/O thread behind it. ``log.sync`` is safe beside a writer (it
             # syncs duplicated descriptors) and LMDB serialises its write transactions itself.
+            # Read before the sync: every entry up to it is written, so the sync makes it durable, and a record
+            # never names a commit the disk may not hold after a power cut.
+            commit = self.commit_index
             if self._dirty_since_sync:
                 self._dirty_since_sync = False
                 await loop.run_in_executor(self._flush_thread, data.sync_log)
             now = loop.time()
-            if now - checkpointed_at >= COMMIT_CHECKPOINT_S and self.commit_index > data.checkpointed_commit:
+            if now - checkpointed_at >= COMMIT_CHECKPOINT_S and commit > data.checkpointed_commit:
                 checkpointed_at = now
-                await loop.run_in_executor(self._flush_thread, data.checkpoint_commit, self.commit_index)
+                await loop.run_in_executor(self._flush_thread, data.checkpoint_commit, commit)
 
     def shutdown(self) -> None:
         """Wait for a flush in progress (before the stores close)."""
