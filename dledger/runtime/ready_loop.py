@@ -6,7 +6,8 @@ is enforced here and nowhere else (one exception: a leader's own AppendEntries l
 entries, see ``dledger.core.messages.split_early``).
 
 Writes go to the I/O thread, except appends up to ``INLINE_MAX_BYTES`` while the disk is fast and that thread idle
-(``persist_inline``). A full disk makes the node refuse writes rather than stop (``_enter_disk_full``); the
+(``persist_inline``); a leader under the ``sync`` policy then waits for that write's fdatasync on the thread, its
+loop serving calls meanwhile (``sync_written``). A full disk makes the node refuse writes rather than stop (``_enter_disk_full``); the
 next append that succeeds lifts the refusal. The flusher makes ``async``-policy writes durable every interval
 and records the commit index at most every ``COMMIT_CHECKPOINT_S``.
 
@@ -145,7 +146,13 @@ class ReadyLoop:
                         await asyncio.sleep(0)  # the senders put the early AppendEntries on the wire first
                         inline = self._io.pending == 0
                     try:
-                        if inline:
+                        if inline and self._data.sync_each_ready and rd.frames and core.role is Role.LEADER:
+                            # A leader under ``sync``: the write inline, its fdatasync on the I/O thread, so
+                            # that the loop takes the next calls meanwhile (decision 0006, 2026-11-28 night).
+                            self.persist(rd, sync=False)
+                            await self._io.run(self.sync_written)
+                            self.stats["persists_inline"] += 1
+                        elif inline:
                             self.persist(rd)
                             self.stats["persists_inline"] += 1
                         else:
@@ -233,9 +240,9 @@ class ReadyLoop:
             and self._io.pending == 0  # the I/O thread is idle: the log keeps a single writer at a time
         )
 
-    def persist(self, rd: Ready) -> None:
+    def persist(self, rd: Ready, sync: bool = True) -> None:
         """Runs in the I/O thread (or inline, see ``persist_inline``): the only writer of the log and the
-        metadata."""
+        metadata. ``sync=False``: the caller runs ``sync_written`` next (the ``sync`` policy's fdatasync)."""
         t0 = time.perf_counter()
         if rd.hard_state is not None:
             self._meta.save_hard_state(rd.hard_state)
@@ -252,9 +259,21 @@ class ReadyLoop:
             except DiskFullError as e:  # rolled back by the store: the log is as it was before this append
                 raise AppendRefused(e) from e
             self._dirty_since_sync = True
+        if not sync:
+            return
         if self._data.sync_each_ready and (rd.frames or rd.truncate_from is not None):
             self._log.sync()
             self._dirty_since_sync = False
+        self._persisted(t0)
+
+    def sync_written(self) -> None:
+        """The ``sync`` policy's fdatasync of what ``persist(rd, sync=False)`` wrote (on the I/O thread)."""
+        t0 = time.perf_counter()
+        self._log.sync()
+        self._dirty_since_sync = False
+        self._persisted(t0)
+
+    def _persisted(self, t0: float) -> None:
         self.persisted_index = self._log.last_index  # complete (and synced under ``sync``): see commit_acked
         self.stats["persists"] += 1
         took = time.perf_counter() - t0

@@ -253,3 +253,65 @@ def test_an_acknowledgement_does_not_commit_before_the_leaders_own_write_complet
             assert h.ready.persisted_index == last
 
     asyncio.run(run())
+
+
+def test_a_leader_under_sync_syncs_on_the_io_thread_and_commits_only_after(tmp_path):
+    """``flush = "sync"``: a leader writes inline and waits for its fdatasync on the I/O thread, so its loop
+    serves other work meanwhile (docs/decisions/0006); an acknowledgement commits nothing before that sync."""
+
+    async def run():
+        async with Harness(tmp_path, flush="sync") as h:
+            h.data.sync_each_ready = True  # as ``DataDir.open`` sets it for a store it opens under ``sync``
+            await h.elect()
+            noop = h.log.last_index
+            for peer in ("n1", "n2"):
+                h.core.step(AppendEntriesResponse(h.core.term, peer, "n0", True, match_index=noop))
+            h.wake.set()
+            await h.settle()
+            gate = h.log.sync_gate = threading.Event()
+            loop_ran = False
+
+            def mark() -> None:
+                nonlocal loop_ran
+                loop_ran = True
+
+            try:
+                inline = h.stats["persists_inline"]
+                p = h.proposals.enqueue([b"x"], None, False)
+                while ("sync-blocked",) not in h.events:
+                    await asyncio.sleep(0.001)
+                last = h.core.last_index
+                assert h.stats["persists_inline"] == inline and ("append", 1) in h.events, "written inline"
+                asyncio.get_running_loop().call_soon(mark)
+                await asyncio.sleep(0)
+                assert loop_ran, "the loop runs other work while the sync is in progress"
+                h.core.step(AppendEntriesResponse(h.core.term, "n1", "n0", True, match_index=last))
+                h.ready.commit_acked()
+                assert not p.future.done() and h.ready.persisted_index < last, "not before the sync"
+            finally:
+                gate.set()
+            assert (await asyncio.wait_for(p.future, 5)).first_index == last
+            assert h.ready.persisted_index == last and h.stats["persists_inline"] == inline + 1
+
+    asyncio.run(run())
+
+
+def test_a_follower_under_sync_syncs_inline(tmp_path):
+    """A follower has nothing to serve while it syncs: its fdatasync stays on the loop (no thread hand-off)."""
+
+    async def run():
+        async with Harness(tmp_path, flush="sync") as h:
+            h.data.sync_each_ready = True
+            main = threading.get_ident()
+            synced_on: list[int] = []
+            real_sync = h.log.sync
+
+            def sync() -> None:
+                synced_on.append(threading.get_ident())
+                real_sync()
+
+            h.log.sync = sync
+            await asyncio.wait_for(h.step(AppendEntries(1, "n1", "n0", -1, 0, -1, frames(0, 1, [b"a"]))), 5)
+            assert synced_on == [main] and h.stats["persists_inline"] == 1
+
+    asyncio.run(run())
