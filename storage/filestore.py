@@ -80,6 +80,9 @@ class FileLogStore:
         self.flush_interval_ms = flush_interval_ms
         self.io = io
         self._lock = threading.RLock()
+        # Held through a whole ``sync`` (not the store's lock, which readers and the writer take meanwhile): a sync
+        # that finds nothing left to take still waits for one in progress, which may hold its writes.
+        self._sync_lock = threading.Lock()
         self._closed = False
         self._dirty = False
         self._flush_mark_ms: float | None = None
@@ -344,7 +347,12 @@ class FileLogStore:
     # -- durability ----------------------------------------------------------------------------------------------
 
     def sync(self) -> None:
-        """fdatasync every data file written since the last sync; safe to call from another thread."""
+        """fdatasync every data file written since the last sync; safe to call from another thread. Returns once
+        everything written before the call is durable: concurrent calls go one at a time."""
+        with self._sync_lock:
+            self._sync()
+
+    def _sync(self) -> None:
         with self._lock:
             self._check_open()
             fds = self._segments.take_dirty()

@@ -297,7 +297,9 @@ class ReadyLoop:
             # Read before the sync: every entry up to it is written, so the sync makes it durable, and a record
             # never names a commit the disk may not hold after a power cut.
             commit = self.commit_index
-            if self._dirty_since_sync:
+            # Under ``sync`` the ready loop syncs every write itself (``persist``, ``sync_written``); a flag seen
+            # set here is a write whose sync is on its way.
+            if self._dirty_since_sync and not data.sync_each_ready:
                 self._dirty_since_sync = False
                 await loop.run_in_executor(self._flush_thread, data.sync_log)
             now = loop.time()

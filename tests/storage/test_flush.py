@@ -57,3 +57,38 @@ def test_async_flusher_flushes_and_stops(tmp_path):
     append(s, [b"y"], term=1)
     flusher.stop()  # stopping twice is harmless
     s.close()
+
+
+def test_a_sync_returns_only_once_a_concurrent_sync_of_its_writes_is_done(tmp_path):
+    """Two threads sync at once (a node's flusher and its ready loop): the one that finds nothing left to take
+    must still wait for the other's fdatasync, or it would report as durable what is not on disk yet."""
+    from storage.fileio import FileIO
+
+    class HeldSync(FileIO):
+        def __init__(self):
+            self.entered = threading.Event()
+            self.release = threading.Event()
+
+        def fdatasync(self, fd):
+            self.entered.set()
+            assert self.release.wait(10)
+            super().fdatasync(fd)
+
+    io = HeldSync()
+    s = FileLogStore.open(str(tmp_path), segment_size=SEGMENT, flush="async", index_units=INDEX_UNITS, io=io)
+    try:
+        append(s, [b"a"], term=1)
+        first = threading.Thread(target=s.sync)
+        first.start()
+        assert io.entered.wait(10)  # the first sync took the dirty file and is in its fdatasync
+        second_done = threading.Event()
+        second = threading.Thread(target=lambda: (s.sync(), second_done.set()))
+        second.start()
+        assert not second_done.wait(0.2), "the second sync returned while the first was still syncing"
+        io.release.set()
+        first.join(10)
+        second.join(10)
+        assert second_done.is_set()
+    finally:
+        io.release.set()
+        s.close()
