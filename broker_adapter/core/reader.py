@@ -19,16 +19,19 @@ class QueueReader:
         self._node = node
         self._sm = sm
         self._commitlog = commitlog
-        self._waiters: dict[tuple[str, int], asyncio.Event] = {}
+        # (topic, queue id) -> the long polls waiting for it: one future per poll, however many queues it watches
+        self._waiters: dict[tuple[str, int], list[asyncio.Future[None]]] = {}
         # (topic, queue id) -> (the log's first index, the first offset held then): ``first_held``
         self._first_held: dict[tuple[str, int], tuple[int, int]] = {}
 
     def wake(self, topic: str, queue_id: int) -> None:
         """Wake the reads long-polling this queue (a dispatch, or an ack in a FIFO message group, may have made a
         message deliverable)."""
-        ev = self._waiters.pop((topic, queue_id), None)
-        if ev is not None:
-            ev.set()
+        polls = self._waiters.pop((topic, queue_id), None)
+        if polls is not None:
+            for f in polls:
+                if not f.done():
+                    f.set_result(None)
 
     async def wait_dispatch(
         self, topic: str, queue_ids: Sequence[int], until: float, offset: int | None = None
@@ -39,24 +42,30 @@ class QueueReader:
         if offset is not None:
             (qid,) = queue_ids
             while self._sm.next_offset(topic, qid) <= offset and loop.time() < until:
-                ev = self._waiters.setdefault((topic, qid), asyncio.Event())
-                try:
-                    await asyncio.wait_for(ev.wait(), until - loop.time())
-                except TimeoutError:
-                    break
+                await self._woken(topic, queue_ids, until)
             return
-        left = until - loop.time()
-        if left <= 0:
-            return
-        waits = [
-            asyncio.ensure_future(self._waiters.setdefault((topic, q), asyncio.Event()).wait())
-            for q in queue_ids
-        ]
+        if until > loop.time():
+            await self._woken(topic, queue_ids, until)
+
+    async def _woken(self, topic: str, queue_ids: Sequence[int], until: float) -> None:
+        """Wait for a ``wake`` of one of the queues or for ``until``: one future and one timer, not a task per
+        queue (a receive long-polls every queue of its topic)."""
+        loop = asyncio.get_running_loop()
+        poll: asyncio.Future[None] = loop.create_future()
+        keys = [(topic, q) for q in queue_ids]
+        for key in keys:
+            self._waiters.setdefault(key, []).append(poll)
+        timer = loop.call_at(until, _settle, poll)
         try:
-            await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            await poll
         finally:
-            for w in waits:
-                w.cancel()
+            timer.cancel()
+            for key in keys:  # a wake took its queue's list; the other queues still hold this poll
+                polls = self._waiters.get(key)
+                if polls is not None and poll in polls:
+                    polls.remove(poll)
+                    if not polls:
+                        del self._waiters[key]
 
     def first_held(self, topic: str, queue_id: int) -> int:
         """The first queue offset whose message this node's log holds (0 until retention or a snapshot
@@ -91,3 +100,8 @@ class QueueReader:
             return self._commitlog.read_message(u.commitlog_offset, u.size, self._sm.applied_index)
         except CommitLogError:
             return None
+
+
+def _settle(poll: asyncio.Future[None]) -> None:
+    if not poll.done():
+        poll.set_result(None)

@@ -336,6 +336,30 @@ async def test_pull_long_polls_until_a_message_is_dispatched(made):
     assert [m.body for m in pulled.messages] == [b"late"] and pulled.next_offset == 1
 
 
+@run
+async def test_a_long_poll_on_several_queues_wakes_for_any_of_them_and_leaves_nothing_behind(made):
+    """A receive long-polls every queue of its topic at once (``QueueReader.wait_dispatch``): one dispatch to any
+    of them ends the wait, and neither a wake nor a timeout leaves the poll registered on the other queues."""
+    broker, _ = made
+    await topic(broker)
+    reader = broker.reader
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.create_task(reader.wait_dispatch("T", [0, 1], loop.time() + 5))
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and sorted(reader._waiters) == [("T", 0), ("T", 1)]
+    await broker.send("T", [out(1, b"x")])
+    await asyncio.wait_for(waiting, 1)
+    assert reader._waiters == {}, "woken by queue 1: the poll left queue 0 too"
+    t0 = loop.time()
+    await reader.wait_dispatch("T", [0, 1], loop.time() + 0.05)
+    assert loop.time() - t0 >= 0.04 and reader._waiters == {}, "a timed-out poll leaves nothing behind"
+    cancelled = asyncio.create_task(reader.wait_dispatch("T", [0, 1], loop.time() + 5))
+    await asyncio.sleep(0.01)
+    cancelled.cancel()
+    await asyncio.gather(cancelled, return_exceptions=True)
+    assert reader._waiters == {}, "a cancelled poll leaves nothing behind"
+
+
 @pytest.mark.parametrize(
     ("args", "error"),
     [
