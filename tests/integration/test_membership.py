@@ -192,6 +192,8 @@ def test_a_learner_catches_up_from_a_snapshot_and_restarts_with_its_configuratio
     d = tmp_path / "g"
     grp.up(d, 3, None, state_machine="kv")
     try:
+        # ``up`` returns once a leader is elected; every node must be serving before each is asked to snapshot
+        assert all(r.role != "down" for r in grp.wait_for_all(grp.load(d), timeout_s=30))
         _snapshot_catch_up(d)
     finally:
         grp.stop_group(grp.load(d))
