@@ -7,9 +7,9 @@ entries, see ``dledger.core.messages.split_early``).
 
 Writes go to the I/O thread, except appends up to ``INLINE_MAX_BYTES`` while the disk is fast and that thread idle
 (``persist_inline``); a leader under the ``sync`` policy then waits for that write's fdatasync on the thread, its
-loop serving calls meanwhile (``sync_written``). A full disk makes the node refuse writes rather than stop (``_enter_disk_full``); the
-next append that succeeds lifts the refusal. The flusher makes ``async``-policy writes durable every interval
-and records the commit index at most every ``COMMIT_CHECKPOINT_S``.
+loop serving calls meanwhile (``sync_written``). A full disk makes the node refuse writes rather than stop
+(``_enter_disk_full``); the next append that succeeds lifts the refusal. The flusher makes ``async``-policy writes
+durable every interval and records the commit index at most every ``COMMIT_CHECKPOINT_S``.
 
 A leader also hands on a commit outside the Ready order, in the turn that steps the follower's acknowledgement
 (``commit_acked``, docs/send-budget.md fix 3): a ready-loop turn fewer on every commit. It is bounded by
