@@ -8,6 +8,13 @@ import socket
 import pytest
 
 from dledger import group as grp
+from dledger.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def _whole_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the default room (the suite gives each xdist worker a range of its own)."""
+    monkeypatch.delenv(grp.PORTS_ENV, raising=False)
 
 
 def test_ports_are_distinct_below_the_ephemeral_range_and_free() -> None:
@@ -43,3 +50,13 @@ def test_calls_in_a_row_hand_out_distinct_ports() -> None:
     must not be given the same one."""
     ports = [p for _ in range(300) for p in grp.free_ports(3)]
     assert len(set(ports)) == len(ports)
+
+
+def test_a_range_of_ones_own_is_walked_and_a_bad_one_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(grp.PORTS_ENV, "21000-21100")
+    ports = [p for _ in range(20) for p in grp.free_ports(3)]
+    assert len(set(ports)) == len(ports) and all(21000 <= p < 21100 for p in ports), ports
+    for bad in ("21100-21000", "x-y", "0-10", "100"):
+        monkeypatch.setenv(grp.PORTS_ENV, bad)
+        with pytest.raises(ConfigError, match="DLEDGER_LISTEN_PORTS"):
+            grp.free_ports(1)
