@@ -223,6 +223,12 @@ async def serve(
         material.on_reload(lambda m: guard.set_ca(m.ca_pem))
         interceptors.append(guard)
         reload = _reloader(security, material, guard)
+    # SIGTERM/SIGINT are taken from here on, so that one arriving while the server starts stops it cleanly too
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread (tests)
+            loop.add_signal_handler(sig, stop.set)
     server = grpc.aio.server(options=list(SERVER_OPTIONS), interceptors=interceptors)
     pb_grpc.add_NameServerServicer_to_server(NameServerServicer(registry), server)
     if material is not None and reload is not None:
@@ -234,11 +240,6 @@ async def serve(
         raise OSError(f"cannot bind {listen}: address in use or not allowed")
     await server.start()
     log.info("name server listening on %s%s", listen, " (TLS, authenticated)" if security else "")
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread (tests)
-            loop.add_signal_handler(sig, stop.set)
     if reload is not None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGHUP, functools.partial(_reload_logged, listen, reload))

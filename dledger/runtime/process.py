@@ -30,10 +30,18 @@ def serve(config: NodeConfig) -> None:
 
 
 async def run_node(config: NodeConfig) -> None:
-    """Run one node in the foreground until SIGTERM/SIGINT (``dledger node``)."""
+    """Run one node in the foreground until SIGTERM/SIGINT (``dledger node``). A SIGTERM that arrives while the
+    node starts (its owner gone, dledger/owner.py, or a supervisor's stop) is kept, and the node stops cleanly as
+    soon as it has started, rather than dying of the signal with its stores half open."""
     node = Node(config)
+    loop = asyncio.get_running_loop()
+    stop_asked = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_asked.set)
     await node.start()
     install_signal_handlers(node)
+    if stop_asked.is_set():
+        await node.stop()
     await node.wait_stopped()
     if node.failure is not None:
         raise UnavailableError(

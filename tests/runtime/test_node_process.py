@@ -64,3 +64,40 @@ def test_the_entry_point_sets_grpc_experiments_before_grpc_is_imported_and_keeps
         "print(prefer_classic_listener(), os.environ.get('GRPC_EXPERIMENTS'))"
     )
     assert _entry_setting(env, late) == "False None"
+
+
+STOPPED_WHILE_STARTING = """
+import logging, os, signal, sys
+from pathlib import Path
+from dledger.nodeconfig import NodeConfig
+from dledger.runtime import process
+from dledger.runtime.node import Node
+
+start = Node.start
+
+
+async def start_then_signalled(self):
+    os.kill(os.getpid(), signal.SIGTERM)  # arrives while the node is starting (a supervisor, an owner gone)
+    await start(self)
+
+
+Node.start = start_then_signalled
+logging.basicConfig(level=logging.INFO)
+d = Path(sys.argv[1])
+process.serve(NodeConfig("n0", {"n0": sys.argv[2]}, d))
+print("stopped cleanly")
+"""
+
+
+def test_a_sigterm_while_the_node_starts_stops_it_cleanly_once_started(tmp_path: Path) -> None:
+    """The signal is kept until the node has started, then it stops as SIGTERM stops it (its lock released),
+    instead of dying of the signal with its stores half open."""
+    (port,) = grp.free_ports(1)
+    r = subprocess.run(
+        [sys.executable, "-c", STOPPED_WHILE_STARTING, str(tmp_path / "n0"), f"127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and "stopped cleanly" in r.stdout, (r.returncode, r.stderr[-2000:])
+    assert "n0 stopping" in r.stderr and "n0 stopped" in r.stderr, r.stderr[-2000:]
