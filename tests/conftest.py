@@ -31,7 +31,7 @@ _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw") and _worker[2:].isdigit():
     from dledger import group as _group
 
-    _room = range(_group.LISTEN_PORTS_FROM, _group._ephemeral_low())
+    _room = _group.listen_room()  # the room free_ports walks, split between the workers
     _share = len(_room) // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     _k = int(_worker[2:])
     if _share >= 256:

@@ -20,7 +20,7 @@ class QueueReader:
         self._sm = sm
         self._commitlog = commitlog
         # (topic, queue id) -> the long polls waiting for it: one future per poll, however many queues it watches
-        self._waiters: dict[tuple[str, int], list[asyncio.Future[None]]] = {}
+        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
         # (topic, queue id) -> (the log's first index, the first offset held then): ``first_held``
         self._first_held: dict[tuple[str, int], tuple[int, int]] = {}
 
@@ -54,7 +54,7 @@ class QueueReader:
         poll: asyncio.Future[None] = loop.create_future()
         keys = [(topic, q) for q in queue_ids]
         for key in keys:
-            self._waiters.setdefault(key, []).append(poll)
+            self._waiters.setdefault(key, set()).add(poll)
         timer = loop.call_at(until, _settle, poll)
         try:
             await poll
@@ -62,8 +62,8 @@ class QueueReader:
             timer.cancel()
             for key in keys:  # a wake took its queue's list; the other queues still hold this poll
                 polls = self._waiters.get(key)
-                if polls is not None and poll in polls:
-                    polls.remove(poll)
+                if polls is not None:
+                    polls.discard(poll)
                     if not polls:
                         del self._waiters[key]
 

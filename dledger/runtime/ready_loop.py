@@ -146,14 +146,14 @@ class ReadyLoop:
                         await asyncio.sleep(0)  # the senders put the early AppendEntries on the wire first
                         inline = self._io.pending == 0
                     try:
-                        if inline and self._data.sync_each_ready and rd.frames and core.role is Role.LEADER:
-                            # A leader under ``sync``: the write inline, its fdatasync on the I/O thread, so
-                            # that the loop takes the next calls meanwhile (decision 0006, 2026-11-28 night).
-                            self.persist(rd, sync=False)
-                            await self._io.run(self.sync_written)
-                            self.stats["persists_inline"] += 1
-                        elif inline:
-                            self.persist(rd)
+                        if inline:
+                            if self._data.sync_each_ready and rd.frames and core.role is Role.LEADER:
+                                # A leader under ``sync``: the write inline, its fdatasync on the I/O thread, so
+                                # that the loop takes the next calls meanwhile (decision 0006, 2026-11-28 night).
+                                self.persist(rd, sync=False)
+                                await self._io.run(self.sync_written)
+                            else:
+                                self.persist(rd)
                             self.stats["persists_inline"] += 1
                         else:
                             await self._io.run(self.persist, rd)
