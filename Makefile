@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard proto/*/v1/*.proto)
 
-.PHONY: install test conformance soak chaos demo bench bench-storage bench-core proto lint format clean check-java
+.PHONY: install test test-long conformance soak chaos demo bench bench-storage bench-core proto lint format clean check-java
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dledger-py needs Python >= 3.11")'
@@ -20,7 +20,12 @@ check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17 is required for Spark (the audit): install openjdk-17-jre-headless"; exit 1; }
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not conformance"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not conformance and not long"
+
+# The whole chaos, power-cut and rolling-upgrade runs (tests marked ``long``, about two minutes): run by CI after
+# make test, which stays under ten minutes on a 2-core machine without them.
+test-long: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "long and not slow and not conformance"
 
 # The official RocketMQ 5 clients, Python (PyPI) and Node.js (npm, installed into .cache/npm at the first run),
 # against a plain and a secure group: what their own live tests expect of a server (tests/conformance/, a few

@@ -70,6 +70,7 @@ def _run_cluster(cfg: RunConfig):
     return summary
 
 
+@pytest.mark.long
 def test_membership_changes_among_the_faults_of_a_plain_group(tmp_path):
     """Add, remove and replace interleaved with a leader kill and a partition: nothing acknowledged lost, the
     replaced node's directory stays beside the members, group.json names the members at the end, and the audit
@@ -97,6 +98,7 @@ def test_membership_changes_among_the_faults_of_a_plain_group(tmp_path):
     assert {Path(d).name for d in audited} == members and replaced["dead"] in skipped
 
 
+@pytest.mark.long
 def test_a_secure_cluster_through_the_name_server_with_membership_changes_and_a_power_cut(tmp_path):
     """Two secure groups (TLS and authentication on every node and the name server) under a replacement, an
     add, a whole-group power cut and a paused leader; producers and consumers reach both groups through the

@@ -29,6 +29,7 @@ def _verdict(summary, name):
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_every_kind_of_power_cut_loses_nothing_acknowledged_under_sync(tmp_path):
     """Every power-cut kind once, broker workload: nothing acknowledged lost, duplicated or reordered, and
     every entry committed before a cut is still there on every node."""
@@ -49,6 +50,7 @@ def test_every_kind_of_power_cut_loses_nothing_acknowledged_under_sync(tmp_path)
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_a_whole_group_power_cut_keeps_the_kv_history_linearizable(tmp_path):
     cfg = RunConfig(
         tmp_path / "g", tmp_path / "out", seed=22, workload="kv", faults=("powerloss-all",), hold_s=(0.3, 0.5)
@@ -62,6 +64,7 @@ def test_a_whole_group_power_cut_keeps_the_kv_history_linearizable(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_async_loses_acknowledged_entries_to_a_whole_group_power_cut(tmp_path):
     """The checker can fail: with async (and a flush interval longer than the run) a cut of every node takes
     committed, acknowledged entries, and the run says how many. (The KV workload: a broker would lose its

@@ -26,6 +26,7 @@ def _assert_ok(summary, cfg) -> None:
 KINDS = tuple(k for k in FAULT_KINDS if k not in POWER_LOSS | MEMBERSHIP)
 
 
+@pytest.mark.long
 def test_every_fault_kind_broker_workload(tmp_path):
     cfg = RunConfig(tmp_path / "g", tmp_path / "out", seed=7, faults=KINDS, hold_s=(0.8, 1.6), min_acked=101)
     summary = run(cfg, log=lambda _line: None)
@@ -41,6 +42,7 @@ def test_every_fault_kind_broker_workload(tmp_path):
         assert (cfg.out / name).stat().st_size > 0
 
 
+@pytest.mark.long
 def test_kv_register_history_is_linearizable(tmp_path):
     cfg = RunConfig(
         tmp_path / "g",
@@ -64,6 +66,7 @@ def test_kv_register_history_is_linearizable(tmp_path):
     assert summary.operations["acked"] > 100
 
 
+@pytest.mark.long
 def test_final_files_pass_the_spark_audit(tmp_path):
     cfg = RunConfig(
         tmp_path / "g",

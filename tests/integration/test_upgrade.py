@@ -20,7 +20,7 @@ from dledger.client import DLedgerClient
 from tests.integration.conftest import assert_audit_passes
 from tests.integration.test_membership import Producer, check_nothing_lost
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.long, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 # The release before data formats and peer protocol versions were recorded (main at the start of 2026-11-25's
