@@ -71,6 +71,7 @@ class Forwarder:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._calls: dict[tuple[str, str], Any] = {}
         self._streams: dict[str, LeaderStream] = {}
+        self._unpacked: set[str] = set()  # leaders that serve only forward_stream.PATH
 
     def is_leader(self) -> bool:
         return self._node.is_leader()
@@ -112,7 +113,15 @@ class Forwarder:
             if stream is None or stream.broken is not None:  # a broken one fails at once: open the next
                 if stream is not None:
                     stream.cancel()
-                stream = LeaderStream(self.channel(address), self._node.id, FORWARDED, CLIENT_ID)
+                    if stream.unpacked:
+                        self._unpacked.add(address)  # a leader of an earlier release: one frame a message
+                stream = LeaderStream(
+                    self.channel(address),
+                    self._node.id,
+                    FORWARDED,
+                    CLIENT_ID,
+                    packed=address not in self._unpacked,
+                )
                 self._streams[address] = stream
             return stream.caller(method, streaming, _encode)
         hit = self._calls.get((address, method))

@@ -17,6 +17,12 @@ Frames, bytes both ways (no proto: the method, client id and request bytes are a
     request   call id u32, timeout ms u32, kind u8 (CALL, CANCEL), method u8+n, client id u16+n, request bytes
     response  call id u32, kind u8 (MORE: a streamed answer, more follow; LAST: the answer; END: the stream
               of answers ended; FAILED: the leader could not serve it, UTF-8 details), answer bytes
+
+On ``PACKED_PATH`` each stream message carries every frame that was waiting when it was written, each as its
+length (u32) and bytes: the calls a follower took while its previous write was in progress go out as one
+message, and so do the answers of the calls one Raft round committed (a gRPC message costs each side about as
+much as the work of a call). ``PATH`` carries one frame a message: a leader of an earlier release serves only
+that one, so a follower that finds ``PACKED_PATH`` unimplemented there opens ``PATH`` instead (``unpacked``).
 """
 
 from __future__ import annotations
@@ -37,16 +43,57 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME: Final = "dledger.rocketmq.v1.Forwarding"
 PATH: Final = f"/{SERVICE_NAME}/Calls"
+PACKED_PATH: Final = f"/{SERVICE_NAME}/Packed"
 CALL, CANCEL = 0, 1
 MORE, LAST, END, FAILED = 0, 1, 2, 3
 _REQUEST: Final = struct.Struct(">IIBB")  # call id, timeout ms, kind, method length
 _CLIENT: Final = struct.Struct(">H")
 _RESPONSE: Final = struct.Struct(">IB")
+_LENGTH: Final = struct.Struct(">I")
 _NO_METADATA: Final = grpc.aio.Metadata()
 
 
 def _failure(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, _NO_METADATA, _NO_METADATA, details)
+
+
+def pack(frames: list[bytes]) -> bytes:
+    """One ``PACKED_PATH`` message of ``frames``."""
+    parts: list[bytes] = []
+    for f in frames:
+        parts.append(_LENGTH.pack(len(f)))
+        parts.append(f)
+    return b"".join(parts)
+
+
+def unpack(message: bytes) -> list[bytes]:
+    """The frames of a ``PACKED_PATH`` message; ValueError when a length runs past its end."""
+    frames: list[bytes] = []
+    at, n = 0, len(message)
+    while at < n:
+        if at + _LENGTH.size > n:
+            raise ValueError(f"a packed forwarding message ends inside a frame length at byte {at}")
+        (k,) = _LENGTH.unpack_from(message, at)
+        at += _LENGTH.size
+        if at + k > n:
+            raise ValueError(
+                f"a packed forwarding frame of {k} bytes at byte {at} runs past the message ({n})"
+            )
+        frames.append(message[at : at + k])
+        at += k
+    return frames
+
+
+def _drain(first: bytes, queue: asyncio.Queue[bytes | None]) -> list[bytes]:
+    """``first`` and every frame waiting behind it (an end marker found there is left for its reader)."""
+    batch = [first]
+    while not queue.empty():
+        frame = queue.get_nowait()
+        if frame is None:
+            queue.put_nowait(None)
+            break
+        batch.append(frame)
+    return batch
 
 
 def request_frame(call_id: int, timeout_ms: int, kind: int, method: str, client: str, body: bytes) -> bytes:
@@ -67,32 +114,53 @@ def parse_request(frame: bytes) -> tuple[int, int, int, str, str, bytes]:
 
 class LeaderStream:
     """One stream to one leader address, opened on first use; its calls are told apart by id. Once broken
-    (``broken``) it fails what waits on it, and the forwarder opens a new one for the next attempt."""
+    (``broken``) it fails what waits on it, and the forwarder opens a new one for the next attempt. ``packed``:
+    on ``PACKED_PATH``; ``unpacked`` is set when the leader does not serve it (an earlier release)."""
 
-    def __init__(self, channel: grpc.aio.Channel, node_id: str, forwarded_header: str, client_header: str):
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        node_id: str,
+        forwarded_header: str,
+        client_header: str,
+        packed: bool = True,
+    ):
         self._client_header = client_header
         self._callers: dict[str, Callable[..., Any]] = {}
-        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self._outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._waiting: dict[int, asyncio.Queue[tuple[int, Any]]] = {}
         self._ids = itertools.count(1)
         self.broken: grpc.aio.AioRpcError | None = None
-        self._call = channel.stream_stream(PATH)(self._frames(), metadata=((forwarded_header, node_id),))
+        self.packed = packed
+        self.unpacked = False
+        self._call = channel.stream_stream(PACKED_PATH if packed else PATH)(
+            self._frames(), metadata=((forwarded_header, node_id),)
+        )
         self._reader = asyncio.ensure_future(self._read())
 
     async def _frames(self) -> AsyncIterator[bytes]:
         while True:
-            yield await self._outbox.get()
+            frame = await self._outbox.get()
+            assert frame is not None  # (this queue has no end marker)
+            yield pack(_drain(frame, self._outbox)) if self.packed else frame
 
     async def _read(self) -> None:
         failure = _failure(grpc.StatusCode.UNAVAILABLE, "the forwarding stream to the leader ended")
         try:
-            async for frame in self._call:
-                call_id, kind = _RESPONSE.unpack_from(frame)
-                q = self._waiting.get(call_id)
-                if q is not None:
-                    q.put_nowait((kind, frame[_RESPONSE.size :]))
+            async for message in self._call:
+                for frame in unpack(message) if self.packed else (message,):
+                    call_id, kind = _RESPONSE.unpack_from(frame)
+                    q = self._waiting.get(call_id)
+                    if q is not None:
+                        q.put_nowait((kind, frame[_RESPONSE.size :]))
         except grpc.aio.AioRpcError as e:
             failure = e
+            if self.packed and e.code() is grpc.StatusCode.UNIMPLEMENTED:
+                # A leader of an earlier release: retried (UNAVAILABLE) on a stream of one frame a message.
+                self.unpacked = True
+                failure = _failure(
+                    grpc.StatusCode.UNAVAILABLE, "the leader forwards one call a message: reopening"
+                )
         except asyncio.CancelledError:
             failure = _failure(grpc.StatusCode.CANCELLED, "the forwarding stream was closed")
             raise
@@ -207,9 +275,14 @@ Served = tuple[Callable[[bytes], Any], Callable[..., Any], Callable[[Any], bytes
 
 
 def serve_calls(
-    methods: Mapping[str, Served], forwarded_header: str, client_header: str, secure: Callable[[], bool]
+    methods: Mapping[str, Served],
+    forwarded_header: str,
+    client_header: str,
+    secure: Callable[[], bool],
+    packed: bool = False,
 ) -> Callable[..., AsyncIterator[bytes]]:
-    """The leader's end of the stream: each call served in a task of its own, answers framed as they come."""
+    """The leader's end of the stream (``PACKED_PATH`` when ``packed``, else ``PATH``): each call served in a
+    task of its own, answers framed as they come."""
 
     async def calls(frames: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         if secure():
@@ -250,21 +323,22 @@ def serve_calls(
 
         async def read() -> None:
             try:
-                async for frame in frames:
-                    call_id, timeout_ms, kind, method, client, body = parse_request(frame)
-                    if kind == CANCEL:
-                        task = running.get(call_id)
-                        if task is not None:
-                            task.cancel()
-                    else:
-                        running[call_id] = asyncio.ensure_future(
-                            serve(call_id, method, timeout_ms, client, body)
-                        )
+                async for message in frames:
+                    for frame in unpack(message) if packed else (message,):
+                        call_id, timeout_ms, kind, method, client, body = parse_request(frame)
+                        if kind == CANCEL:
+                            task = running.get(call_id)
+                            if task is not None:
+                                task.cancel()
+                        else:
+                            running[call_id] = asyncio.ensure_future(
+                                serve(call_id, method, timeout_ms, client, body)
+                            )
             finally:
                 outbox.put_nowait(None)
 
         async with contextlib.aclosing(queued_answers(read(), outbox, running.values())) as answers:
             async for frame in answers:
-                yield frame
+                yield pack(_drain(frame, outbox)) if packed else frame
 
     return calls

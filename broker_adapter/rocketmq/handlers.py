@@ -148,8 +148,11 @@ def add_to_server(servicer: Any, server: grpc.aio.Server) -> None:
     generic = [grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)]
     secure = getattr(servicer, "secure", None)
     if secure is not None:
-        calls = forward_stream.serve_calls(forwarded, FORWARDED, CLIENT_ID, secure)
-        stream = grpc.stream_stream_rpc_method_handler(calls)  # bytes both ways
-        name = forward_stream.PATH.rsplit("/", 1)[1]
-        generic.append(grpc.method_handlers_generic_handler(forward_stream.SERVICE_NAME, {name: stream}))
+        streams = {  # bytes both ways: one frame a message (followers of an earlier release), or packed
+            path.rsplit("/", 1)[1]: grpc.stream_stream_rpc_method_handler(
+                forward_stream.serve_calls(forwarded, FORWARDED, CLIENT_ID, secure, packed=packed)
+            )
+            for path, packed in ((forward_stream.PATH, False), (forward_stream.PACKED_PATH, True))
+        }
+        generic.append(grpc.method_handlers_generic_handler(forward_stream.SERVICE_NAME, streams))
     server.add_generic_rpc_handlers(tuple(generic))

@@ -1,7 +1,9 @@
 """The followers' forwarding stream (``forward_stream``), both ends over a real grpc.aio server on 127.0.0.1:
 a forwarded call answers, fails and times out as the call of its own it replaces did (``forward`` retries
 UNAVAILABLE and nothing else), a caller that stops waiting cancels its call on the leader, calls arrive as
-forwarded with the client's id, and a secure group's leader refuses the stream."""
+forwarded with the client's id, and a secure group's leader refuses the stream. Both framings: packed (the
+calls waiting share a stream message) and one frame a message, which a leader of an earlier release serves
+alone (a packed stream to it fails as UNAVAILABLE, so the call is retried, and says ``unpacked``)."""
 
 from __future__ import annotations
 
@@ -23,10 +25,12 @@ def _same(b: bytes) -> bytes:
 class Leader:
     """A gRPC server with only the stream's leader end, over methods the test defines."""
 
-    def __init__(self, secure: bool = False):
+    def __init__(self, secure: bool = False, earlier_release: bool = False):
         self.seen: list[tuple[str, bool, str, float]] = []
         self.cancelled = asyncio.Event()
         self.secure = secure
+        self.earlier_release = earlier_release  # serves forward_stream.PATH only
+        self.messages = 0  # stream messages received, both paths
 
     async def echo(self, request: bytes, context, raw: bytes) -> bytes:
         self.seen.append(("Echo", forwarded(context), client_id(context), context.time_remaining()))
@@ -54,11 +58,29 @@ class Leader:
             "Hang": (_same, self.hang, _same, False),
             "Fail": (_same, self.fail, _same, False),
         }
-        calls = forward_stream.serve_calls(methods, FORWARDED, CLIENT_ID, lambda: self.secure)
+
+        def counted(calls):
+            async def serve(frames, context):
+                async def messages():
+                    async for m in frames:
+                        self.messages += 1
+                        yield m
+
+                async for answer in calls(messages(), context):
+                    yield answer
+
+            return grpc.stream_stream_rpc_method_handler(serve)
+
+        handlers = {
+            "Calls": counted(forward_stream.serve_calls(methods, FORWARDED, CLIENT_ID, lambda: self.secure))
+        }
+        if not self.earlier_release:
+            handlers["Packed"] = counted(
+                forward_stream.serve_calls(methods, FORWARDED, CLIENT_ID, lambda: self.secure, packed=True)
+            )
         self.server = grpc.aio.server()
-        handler = grpc.stream_stream_rpc_method_handler(calls)
         self.server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(forward_stream.SERVICE_NAME, {"Calls": handler}),)
+            (grpc.method_handlers_generic_handler(forward_stream.SERVICE_NAME, handlers),)
         )
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
@@ -71,15 +93,20 @@ class Leader:
 META = ((FORWARDED, "n2"), (CLIENT_ID, "client-7"))
 
 
+@pytest.mark.parametrize("packed", [True, False])
 @run
-async def test_a_forwarded_call_answers_streams_and_arrives_forwarded_with_the_client_id():
+async def test_a_forwarded_call_answers_streams_and_arrives_forwarded_with_the_client_id(packed):
     leader = Leader()
     async with leader as address, grpc.aio.insecure_channel(address) as channel:
-        stream = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID)
+        stream = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID, packed=packed)
         try:
             echo = stream.caller("Echo", False, _same)
             answers = await asyncio.gather(*(echo(b"%d" % i, timeout=5, metadata=META) for i in range(20)))
             assert answers == [b"echo:%d" % i for i in range(20)]  # concurrent calls told apart
+            if packed:  # the 20 calls were waiting together: they shared stream messages
+                assert leader.messages < 20, leader.messages
+            else:
+                assert leader.messages == 20
             count = stream.caller("Count", True, _same)
             assert [a async for a in count(b"3", timeout=5, metadata=META)] == [b"0", b"1", b"2"]
             assert [a async for a in count(b"0", timeout=5, metadata=META)] == []
@@ -89,11 +116,12 @@ async def test_a_forwarded_call_answers_streams_and_arrives_forwarded_with_the_c
     assert (name, was_forwarded, client) == ("Echo", True, "client-7") and 0 < left <= 5
 
 
+@pytest.mark.parametrize("packed", [True, False])
 @run
-async def test_the_leaders_failure_a_deadline_and_a_broken_stream_fail_as_a_call_would():
+async def test_the_leaders_failure_a_deadline_and_a_broken_stream_fail_as_a_call_would(packed):
     leader = Leader()
     async with leader as address, grpc.aio.insecure_channel(address) as channel:
-        stream = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID)
+        stream = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID, packed=packed)
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             await stream.caller("Fail", False, _same)(b"", timeout=5, metadata=META)
         assert failed.value.code() == grpc.StatusCode.UNKNOWN and "boom" in failed.value.details()
@@ -120,3 +148,31 @@ async def test_a_secure_groups_leader_refuses_the_stream():
             await stream.caller("Echo", False, _same)(b"x", timeout=5, metadata=META)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         await stream.close()
+
+
+@run
+async def test_a_packed_stream_to_a_leader_of_the_earlier_release_is_retried_unpacked():
+    async with Leader(earlier_release=True) as address, grpc.aio.insecure_channel(address) as channel:
+        stream = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID)
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await stream.caller("Echo", False, _same)(b"x", timeout=5, metadata=META)
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE  # what ``forward`` retries
+        assert stream.unpacked and stream.broken is not None
+        await stream.close()
+        again = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID, packed=False)
+        try:
+            assert await again.caller("Echo", False, _same)(b"x", timeout=5, metadata=META) == b"echo:x"
+            assert not again.unpacked
+        finally:
+            await again.close()
+
+
+def test_pack_and_unpack_keep_frames_and_refuse_a_cut_message():
+    frames = [b"", b"a", b"\x00" * 70_000, b"last"]
+    assert forward_stream.unpack(forward_stream.pack(frames)) == frames
+    assert forward_stream.unpack(b"") == []
+    message = forward_stream.pack([b"abc", b"defg"])
+    with pytest.raises(ValueError, match="runs past the message"):
+        forward_stream.unpack(message[:-1])
+    with pytest.raises(ValueError, match="inside a frame length"):
+        forward_stream.unpack(message + b"\x00\x00")
