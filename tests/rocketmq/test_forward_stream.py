@@ -176,3 +176,42 @@ def test_pack_and_unpack_keep_frames_and_refuse_a_cut_message():
         forward_stream.unpack(message[:-1])
     with pytest.raises(ValueError, match="inside a frame length"):
         forward_stream.unpack(message + b"\x00\x00")
+
+
+class _Follower:
+    """What ``Forwarder`` reads of its node: a plain group's follower whose leader is "n1" at ``address``."""
+
+    def __init__(self, address: str):
+        self.id, self.leader_id, self._address = "n2", "n1", address
+        self.config = type("Config", (), {"security": None})()
+
+    def is_leader(self) -> bool:
+        return False
+
+    def address_of(self, node_id: str) -> str | None:
+        return self._address if node_id == "n1" else None
+
+
+class _Context:
+    def invocation_metadata(self):
+        return ((CLIENT_ID, "client-7"),)
+
+
+@run
+async def test_a_forwarder_keeps_forwarding_to_a_leader_of_the_earlier_release_on_one_frame_a_message():
+    """The rolling-upgrade case end to end: the first forward finds ``Packed`` unimplemented, is retried and
+    answered on ``Calls``, and so are the next ones, on the same stream."""
+    from broker_adapter.rocketmq.forward import Forwarder
+
+    leader = Leader(earlier_release=True)
+    async with leader as address:
+        fwd = Forwarder(_Follower(address))
+        try:
+            loop = asyncio.get_running_loop()
+            for i in range(3):
+                answer = await fwd.unary("Echo", b"%d" % i, _Context(), loop.time() + 5, local=None)
+                assert answer == b"echo:%d" % i
+            assert leader.seen[-1][:3] == ("Echo", True, "client-7")
+            assert leader.messages == 3  # one frame a message once it knew
+        finally:
+            await fwd.close()
