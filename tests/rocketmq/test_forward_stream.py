@@ -140,25 +140,27 @@ async def test_the_leaders_failure_a_deadline_and_a_broken_stream_fail_as_a_call
         await stream.close()
 
 
+async def _first_echo_fails(channel: grpc.aio.Channel, code: grpc.StatusCode) -> forward_stream.LeaderStream:
+    """A packed stream whose first call fails with ``code`` (closed before it is returned)."""
+    stream = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID)
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await stream.caller("Echo", False, _same)(b"x", timeout=5, metadata=META)
+    assert failed.value.code() == code
+    await stream.close()
+    return stream
+
+
 @run
 async def test_a_secure_groups_leader_refuses_the_stream():
     async with Leader(secure=True) as address, grpc.aio.insecure_channel(address) as channel:
-        stream = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID)
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await stream.caller("Echo", False, _same)(b"x", timeout=5, metadata=META)
-        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        await stream.close()
+        await _first_echo_fails(channel, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 @run
 async def test_a_packed_stream_to_a_leader_of_the_earlier_release_is_retried_unpacked():
     async with Leader(earlier_release=True) as address, grpc.aio.insecure_channel(address) as channel:
-        stream = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID)
-        with pytest.raises(grpc.aio.AioRpcError) as failed:
-            await stream.caller("Echo", False, _same)(b"x", timeout=5, metadata=META)
-        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE  # what ``forward`` retries
+        stream = await _first_echo_fails(channel, grpc.StatusCode.UNAVAILABLE)  # what ``forward`` retries
         assert stream.unpacked and stream.broken is not None
-        await stream.close()
         again = forward_stream.LeaderStream(channel, "n2", FORWARDED, CLIENT_ID, packed=False)
         try:
             assert await again.caller("Echo", False, _same)(b"x", timeout=5, metadata=META) == b"echo:x"
