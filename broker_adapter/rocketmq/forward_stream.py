@@ -84,8 +84,8 @@ def unpack(message: bytes) -> list[bytes]:
     return frames
 
 
-def _drain(first: bytes, queue: asyncio.Queue[bytes | None]) -> list[bytes]:
-    """``first`` and every frame waiting behind it (an end marker found there is left for its reader)."""
+def _drain(first: bytes, queue: asyncio.Queue[Any]) -> list[bytes]:
+    """``first`` and every frame waiting behind it (an end marker, None, found there is left for its reader)."""
     batch = [first]
     while not queue.empty():
         frame = queue.get_nowait()
@@ -127,7 +127,7 @@ class LeaderStream:
     ):
         self._client_header = client_header
         self._callers: dict[str, Callable[..., Any]] = {}
-        self._outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._waiting: dict[int, asyncio.Queue[tuple[int, Any]]] = {}
         self._ids = itertools.count(1)
         self.broken: grpc.aio.AioRpcError | None = None
@@ -141,7 +141,6 @@ class LeaderStream:
     async def _frames(self) -> AsyncIterator[bytes]:
         while True:
             frame = await self._outbox.get()
-            assert frame is not None  # (this queue has no end marker)
             yield pack(_drain(frame, self._outbox)) if self.packed else frame
 
     async def _read(self) -> None:
