@@ -29,7 +29,7 @@ started is stopped by its pid at the end, also on failure.
 source tree DIR (e.g. /work/main) and one from this tree (their ``PYTHONPATH``), and only issue 15's two
 workloads through the official client, alternating which group goes first each round; the ratio is this tree /
 DIR. ``--profile DIR`` also records each official-client measurement with py-spy (``--nonblocking``, idle
-samples off; leader and client) into DIR as collapsed stacks and prints where their CPU goes per message.
+samples off; the client and every node) into DIR as collapsed stacks and prints where their CPU goes per message.
 ``--per-call`` runs those two workloads beside a bare grpc.aio unary call (``rocketmq_double --bare``) one at a
 time and with as many in flight, and prints the server's CPU per call or message and its ratio to the bare
 call's. ``--double`` (with ``--baseline-tree``) runs the two workloads against ``bench.rocketmq_double`` of each tree
@@ -154,7 +154,7 @@ def measure(
 ) -> Measured:
     """Run ``fn`` (returns msg/s and the message count) with the CPU of the client (this process), the leader and
     the followers (or the double's one process, as "leader") counted around it; with ``profile``, py-spy records
-    the leader and this process meanwhile."""
+    every one of them meanwhile."""
     pids = {"client": os.getpid()}
     if isinstance(g, Double):
         pids["leader"] = g.proc.pid
@@ -175,7 +175,7 @@ def measure(
     spies = []
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
-        for who in ("leader", "client"):
+        for who in pids:
             out = profile / f"{tag}-{who}.txt"
             spies.append(
                 (
@@ -376,7 +376,7 @@ def main() -> None:
         "--this-first", action="store_true", help="with --baseline-tree: start this tree's group first"
     )
     ap.add_argument(
-        "--profile", type=Path, default=None, help="py-spy the leader and client into this directory"
+        "--profile", type=Path, default=None, help="py-spy the client and every node into this directory"
     )
     ap.add_argument(
         "--per-call",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
 from dledger.errors import ConfigError
@@ -76,6 +77,12 @@ class NodeHandle(Protocol):
 
     def add_role_listener(self, listener: Callable[[Role, int], None]) -> None:
         """Call ``listener(role, term)`` on every change of role or term, on the node's event loop."""
+        ...
+
+    def serving(self) -> AbstractContextManager[None]:
+        """Held while a client's call waits here on the leader (a follower forwarding or relaying it): a
+        follower then waits for its ``sync``-policy fdatasync off its event loop, so that such calls go on
+        meanwhile (docs/decisions/0029-followers-serving-calls-sync-off-loop.md)."""
         ...
 
     async def append(self, bodies: list[bytes], prepare: Prepare | None = None) -> AppendedRun:

@@ -170,21 +170,22 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 if method not in RETRIED_ON_LEADER_CHANGE:
                     raise
                 # Once more, on whichever node leads next (this one again, or forwarded there).
-            # A secure group's leader checks every client's signature on a call of its own: no relaying there.
-            if relay is not None and not forwarded(context) and not self.secure():
-                answer = await relay(request, context, self._deadline(context))
-                if answer is not None:
-                    calls[(method, "relayed")] += 1
-                    return answer
-            calls[(method, "forwarded")] += 1
-            return await self._forward.unary(
-                method,
-                request if raw is None else raw,
-                context,
-                self._deadline(context),
-                lambda: local(request, context),
-                _lost_leadership(response) if method in RETRIED_ON_LEADER_CHANGE else None,
-            )
+            with self._node.serving():
+                # A secure group's leader checks every client's signature on a call of its own: no relaying.
+                if relay is not None and not forwarded(context) and not self.secure():
+                    answer = await relay(request, context, self._deadline(context))
+                    if answer is not None:
+                        calls[(method, "relayed")] += 1
+                        return answer
+                calls[(method, "forwarded")] += 1
+                return await self._forward.unary(
+                    method,
+                    request if raw is None else raw,
+                    context,
+                    self._deadline(context),
+                    lambda: local(request, context),
+                    _lost_leadership(response) if method in RETRIED_ON_LEADER_CHANGE else None,
+                )
         except RocketMQError as e:
             return response(status=of(e))
         except DLedgerError as e:
@@ -200,14 +201,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     yield r
                 return
             self.calls[(method, "forwarded")] += 1
-            async for r in self._forward.stream(
-                method,
-                request if raw is None else raw,
-                context,
-                self._deadline(context),
-                lambda: local(request, context),
-            ):
-                yield r
+            with self._node.serving():
+                async for r in self._forward.stream(
+                    method,
+                    request if raw is None else raw,
+                    context,
+                    self._deadline(context),
+                    lambda: local(request, context),
+                ):
+                    yield r
         except RocketMQError as e:
             yield response(status=of(e))
         except DLedgerError as e:

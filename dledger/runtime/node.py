@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
 import random
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any
 
 from dledger.core.membership import ConfCheckpoint, Configuration, ConfigurationError
@@ -93,6 +94,7 @@ class Node:
         self._server: NodeServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
+        self.calls_waiting = 0  # clients' calls waiting here on the leader (``serving``)
         self._stopped = asyncio.Event()
         self._stopping = False
         self._commit_listeners: list[Callable[[int], None]] = []
@@ -214,6 +216,7 @@ class Node:
             rebuild_core=self._rebuild_core,
             stats=self.stats,
             metrics=self.metrics,
+            calls_waiting=lambda: self.calls_waiting,
         )
         if self.peers.transport is None:
             control_timeout = max(0.2, cfg.raft.election_timeout_min_ms / 1000)
@@ -403,6 +406,16 @@ class Node:
         """Call ``listener(role, term)`` whenever this node's role or term changes (e.g. the broker resets what
         it allocated as leader)."""
         self._role_listeners.append(listener)
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Held while a client's call waits here on the leader (``NodeHandle.serving``): the ready loop of a
+        follower with such calls waits for its fdatasync off the event loop (``ReadyLoop.run``)."""
+        self.calls_waiting += 1
+        try:
+            yield
+        finally:
+            self.calls_waiting -= 1
 
     def add_commit_listener(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(commit_index)`` whenever the commit index advances (entries are in storage by then).

@@ -60,9 +60,10 @@ class AppendRefused(Exception):
 class ReadyLoop:
     """Drives one core. What it hands on goes through explicit seams: ``proposals`` (group commit, failing
     appends), ``peers`` (answers and outbound messages), ``committed(index)`` (the node's commit seam),
-    ``read_states(states)``, ``watch_role()`` (after each Ready) and ``rebuild_core()`` (a full disk: a core
-    rebuilt from what storage holds). ``commit_index`` is the highest index committed *and* persisted here;
-    ``persisted_index`` the last index of the log as of the last completed write (synced under ``sync``)."""
+    ``read_states(states)``, ``watch_role()`` (after each Ready), ``rebuild_core()`` (a full disk: a core
+    rebuilt from what storage holds) and ``calls_waiting()`` (clients' calls waiting here on the leader).
+    ``commit_index`` is the highest index committed *and* persisted here; ``persisted_index`` the last index of
+    the log as of the last completed write (synced under ``sync``)."""
 
     def __init__(
         self,
@@ -81,6 +82,7 @@ class ReadyLoop:
         rebuild_core: Callable[[int], RaftCore],
         stats: collections.Counter[str],
         metrics: NodeMetrics,
+        calls_waiting: Callable[[], int],
     ):
         self.id = node_id
         self.config = config
@@ -100,6 +102,7 @@ class ReadyLoop:
         self._read_states = read_states
         self._watch_role = watch_role
         self._rebuild_core = rebuild_core
+        self._calls_waiting = calls_waiting
         self.stats = stats
         self.metrics = metrics
         self.commit_index = -1
@@ -147,9 +150,14 @@ class ReadyLoop:
                         inline = self._io.pending == 0
                     try:
                         if inline:
-                            if self._data.sync_each_ready and rd.frames and core.role is Role.LEADER:
+                            if (
+                                self._data.sync_each_ready
+                                and rd.frames
+                                and (core.role is Role.LEADER or self._calls_waiting())
+                            ):
                                 # A leader under ``sync``: the write inline, its fdatasync on the I/O thread, so
-                                # that the loop takes the next calls meanwhile (decision 0006, 2026-11-28 night).
+                                # that the loop takes the next calls meanwhile (decision 0006, 2026-11-28 night);
+                                # a follower too while clients' calls wait on it for the leader (decision 0029).
                                 self.persist(rd, sync=False)
                                 await self._io.run(self.sync_written)
                             else:

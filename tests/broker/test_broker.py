@@ -6,7 +6,9 @@ ConsumeQueues and invisibility state."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -56,6 +58,7 @@ class FakeNode:
         self.proposals: list[tuple[str, int]] = []  # ("append" | "submit", entries) per call, as they arrive
         self.unapplied: list[CommittedEntry] = []
         self.listeners: list = []
+        self.calls_waiting = 0  # clients' calls held in ``serving``
         self.applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def is_leader(self) -> bool:
@@ -76,6 +79,14 @@ class FakeNode:
 
     def add_role_listener(self, listener) -> None:
         self.listeners.append(listener)
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        self.calls_waiting += 1
+        try:
+            yield
+        finally:
+            self.calls_waiting -= 1
 
     def _place(self, bodies: list[bytes], prepare) -> list[CommittedEntry]:
         if not self.is_leader():

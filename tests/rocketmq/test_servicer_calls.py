@@ -7,6 +7,8 @@ the real servicer over the in-memory node double of ``tests/broker``:
   receipt handle refused in the overall status and in the entry;
 - an ack whose leader lost leadership under it (outcome unknown) is served again on the next leader, also
   when a follower forwarded it;
+- a follower holds ``node.serving()`` while a client's call waits on it for the leader (its ready loop then
+  syncs off the event loop, docs/decisions/0029);
 - a received message, built inside its response, is the message ``convert.incoming`` makes, and its receipt
   handle (packed by ``ReceiptHandle.encoder``) the one ``ReceiptHandle.encode`` makes.
 """
@@ -232,6 +234,44 @@ async def test_a_follower_forwards_an_ack_again_when_the_leader_lost_leadership_
         got = await s.SendMessage(req, Context())
         assert service_pb2.SendMessageResponse.FromString(got).status.code == Code.HA_NOT_AVAILABLE
         assert calls == ["AckMessage", "AckMessage", "SendMessage"]
+    finally:
+        node.leader_id = node.id
+        await s.close()
+
+
+@run
+async def test_a_follower_serves_while_a_forwarded_call_waits_on_the_leader(made):  # noqa: F811
+    broker, node = made
+    s = MessagingServicer(broker)
+    node.leader_id = "n1"  # this node follows
+    node.config.security = None
+    answered = asyncio.Event()
+    seen: list[int] = []
+
+    def call(leader: str, method: str):
+        async def send(request, timeout, metadata):
+            seen.append(node.calls_waiting)
+            await answered.wait()
+            return service_pb2.AckMessageResponse(
+                status={"code": Code.OK, "message": "OK"}
+            ).SerializeToString()
+
+        return send
+
+    s._forward._call = call
+    try:
+        pending = asyncio.ensure_future(s.AckMessage(ack_request("v1whatever"), Context()))
+        while not seen:
+            await asyncio.sleep(0.001)
+        assert seen == [1] and node.calls_waiting == 1
+        answered.set()
+        got = await pending
+        assert service_pb2.AckMessageResponse.FromString(got).status.code == Code.OK
+        assert node.calls_waiting == 0
+        node.leader_id = node.id  # on the leader nothing is held
+        await topic(broker, queues=1)
+        await s.AckMessage(ack_request("v1whatever"), Context())
+        assert seen == [1] and node.calls_waiting == 0
     finally:
         node.leader_id = node.id
         await s.close()

@@ -119,6 +119,7 @@ class Harness:
         self.peers = RecordingPeers(self.events)
         self.commits: list[int] = []
         self.roles: list[tuple] = []
+        self.calls_waiting = 0  # clients' calls waiting on this node for the leader (``Node.serving``)
         self.proposals = Proposals(
             node_id,
             self.config,
@@ -145,6 +146,7 @@ class Harness:
             rebuild_core=self._rebuild,
             stats=self.stats,
             metrics=self.metrics,
+            calls_waiting=lambda: self.calls_waiting,
         )
 
     def new_core(self, applied: int = -1) -> RaftCore:

@@ -315,3 +315,49 @@ def test_a_follower_under_sync_syncs_inline(tmp_path):
             assert synced_on == [main] and h.stats["persists_inline"] == 1
 
     asyncio.run(run())
+
+
+def test_a_follower_with_calls_waiting_syncs_on_the_io_thread(tmp_path):
+    """A follower while clients' calls wait on it for the leader (``Node.serving``, decision 0029) waits for its
+    fdatasync on the I/O thread, and answers the AppendEntries only after it; with none waiting, inline again."""
+
+    async def run():
+        async with Harness(tmp_path, flush="sync") as h:
+            h.data.sync_each_ready = True
+            main = threading.get_ident()
+            synced_on: list[int] = []
+            real_sync = h.log.sync
+            gate = threading.Event()
+
+            def sync() -> None:
+                synced_on.append(threading.get_ident())
+                if threading.get_ident() != main:
+                    gate.wait(5)
+                real_sync()
+
+            h.log.sync = sync
+            h.calls_waiting = 1
+            loop_ran = False
+
+            def mark() -> None:
+                nonlocal loop_ran
+                loop_ran = True
+
+            answer = asyncio.ensure_future(
+                h.step(AppendEntries(1, "n1", "n0", -1, 0, -1, frames(0, 1, [b"a"])))
+            )
+            while not synced_on:
+                await asyncio.sleep(0.001)
+            asyncio.get_running_loop().call_soon(mark)
+            await asyncio.sleep(0.01)
+            assert loop_ran, "the loop runs other work while the sync is in progress"
+            assert not answer.done() and h.ready.persisted_index < 0, "no answer before the sync"
+            gate.set()
+            await asyncio.wait_for(answer, 5)
+            assert synced_on[0] != main and h.ready.persisted_index == 0 and h.stats["persists_inline"] == 1
+            h.calls_waiting = 0
+            both = frames(0, 1, [b"a", b"b"])  # the first again, then one more
+            await asyncio.wait_for(h.step(AppendEntries(1, "n1", "n0", -1, 0, -1, both)), 5)
+            assert synced_on[1:] == [main], "inline once no call waits"
+
+    asyncio.run(run())
