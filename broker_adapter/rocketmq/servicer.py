@@ -285,13 +285,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 return answer(await b.ensure_topic(topic))
 
             try:
-                return await self._forward.unary(
-                    method,
-                    request if raw is None else raw,
-                    context,
-                    self._deadline(context),
-                    lambda: leader_view(request, context),
-                )
+                with self._node.serving():
+                    return await self._forward.unary(
+                        method,
+                        request if raw is None else raw,
+                        context,
+                        self._deadline(context),
+                        lambda: leader_view(request, context),
+                    )
             except RocketMQError as e:
                 if e.code == Code.HA_NOT_AVAILABLE:
                     return answer(b.queues(topic))  # no leader: this node's view (not found)

@@ -296,30 +296,10 @@ def test_a_leader_under_sync_syncs_on_the_io_thread_and_commits_only_after(tmp_p
     asyncio.run(run())
 
 
-def test_a_follower_under_sync_syncs_inline(tmp_path):
-    """A follower has nothing to serve while it syncs: its fdatasync stays on the loop (no thread hand-off)."""
-
-    async def run():
-        async with Harness(tmp_path, flush="sync") as h:
-            h.data.sync_each_ready = True
-            main = threading.get_ident()
-            synced_on: list[int] = []
-            real_sync = h.log.sync
-
-            def sync() -> None:
-                synced_on.append(threading.get_ident())
-                real_sync()
-
-            h.log.sync = sync
-            await asyncio.wait_for(h.step(AppendEntries(1, "n1", "n0", -1, 0, -1, frames(0, 1, [b"a"]))), 5)
-            assert synced_on == [main] and h.stats["persists_inline"] == 1
-
-    asyncio.run(run())
-
-
-def test_a_follower_with_calls_waiting_syncs_on_the_io_thread(tmp_path):
+def test_a_follower_under_sync_syncs_on_the_io_thread_only_while_calls_wait_on_it(tmp_path):
     """A follower while clients' calls wait on it for the leader (``Node.serving``, decision 0029) waits for its
-    fdatasync on the I/O thread, and answers the AppendEntries only after it; with none waiting, inline again."""
+    fdatasync on the I/O thread, and answers the AppendEntries only after it; with none waiting it has nothing
+    to serve meanwhile, and syncs inline (no thread hand-off)."""
 
     async def run():
         async with Harness(tmp_path, flush="sync") as h:
