@@ -31,6 +31,12 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 MIN_RPC_TIMEOUT_S = 0.001
+# After closing its channels an asyncio client lets its loop run this long: ``grpc.aio``'s ``Channel.close()``
+# cancels the calls still open (a producer's session) without waiting for their completions, which reach the
+# loop through gRPC's poller thread. If that loop is closed first (``asyncio.run`` returning), the next loop that
+# uses gRPC in the process is handed them and prints "Exception in callback PollerCompletionQueue._handle_events
+# ... Event loop is closed". 1 ms was enough in every reproduction (tests/broker/test_client_async.py).
+CLOSE_SETTLE_S = 0.005
 
 
 def rpc_timeout(attempts: Attempts, rpc_timeout_s: float) -> float:
@@ -135,8 +141,11 @@ class AsyncChannels(_ChannelCache[grpc.aio.Channel]):
             return result
 
     async def close(self) -> None:
-        for ch in self._take():
+        channels = self._take()
+        for ch in channels:
             await ch.close()
+        if channels:
+            await asyncio.sleep(CLOSE_SETTLE_S)  # the completions of what the close cancelled arrive here
 
 
 class Streams(Generic[T, R]):

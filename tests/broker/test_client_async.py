@@ -126,3 +126,38 @@ def test_async_clients_delay_group_settings_and_later(tmp_path):
                 assert (await cons.later(retried[0])).dead_lettered
 
     asyncio.run(main())
+
+
+def test_a_closed_producer_leaves_no_completions_for_a_closed_loop(tmp_path):
+    """An ``AsyncProducer`` closed at the end of one ``asyncio.run``, then another, and another: the
+    completions of the session streams its close cancelled reach its own loop before that loop closes, so the
+    next loop's gRPC poller is never handed them ("Exception in callback PollerCompletionQueue._handle_events
+    ... RuntimeError: Event loop is closed", dledger/connections.py ``CLOSE_SETTLE_S``)."""
+    from dledger import group as grp
+
+    g = grp.create(tmp_path / "g", 1, None, state_machine="broker", flush="async")
+    grp.start_node(g.nodes[0])
+    seen: list[str] = []
+
+    def record(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        seen.append(f"{context.get('message')}: {context.get('exception')!r}")
+
+    async def burst(create: bool) -> None:
+        asyncio.get_running_loop().set_exception_handler(record)
+        async with AsyncProducer(g.addresses) as p:
+            if create:
+                await p.create_topic("T", 4)
+
+            async def sender() -> None:
+                for _ in range(20):
+                    await p.send("T", b"x" * 1024)
+
+            await asyncio.gather(*(sender() for _ in range(64)))
+
+    try:
+        grp.wait_for_leader(g, timeout_s=30)
+        for i in range(12):
+            asyncio.run(burst(i == 0))
+    finally:
+        grp.stop_group(g)
+    assert seen == []
