@@ -257,6 +257,12 @@ def group_up(
     secure: Annotated[
         bool, typer.Option("--secure", help="a new group with TLS, peer identity, users and permissions")
     ] = False,
+    preferred_leader: Annotated[
+        str | None,
+        typer.Option(
+            help="a new group's preferred leader (a node id): leadership returns to it whenever it is healthy"
+        ),
+    ] = None,
 ) -> None:
     """Start a local group in the background; return once a leader is elected."""
     try:
@@ -267,6 +273,7 @@ def group_up(
             flush=flush,
             state_machine=state_machine,
             secure=secure,
+            preferred_leader=preferred_leader,
         )
     except DLedgerError as e:
         _fail(str(e))

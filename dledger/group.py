@@ -29,6 +29,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
@@ -176,7 +177,7 @@ def _peer_addresses(spec: NodeSpec, group: GroupSpec) -> dict[str, str]:
     return {n.id: via.get(n.id, n.address) if n.id != spec.id else n.address for n in group.nodes}
 
 
-def _node_toml(spec: NodeSpec, group: GroupSpec, raft: dict[str, int], join: bool = False) -> str:
+def _node_toml(spec: NodeSpec, group: GroupSpec, raft: Mapping[str, int | str], join: bool = False) -> str:
     lines = [
         f'id = "{spec.id}"',
         f'group = "{group.name}"',
@@ -188,8 +189,12 @@ def _node_toml(spec: NodeSpec, group: GroupSpec, raft: dict[str, int], join: boo
         "[peers]",
         *[f'{pid} = "{addr}"' for pid, addr in _peer_addresses(spec, group).items()],
     ]
-    if raft:
-        lines += ["", "[raft]", *[f"{k} = {v}" for k, v in raft.items()]]
+    if raft:  # (a string is a node id: json's quoting is TOML's)
+        lines += [
+            "",
+            "[raft]",
+            *[f"{k} = {json.dumps(v) if isinstance(v, str) else v}" for k, v in raft.items()],
+        ]
     if group.security:
         tls_dir = Path(group.security).parent / "tls"
         lines += [
@@ -214,9 +219,13 @@ def create(
     state_machine: str = "",
     proxied: bool = False,
     secure: bool = False,
+    preferred_leader: str | None = None,
 ) -> GroupSpec:
     """Write the manifest and node configs (default 3 nodes). An existing group in ``directory`` is reused as
     it is; asking for a different size is an error rather than a silent surprise.
+
+    ``preferred_leader``: a node id written as every node's ``[raft] preferred_leader`` (DLedger's
+    preferredLeaderIds: leadership returns to it whenever it is healthy, docs/raft.md).
 
     ``proxied=True`` routes node-to-node traffic through one proxy port per ordered pair (``GroupSpec.links``,
     also in group.json); the nodes cannot reach each other until something listens there
@@ -233,6 +242,10 @@ def create(
     nodes = 3 if nodes is None else nodes
     if not 1 <= nodes <= 9:
         raise ConfigError(f"--nodes must be in 1..9, got {nodes}")
+    if preferred_leader is not None and preferred_leader not in {f"n{i}" for i in range(nodes)}:
+        raise ConfigError(
+            f"--preferred-leader {preferred_leader!r} is not a node of the group (n0..n{nodes - 1})"
+        )
     ports = free_ports(nodes) if base_port is None else [base_port + i for i in range(nodes)]
     specs = tuple(
         NodeSpec(
@@ -260,7 +273,10 @@ def create(
     group = GroupSpec(name, flush, specs, state_machine, links, security)
     for spec in specs:
         Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
-        Path(spec.config).write_text(_node_toml(spec, group, raft or {}))
+        settings: dict[str, int | str] = {**(raft or {})}
+        if preferred_leader is not None:
+            settings["preferred_leader"] = preferred_leader
+        Path(spec.config).write_text(_node_toml(spec, group, settings))
     _write_manifest(directory, group)
     return group
 

@@ -123,7 +123,7 @@ def _tenant_tables(group: GroupSpec) -> str:
     return ""
 
 
-def _raft_of(group: GroupSpec) -> dict[str, int]:
+def _raft_of(group: GroupSpec) -> dict[str, int | str]:
     """The [raft] settings of the group's first node (a new member must time like the others)."""
     import tomllib
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from dledger import group as grp
+from dledger.errors import DLedgerError
+from tests.integration.conftest import wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -91,3 +93,30 @@ def test_group_up_refuses_to_resize_an_existing_group(tmp_path):
     grp.create(tmp_path / "g", 3, None)
     r = dledger("group", "up", "--dir", str(tmp_path / "g"), "--nodes", "5", check=False)
     assert r.returncode == 1 and "has 3 nodes, not 5" in r.stderr
+
+
+def test_a_preferred_leader_gets_leadership_back_whenever_it_is_healthy(group_dir):
+    """``group up --preferred-leader n2``: every node's config names it ([raft] preferred_leader, DLedger's
+    preferredLeaderIds), it leads once healthy, another node leads while it is down, and it leads again after
+    its restart; a member added later is given the same setting. An id that is not a node is refused."""
+    from dledger import group_members
+
+    r = dledger("group", "up", "--dir", str(group_dir), "--preferred-leader", "n7", check=False)
+    assert r.returncode == 1 and "'n7' is not a node of the group (n0..n2)" in r.stderr
+    dledger("group", "up", "--dir", str(group_dir), "--base-port", "0", "--preferred-leader", "n2")
+    g = grp.load(group_dir)
+    assert g is not None
+    assert all('preferred_leader = "n2"' in Path(n.config).read_text() for n in g.nodes)
+    assert group_members._raft_of(g) == {"preferred_leader": "n2"}  # what a new member's config is given
+
+    def leader() -> str | None:
+        try:
+            return grp.wait_for_leader(g, timeout_s=2).id
+        except DLedgerError:
+            return None
+
+    wait(lambda: leader() == "n2", 20.0, "n2 leads", group=g)
+    grp.kill_node(g.node("n2"))
+    wait(lambda: leader() not in (None, "n2"), 20.0, "another node leads", group=g)
+    grp.start_node(g.node("n2"))
+    wait(lambda: leader() == "n2", 20.0, "n2 leads again", group=g)
