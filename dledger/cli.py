@@ -260,7 +260,8 @@ def group_up(
     preferred_leader: Annotated[
         str | None,
         typer.Option(
-            help="a new group's preferred leader (a node id): leadership returns to it whenever it is healthy"
+            help="a new group's preferred leader: leadership returns to it whenever it is healthy; a node id, "
+            "or 'lowest': the node whose address sorts first (the one the RocketMQ Python client dials)"
         ),
     ] = None,
 ) -> None:

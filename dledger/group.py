@@ -40,6 +40,9 @@ from dledger.transport.base import NodeInfo
 from dledger.transport.grpc import run_sync
 
 DEFAULT_BASE_PORT = 20911
+# ``create(preferred_leader=LOWEST)``: the node whose client address sorts first (the official RocketMQ Python
+# client sorts a route's addresses as strings and dials the first).
+LOWEST: Final = "lowest"
 MANIFEST = "group.json"
 
 
@@ -225,7 +228,9 @@ def create(
     it is; asking for a different size is an error rather than a silent surprise.
 
     ``preferred_leader``: a node id written as every node's ``[raft] preferred_leader`` (DLedger's
-    preferredLeaderIds: leadership returns to it whenever it is healthy, docs/raft.md).
+    preferredLeaderIds: leadership returns to it whenever it is healthy, docs/raft.md), or ``"lowest"``: the
+    node whose client address sorts first as a string, the one the official RocketMQ Python client dials
+    (docs/rocketmq.md, "Endpoints").
 
     ``proxied=True`` routes node-to-node traffic through one proxy port per ordered pair (``GroupSpec.links``,
     also in group.json); the nodes cannot reach each other until something listens there
@@ -242,9 +247,10 @@ def create(
     nodes = 3 if nodes is None else nodes
     if not 1 <= nodes <= 9:
         raise ConfigError(f"--nodes must be in 1..9, got {nodes}")
-    if preferred_leader is not None and preferred_leader not in {f"n{i}" for i in range(nodes)}:
+    if preferred_leader not in (None, LOWEST, *(f"n{i}" for i in range(nodes))):
         raise ConfigError(
-            f"--preferred-leader {preferred_leader!r} is not a node of the group (n0..n{nodes - 1})"
+            f"--preferred-leader {preferred_leader!r} is neither a node of the group (n0..n{nodes - 1}) "
+            f"nor {LOWEST!r}"
         )
     ports = free_ports(nodes) if base_port is None else [base_port + i for i in range(nodes)]
     specs = tuple(
@@ -271,6 +277,8 @@ def create(
 
         security = str(write_secure_group(directory, [s.id for s in specs], [s.address for s in specs]))
     group = GroupSpec(name, flush, specs, state_machine, links, security)
+    if preferred_leader == LOWEST:
+        preferred_leader = min(specs, key=lambda n: n.address).id
     for spec in specs:
         Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
         settings: dict[str, int | str] = {**(raft or {})}

@@ -105,10 +105,19 @@ def cluster_up(
             "--secure", help="TLS and authentication everywhere: one CA, node and name server certificates"
         ),
     ] = False,
+    preferred_leader: Annotated[
+        str | None,
+        typer.Option(
+            help="each new group's preferred leader: a node id, or 'lowest': the node whose address sorts "
+            "first (the one the RocketMQ Python client dials)"
+        ),
+    ] = None,
 ) -> None:
     """Start name servers and broker groups in the background; return once every group is registered."""
     try:
-        c = cl.up(dir, groups, nodes, nameservers, flush=flush, secure=secure)
+        c = cl.up(
+            dir, groups, nodes, nameservers, flush=flush, secure=secure, preferred_leader=preferred_leader
+        )
     except DLedgerError as e:
         fail(str(e))
     console.print(

@@ -99,12 +99,14 @@ def create(
     consumer_expiry_ms: int = 10_000,
     secure: bool = False,
     proxied: bool = False,
+    preferred_leader: str | None = None,
 ) -> ClusterSpec:
     """Write the manifest, the name servers' directories and every group (a group per ``g<i>``). An existing
     cluster in ``directory`` is reused; asking for another shape is an error, not a silent surprise.
     ``secure``: TLS and authentication everywhere, every certificate from one CA (``_secure``). ``proxied``:
     each group's node-to-node traffic goes through proxy ports (``dledger.group.create``; ``dledger chaos
-    --cluster`` listens there)."""
+    --cluster`` listens there). ``preferred_leader``: each group's (``dledger.group.create``; ``"lowest"``: in
+    each group, the node whose address sorts first)."""
     directory = directory.resolve()
     existing = load(directory, missing_ok=True)
     if existing is not None:
@@ -145,6 +147,7 @@ def create(
             state_machine="broker",
             secure=secure,
             proxied=proxied,
+            preferred_leader=preferred_leader,
         )
         if secure:
             _join_cluster_ca(directory, g)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,7 @@ def test_a_preferred_leader_gets_leadership_back_whenever_it_is_healthy(group_di
     from dledger import group_members
 
     r = dledger("group", "up", "--dir", str(group_dir), "--preferred-leader", "n7", check=False)
-    assert r.returncode == 1 and "'n7' is not a node of the group (n0..n2)" in r.stderr
+    assert r.returncode == 1 and "'n7' is neither a node of the group (n0..n2) nor 'lowest'" in r.stderr
     dledger("group", "up", "--dir", str(group_dir), "--base-port", "0", "--preferred-leader", "n2")
     g = grp.load(group_dir)
     assert g is not None
@@ -120,3 +121,19 @@ def test_a_preferred_leader_gets_leadership_back_whenever_it_is_healthy(group_di
     wait(lambda: leader() not in (None, "n2"), 20.0, "another node leads", group=g)
     grp.start_node(g.node("n2"))
     wait(lambda: leader() == "n2", 20.0, "n2 leads again", group=g)
+
+
+def test_the_lowest_preferred_leader_is_the_node_whose_address_sorts_first(tmp_path):
+    """``--preferred-leader lowest`` names, in a group and in each group of a cluster, the node whose client
+    address sorts first as a string: the node the official RocketMQ Python client dials."""
+    from broker_adapter.cluster import local as cl
+
+    def preferred(g: grp.GroupSpec) -> set[str]:
+        return {tomllib.loads(Path(n.config).read_text())["raft"]["preferred_leader"] for n in g.nodes}
+
+    g = grp.create(tmp_path / "g", 3, None, preferred_leader="lowest")
+    assert preferred(g) == {min(g.nodes, key=lambda n: n.address).id}
+    c = cl.create(tmp_path / "c", groups=2, nodes=3, preferred_leader="lowest")
+    for name in c.groups:
+        member = c.group(name)
+        assert preferred(member) == {min(member.nodes, key=lambda n: n.address).id}
