@@ -247,11 +247,7 @@ def create(
     nodes = 3 if nodes is None else nodes
     if not 1 <= nodes <= 9:
         raise ConfigError(f"--nodes must be in 1..9, got {nodes}")
-    if preferred_leader not in (None, LOWEST, *(f"n{i}" for i in range(nodes))):
-        raise ConfigError(
-            f"--preferred-leader {preferred_leader!r} is neither a node of the group (n0..n{nodes - 1}) "
-            f"nor {LOWEST!r}"
-        )
+    check_preferred_leader(preferred_leader, nodes)
     ports = free_ports(nodes) if base_port is None else [base_port + i for i in range(nodes)]
     specs = tuple(
         NodeSpec(
@@ -287,6 +283,15 @@ def create(
         Path(spec.config).write_text(_node_toml(spec, group, settings))
     _write_manifest(directory, group)
     return group
+
+
+def check_preferred_leader(preferred_leader: str | None, nodes: int) -> None:
+    """``create``'s ``preferred_leader`` for a group of ``nodes`` nodes: None, a node id or ``LOWEST``."""
+    if preferred_leader not in (None, LOWEST, *(f"n{i}" for i in range(nodes))):
+        raise ConfigError(
+            f"--preferred-leader {preferred_leader!r} is neither a node of the group (n0..n{nodes - 1}) "
+            f"nor {LOWEST!r}"
+        )
 
 
 def _write_manifest(directory: Path, group: GroupSpec) -> None:

@@ -125,6 +125,7 @@ def create(
         raise ConfigError(f"--groups must be in 1..16, got {groups}")
     if not 1 <= nameservers <= 5:
         raise ConfigError(f"--nameservers must be in 1..5, got {nameservers}")
+    grp.check_preferred_leader(preferred_leader, nodes)
     ns_ports = grp.free_ports(nameservers)
     ns = tuple(
         NameServerSpec(f"ns{i}", f"127.0.0.1:{p}", str(directory / f"ns{i}"), consumer_expiry_ms, secure)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dledger import group as grp
-from dledger.errors import DLedgerError
+from dledger.errors import ConfigError, DLedgerError
 from tests.integration.conftest import wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -133,6 +133,9 @@ def test_the_lowest_preferred_leader_is_the_node_whose_address_sorts_first(tmp_p
 
     g = grp.create(tmp_path / "g", 3, None, preferred_leader="lowest")
     assert preferred(g) == {min(g.nodes, key=lambda n: n.address).id}
+    with pytest.raises(ConfigError, match="neither a node of the group"):
+        cl.create(tmp_path / "bad", groups=2, nodes=3, preferred_leader="n3")
+    assert not (tmp_path / "bad").exists()  # refused before anything is written
     c = cl.create(tmp_path / "c", groups=2, nodes=3, preferred_leader="lowest")
     for name in c.groups:
         member = c.group(name)
