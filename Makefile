@@ -22,8 +22,9 @@ check-java:
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not conformance and not long"
 
-# The whole chaos, power-cut and rolling-upgrade runs (tests marked ``long``, about two minutes): run by CI after
-# make test, which stays under ten minutes on a 2-core machine without them.
+# The whole chaos, power-cut and rolling-upgrade runs, and four leader-kill, rotation and membership runs of 20-30 s
+# (tests marked ``long``, about three minutes): run by CI after make test, which stays under ten minutes on a
+# 2-core machine without them.
 test-long: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "long and not slow and not conformance"
 

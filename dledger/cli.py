@@ -261,7 +261,7 @@ def group_up(
         str | None,
         typer.Option(
             help="a new group's preferred leader: leadership returns to it whenever it is healthy; a node id, "
-            "or 'lowest': the node whose address sorts first (the one the RocketMQ Python client dials)"
+            "or 'lowest': the node whose address sorts first as a string (docs/raft.md)"
         ),
     ] = None,
 ) -> None:

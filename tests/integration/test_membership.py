@@ -126,6 +126,7 @@ def _replace_a_killed_follower(g: grp.GroupSpec, d: Path) -> None:
     check_nothing_lost(final, p.acked)
 
 
+@pytest.mark.long  # four membership changes on a live group (about 20 s): make test-long, run by CI
 def test_grow_three_to_five_and_back_removing_the_leader(make_group, tmp_path):
     g = make_group(3)
     d = Path(g.nodes[0].data_dir).parent

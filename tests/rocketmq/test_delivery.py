@@ -89,7 +89,8 @@ def drain(consumer: SimpleConsumer, until, timeout_s: float = 60.0, invisible_s:
 # -- delay -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("count", "kills"),
-    [(20, 1), pytest.param(200, 2, marks=pytest.mark.slow)],
+    # a whole leader-kill run of about 30 s: make test-long, run by CI
+    [pytest.param(20, 1, marks=pytest.mark.long), pytest.param(200, 2, marks=pytest.mark.slow)],
     ids=["20-messages", "200-messages"],
 )
 def test_delayed_messages_stay_invisible_until_due_and_come_once_through_a_leader_kill(

@@ -210,6 +210,7 @@ def short_slice_group(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.long  # a whole leader-kill run (about 30 s): make test-long, run by CI
 @pytest.mark.timeout(300)
 def test_a_leader_kill_while_the_push_consumers_listener_runs_does_not_redeliver_its_message(
     short_slice_group,

@@ -116,6 +116,7 @@ def _issuer(path: Path) -> str:
     return x509.load_pem_x509_certificate(path.read_bytes()).issuer.rfc4514_string()
 
 
+@pytest.mark.long  # a whole rotation under load (about 25 s): make test-long, run by CI
 def test_rotation_to_a_new_ca_under_load_by_reload_only(tmp_path):
     g, _ = grp.up(tmp_path / "g", 3, None, state_machine="broker", secure=True)
     directory, tls_dir = tmp_path / "g", tmp_path / "g" / "tls"
