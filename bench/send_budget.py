@@ -54,6 +54,7 @@ from bench.compare.profile import raw_stacks
 from bench.proc_cpu import cpu_seconds
 from broker_adapter.v1 import broker_pb2, broker_pb2_grpc
 from dledger import group as grp
+from dledger.errors import DLedgerError
 from dledger.v1 import client_pb2, client_pb2_grpc
 
 BODY = bytes(range(256)) * 4  # 1 KiB, as bench.broker and bench.jetstream send
@@ -223,10 +224,34 @@ def make_steps(g: Group) -> list[Step]:
         Step("send-stub", send_stub, ch.close),
         Step("send-producer", lambda: prod.send(TOPIC, BODY), prod.close),
     ]
-    for s in steps:  # connections, the leader, the topic's queues: before any clock runs
-        for _ in range(3):
-            s.call()
+    try:
+        for s in steps:  # connections, the leader, the topic's queues: before any clock runs
+            for _ in range(3):
+                s.call()
+    except Exception:
+        _close(steps)
+        raise
     return steps
+
+
+WARM_TRIES = 5
+
+
+def _steps_on_leader(g: Group) -> list[Step]:
+    """``make_steps`` against the leader of the moment. A leader that loses its lease during the warm-up (a
+    loaded machine: "no leader is known") is waited out and the steps are made again against the next one."""
+    for attempt in range(WARM_TRIES):
+        g.leader = grp.wait_for_leader(g.spec, timeout_s=30)
+        try:
+            return make_steps(g)
+        except (grpc.RpcError, DLedgerError) as e:
+            if attempt == WARM_TRIES - 1:
+                raise
+            print(
+                f"  warm-up failed on {g.leader.id} ({type(e).__name__}); the leader again", file=sys.stderr
+            )
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 def measure(g: Group, calls: int, rounds: int) -> tuple[dict[str, list[float]], dict[str, int]]:
@@ -242,8 +267,7 @@ def measure(g: Group, calls: int, rounds: int) -> tuple[dict[str, list[float]], 
             for k in range(len(STEPS)):
                 name = STEPS[(r + k) % len(STEPS)]
                 if steps is None:
-                    g.leader = grp.wait_for_leader(g.spec, timeout_s=30)
-                    steps = make_steps(g)
+                    steps = _steps_on_leader(g)
                 call = next(s.call for s in steps if s.name == name)
                 out = lat[name]
                 try:
