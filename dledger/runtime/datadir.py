@@ -9,14 +9,17 @@ the caller (tests, benchmarks) are used as they are, and no lock is taken for th
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 from pathlib import Path
 
-from dledger.core.membership import Configuration
+from dledger.core.membership import ConfCheckpoint, Configuration, ConfigurationError
 from dledger.errors import ConfigError, DirectoryInUseError
 from dledger.nodeconfig import NodeConfig
 from statemachine.api import StateMachine
 from storage.api import LogStore, MetaStore
+
+log = logging.getLogger("dledger.runtime")
 
 COMMIT_INDEX_KEY = "commit_index"  # checkpoint in the MetaStore (audit input; not needed for safety)
 # The group's configuration as of the log's compaction point (a config entry body, dledger.core.membership):
@@ -101,6 +104,26 @@ def base_configuration(meta: MetaStore, config: NodeConfig) -> Configuration:
     if config.join:
         return Configuration(())
     return Configuration.of(config.voters, addresses=config.peers)
+
+
+def conf_checkpoint(meta: MetaStore, node_id: str) -> ConfCheckpoint | None:
+    """The configurations through the last snapshot taken (None before the first, or if unreadable: then the
+    core reads every config entry of the log)."""
+    raw = meta.get(CONF_CHECKPOINT_KEY)
+    try:
+        return None if raw is None else ConfCheckpoint.decode(raw)
+    except ConfigurationError as e:
+        logging.getLogger("dledger.runtime").warning(
+            "%s: ignoring the configuration checkpoint: %s", node_id, e
+        )
+        return None
+
+
+def save_confs(meta: MetaStore, conf: Configuration, checkpoint: ConfCheckpoint) -> None:
+    """Before a snapshot's compaction (I/O thread): the configuration at the new compaction point, and the
+    configurations through the snapshot (read back by ``base_configuration`` and ``conf_checkpoint``)."""
+    meta.put(CONF_CHECKPOINT_KEY, checkpoint.encode(), sync=True)
+    meta.put(SNAPSHOT_CONF_KEY, conf.encode(), sync=True)
 
 
 class DataDir:

@@ -20,7 +20,6 @@ import random
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any
 
-from dledger.core.membership import ConfCheckpoint, Configuration, ConfigurationError
 from dledger.core.messages import InstallSnapshot, Message, Prepare, Role
 from dledger.core.raft import RaftCore
 from dledger.errors import (
@@ -35,7 +34,7 @@ from dledger.nodeconfig import NodeConfig
 from dledger.plugins import NodePlugin
 from dledger.plugins import resolve as resolve_plugin
 from dledger.runtime.backup import backup_chunks
-from dledger.runtime.datadir import CONF_CHECKPOINT_KEY, SNAPSHOT_CONF_KEY, DataDir, base_configuration
+from dledger.runtime.datadir import DataDir, base_configuration, conf_checkpoint, save_confs
 from dledger.runtime.futures import retrieve
 from dledger.runtime.iothread import IoThread
 from dledger.runtime.membership import Membership
@@ -196,7 +195,7 @@ class Node:
             data.log_store,
             self._apply,
             conf_at=lambda index: self._started_core().configuration_at(index),
-            save_conf=self._save_confs,
+            save_conf=lambda conf, checkpoint: save_confs(data.meta_store, conf, checkpoint),
             conf_checkpoint=lambda *at: self._started_core().raft_log.conf_checkpoint(*at),
         )
         self._proposals.log = data.log
@@ -290,32 +289,9 @@ class Node:
             dataclasses.replace(cfg.raft, commit_at_tick=True),
             self._rng,
             applied=applied,
-            conf=self._base_conf(),
-            conf_checkpoint=self._conf_checkpoint(),
+            conf=base_configuration(self._data.meta_store, cfg),
+            conf_checkpoint=conf_checkpoint(self._data.meta_store, self.id),
         )
-
-    def _base_conf(self) -> Configuration:
-        """The configuration at the log's compaction point: the one the last snapshot recorded; else the
-        configured peers as voters, or none for a node started to join a group (``join``: it learns its
-        configuration from the leader). Config entries in the log apply on top (docs/membership.md)."""
-        return base_configuration(self._data.meta_store, self.config)
-
-    def _conf_checkpoint(self) -> ConfCheckpoint | None:
-        """The configurations through the last snapshot taken (None before the first, or if unreadable: then the
-        core reads every config entry of the log)."""
-        raw = self._data.meta_store.get(CONF_CHECKPOINT_KEY)
-        try:
-            return None if raw is None else ConfCheckpoint.decode(raw)
-        except ConfigurationError as e:
-            log.warning("%s: ignoring the configuration checkpoint: %s", self.id, e)
-            return None
-
-    def _save_confs(self, conf: Configuration, checkpoint: ConfCheckpoint) -> None:
-        """Before a snapshot's compaction (I/O thread): the configuration at the new compaction point, and the
-        configurations through the snapshot."""
-        meta = self._data.meta_store
-        meta.put(CONF_CHECKPOINT_KEY, checkpoint.encode(), sync=True)
-        meta.put(SNAPSHOT_CONF_KEY, conf.encode(), sync=True)
 
     def _rebuild_core(self, applied: int) -> RaftCore:
         """A core rebuilt from what storage holds (after a refused write): the state a restart would find."""
