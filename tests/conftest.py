@@ -24,18 +24,18 @@ os.environ.setdefault(INDEX_UNITS_ENV, str(TEST_INDEX_UNITS))
 # pytest-timeout, leaves none of them running on the machine. Each xdist worker names itself.
 os.environ[OWNER_ENV] = str(os.getpid())
 
-# Each xdist worker takes its nodes' ports from a range of its own (``dledger.group.PORTS_ENV``, inherited by the
+# Each xdist worker takes its nodes' ports from a range of its own (``dledger.ports.PORTS_ENV``, inherited by the
 # processes it starts): tests kill nodes and start them again on the same port, and a port free for that moment
 # was once taken by the other worker's next group (CI: a broker client reached a KV node, "Method not found").
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw") and _worker[2:].isdigit():
-    from dledger import group as _group
+    from dledger import ports as _ports
 
-    _room = _group.listen_room()  # the room free_ports walks, split between the workers
+    _room = _ports.listen_room()  # the room free_ports walks, split between the workers
     _share = len(_room) // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     _k = int(_worker[2:])
     if _share >= 256:
-        os.environ[_group.PORTS_ENV] = f"{_room.start + _k * _share}-{_room.start + (_k + 1) * _share}"
+        os.environ[_ports.PORTS_ENV] = f"{_room.start + _k * _share}-{_room.start + (_k + 1) * _share}"
 
 # Every Spark driver a test starts (in-process sessions, ``dledger audit``, spark-submit) is a short-lived JVM
 # over a few megabytes: its own start-up and the JIT's second tier are most of its time. Spark's launcher adds
