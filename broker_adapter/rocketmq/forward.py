@@ -156,30 +156,32 @@ class Forwarder:
     ) -> Any:
         """Serve on the leader (``local()``), or forward to it; RocketMQError when no leader answers in time.
         ``again``: for a call that may be served twice, whether the leader's answer says it lost leadership
-        under the call; then it goes to the next leader too, as after a transport failure."""
-        loop = asyncio.get_running_loop()
-        last: BaseException | None = None
-        while True:
-            leader = await self.leader(deadline)
-            if leader == "":
-                return await local()
-            if leader is None or forwarded(context):
-                raise _no_leader(self._node.id, last)
-            try:
-                answer = await self._call(leader, method)(
-                    request, timeout=max(0.05, deadline - loop.time()), metadata=self._metadata(context)
-                )
-                if again is None or loop.time() >= deadline or not again(answer):
-                    return answer
-                last = RocketMQError(Code.HA_NOT_AVAILABLE, f"{leader} lost leadership under {method}")
-                await asyncio.sleep(0.02)
-            except grpc.aio.AioRpcError as err:
-                if err.code() not in _RETRIABLE or loop.time() >= deadline:
-                    raise RocketMQError(
-                        Code.HA_NOT_AVAILABLE, f"forwarding {method} to {leader}: {err.details()}"
-                    ) from None
-                last = err
-                await asyncio.sleep(0.02)
+        under the call; then it goes to the next leader too, as after a transport failure. The node is
+        ``serving`` meanwhile (a follower syncs off its loop while calls wait on it, decision 0029)."""
+        with self._node.serving():
+            loop = asyncio.get_running_loop()
+            last: BaseException | None = None
+            while True:
+                leader = await self.leader(deadline)
+                if leader == "":
+                    return await local()
+                if leader is None or forwarded(context):
+                    raise _no_leader(self._node.id, last)
+                try:
+                    answer = await self._call(leader, method)(
+                        request, timeout=max(0.05, deadline - loop.time()), metadata=self._metadata(context)
+                    )
+                    if again is None or loop.time() >= deadline or not again(answer):
+                        return answer
+                    last = RocketMQError(Code.HA_NOT_AVAILABLE, f"{leader} lost leadership under {method}")
+                    await asyncio.sleep(0.02)
+                except grpc.aio.AioRpcError as err:
+                    if err.code() not in _RETRIABLE or loop.time() >= deadline:
+                        raise RocketMQError(
+                            Code.HA_NOT_AVAILABLE, f"forwarding {method} to {leader}: {err.details()}"
+                        ) from None
+                    last = err
+                    await asyncio.sleep(0.02)
 
     async def stream(
         self,
@@ -190,32 +192,33 @@ class Forwarder:
         local: Callable[[], AsyncIterator[Any]],
     ) -> AsyncIterator[Any]:
         """``unary`` for server-streaming calls; a forward is retried only before its first response."""
-        loop = asyncio.get_running_loop()
-        last: BaseException | None = None
-        while True:
-            leader = await self.leader(deadline)
-            if leader == "":
-                async for r in local():
-                    yield r
-                return
-            if leader is None or forwarded(context):
-                raise _no_leader(self._node.id, last)
-            got = 0
-            try:
-                call = self._call(leader, method)(
-                    request, timeout=max(0.05, deadline - loop.time()), metadata=self._metadata(context)
-                )
-                async for r in call:
-                    got += 1
-                    yield r
-                return
-            except grpc.aio.AioRpcError as err:
-                if got or err.code() not in _RETRIABLE or loop.time() >= deadline:
-                    raise RocketMQError(
-                        Code.HA_NOT_AVAILABLE, f"forwarding {method} to {leader}: {err.details()}"
-                    ) from None
-                last = err
-                await asyncio.sleep(0.02)
+        with self._node.serving():
+            loop = asyncio.get_running_loop()
+            last: BaseException | None = None
+            while True:
+                leader = await self.leader(deadline)
+                if leader == "":
+                    async for r in local():
+                        yield r
+                    return
+                if leader is None or forwarded(context):
+                    raise _no_leader(self._node.id, last)
+                got = 0
+                try:
+                    call = self._call(leader, method)(
+                        request, timeout=max(0.05, deadline - loop.time()), metadata=self._metadata(context)
+                    )
+                    async for r in call:
+                        got += 1
+                        yield r
+                    return
+                except grpc.aio.AioRpcError as err:
+                    if got or err.code() not in _RETRIABLE or loop.time() >= deadline:
+                        raise RocketMQError(
+                            Code.HA_NOT_AVAILABLE, f"forwarding {method} to {leader}: {err.details()}"
+                        ) from None
+                    last = err
+                    await asyncio.sleep(0.02)
 
     def redial(self) -> None:
         """The node's certificates were reloaded (docs/security.md, "Rotating certificates"): channels to the

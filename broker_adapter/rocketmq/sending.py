@@ -144,7 +144,8 @@ class Sends:
             except message.MessageFormatError as e:
                 raise bad_request(f"message {i}: {e}") from None
         try:
-            placed = await self._session().send(raws, deadline - asyncio.get_running_loop().time())
+            with b.node.serving():  # the client's call waits here on the leader (decision 0029)
+                placed = await self._session().send(raws, deadline - asyncio.get_running_loop().time())
         except NotFoundError as e:
             raise RocketMQError(Code.TOPIC_NOT_FOUND, str(e)) from None
         return self._answer(topic, msgs, [queue_offset for queue_offset, _, _ in placed], kinds)

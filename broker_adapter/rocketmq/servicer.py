@@ -170,22 +170,21 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 if method not in RETRIED_ON_LEADER_CHANGE:
                     raise
                 # Once more, on whichever node leads next (this one again, or forwarded there).
-            with self._node.serving():
-                # A secure group's leader checks every client's signature on a call of its own: no relaying.
-                if relay is not None and not forwarded(context) and not self.secure():
-                    answer = await relay(request, context, self._deadline(context))
-                    if answer is not None:
-                        calls[(method, "relayed")] += 1
-                        return answer
-                calls[(method, "forwarded")] += 1
-                return await self._forward.unary(
-                    method,
-                    request if raw is None else raw,
-                    context,
-                    self._deadline(context),
-                    lambda: local(request, context),
-                    _lost_leadership(response) if method in RETRIED_ON_LEADER_CHANGE else None,
-                )
+            # A secure group's leader checks every client's signature on a call of its own: no relaying there.
+            if relay is not None and not forwarded(context) and not self.secure():
+                answer = await relay(request, context, self._deadline(context))
+                if answer is not None:
+                    calls[(method, "relayed")] += 1
+                    return answer
+            calls[(method, "forwarded")] += 1
+            return await self._forward.unary(
+                method,
+                request if raw is None else raw,
+                context,
+                self._deadline(context),
+                lambda: local(request, context),
+                _lost_leadership(response) if method in RETRIED_ON_LEADER_CHANGE else None,
+            )
         except RocketMQError as e:
             return response(status=of(e))
         except DLedgerError as e:
@@ -201,15 +200,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     yield r
                 return
             self.calls[(method, "forwarded")] += 1
-            with self._node.serving():
-                async for r in self._forward.stream(
-                    method,
-                    request if raw is None else raw,
-                    context,
-                    self._deadline(context),
-                    lambda: local(request, context),
-                ):
-                    yield r
+            async for r in self._forward.stream(
+                method,
+                request if raw is None else raw,
+                context,
+                self._deadline(context),
+                lambda: local(request, context),
+            ):
+                yield r
         except RocketMQError as e:
             yield response(status=of(e))
         except DLedgerError as e:
@@ -285,14 +283,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 return answer(await b.ensure_topic(topic))
 
             try:
-                with self._node.serving():
-                    return await self._forward.unary(
-                        method,
-                        request if raw is None else raw,
-                        context,
-                        self._deadline(context),
-                        lambda: leader_view(request, context),
-                    )
+                return await self._forward.unary(
+                    method,
+                    request if raw is None else raw,
+                    context,
+                    self._deadline(context),
+                    lambda: leader_view(request, context),
+                )
             except RocketMQError as e:
                 if e.code == Code.HA_NOT_AVAILABLE:
                     return answer(b.queues(topic))  # no leader: this node's view (not found)

@@ -8,6 +8,7 @@ alone (a packed stream to it fails as UNAVAILABLE, so the call is retried, and s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
@@ -192,6 +193,9 @@ class _Follower:
 
     def address_of(self, node_id: str) -> str | None:
         return self._address if node_id == "n1" else None
+
+    def serving(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 class _Context:
