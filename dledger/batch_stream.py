@@ -28,6 +28,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 import grpc
 
+from dledger import timeline
 from dledger.errors import DLedgerError, OutcomeUnknownError, UnavailableError
 from dledger.transport import convert
 
@@ -94,6 +95,7 @@ class BatchStream(Generic[T, R]):
         about ``SWEEP_S`` more): the items may still be written and carried out."""
         if self.broken is not None:
             raise UnavailableError(f"{self.address}: stream closed") from self.broken
+        timeline.mark("client.submit")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Sequence[R]] = loop.create_future()
         self._queue.append((items, fut))
@@ -102,7 +104,9 @@ class BatchStream(Generic[T, R]):
             self._deadlines.append((loop.time() + within_s, fut))
             if self._sweeper is None:
                 self._sweeper = asyncio.create_task(self._sweep())
-        return await fut
+        results = await fut
+        timeline.mark("client.done")
+        return results
 
     async def _sweep(self) -> None:
         """Fail the calls past their deadline, every ``SWEEP_S`` while any call has one."""
@@ -146,6 +150,7 @@ class BatchStream(Generic[T, R]):
     async def _read_loop(self) -> None:
         try:
             async for resp in self._call:
+                timeline.mark("client.answer")
                 rid, err, results = self._answer(resp)
                 waiting = self._inflight.pop(rid, None)
                 if waiting is None:
@@ -240,6 +245,7 @@ async def queued_answers(
             item = await out.get()
             if item is None:
                 break
+            timeline.mark("stream.answer")
             yield item
         await end(reader_task)
     finally:
@@ -265,6 +271,7 @@ async def answer_each(
     async def reader() -> None:
         try:
             async for request in requests:
+                timeline.mark("stream.request")
                 t = asyncio.create_task(one(request))
                 pending.add(t)
                 t.add_done_callback(pending.discard)

@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from dledger import timeline
 from dledger.core.messages import (
     AppendEntries,
     AppendEntriesResponse,
@@ -145,6 +146,7 @@ class Peers:
         """Answers from peers (and local reports) go into the core; wake the ready loop if there is work."""
         if self.closing or not messages:
             return
+        timeline.mark("ack")
         for m in messages:
             self.step(m)
         self.after_step()
@@ -320,6 +322,7 @@ class Peers:
                     side.add(t)
                     t.add_done_callback(side.discard)
                 if piped:
+                    timeline.mark(f"send.{peer}")
                     try:
                         await self._connected().deliver(peer, piped)
                     except PeerUnreachableError as e:

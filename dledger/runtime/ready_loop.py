@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from dledger import timeline
 from dledger.core.messages import Ready, Role, split_early
 from dledger.core.raft import RaftCore
 from dledger.errors import StorageFullError
@@ -131,6 +132,7 @@ class ReadyLoop:
                             w.future.set_result([])
                     break
                 rd = core.ready()
+                timeline.mark("ready")
                 waiters = peers.take_waiters()
                 # 0. a leader's own replication goes out while it writes the same entries (split_early).
                 early, messages = split_early(rd, core.role)
@@ -172,6 +174,7 @@ class ReadyLoop:
                         self._enter_disk_full(e.cause)
                         core = self.core
                         continue
+                    timeline.mark("persisted")
                     if rd.frames and self.disk_full is not None:
                         self._leave_disk_full()
                     self.stats["persist_wait_us"] += int((time.perf_counter() - t0) * 1e6)
@@ -179,6 +182,7 @@ class ReadyLoop:
                 peers.dispatch(messages, waiters)
                 # 3. hand on what committed.
                 if rd.commit_index > self.commit_index:
+                    timeline.mark("commit")
                     self.commit_index = rd.commit_index
                     self._committed(rd.commit_index)
                 self.commit_acked()  # acknowledgements stepped while this Ready was written
@@ -204,6 +208,7 @@ class ReadyLoop:
             return
         c = min(core.commit_index, self.persisted_index)
         if c > self.commit_index:
+            timeline.mark("commit")
             self.commit_index = c
             self._committed(c)
             self.stats["commits_at_ack"] += 1

@@ -24,6 +24,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 
+from dledger import timeline
 from dledger.batch_stream import answer_each, queued_answers
 from dledger.core.messages import (
     AppendEntries,
@@ -436,6 +437,7 @@ class RaftPeerServicer(raft_pb2_grpc.RaftPeerServicer):
         async def reader() -> None:
             try:
                 async for req in request_iterator:
+                    timeline.mark("pipe.request")
                     if req.group != group:
                         raise _unknown_group(req.group, group)
                     messages = [convert.message_from_pb(m) for m in req.messages]
