@@ -107,6 +107,12 @@ bench-cpu: $(STAMP)
 bench-broker-path: $(STAMP)
 	$(BIN)/python -m bench.broker_path
 
+# Where one sequential write's time goes, hop by hop across the client and the three nodes (docs/send-budget.md):
+# make bench-timeline TIMELINE_ARGS="--batch 256 --sends 300"
+.PHONY: bench-timeline
+bench-timeline: $(STAMP)
+	$(BIN)/python -m bench.timeline $(TIMELINE_ARGS)
+
 # 1 topic against 10,000, an empty log against 10 million messages: send rate, restart, memory (docs/broker.md).
 # make bench-scale SCALE_ARGS=--quick
 .PHONY: bench-scale
