@@ -20,6 +20,7 @@ recorder through every constructor on the write path would cost more than the ma
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import time
 from typing import Final
@@ -28,6 +29,7 @@ ENV: Final = "DLEDGER_TIMELINE"
 SUFFIX: Final = ".tl"
 FLUSH_EVERY: Final = 4096  # records kept in memory before they are appended to the file
 
+log = logging.getLogger(__name__)
 _dir: str | None = os.environ.get(ENV) or None
 _records: list[tuple[int, str]] = []
 
@@ -49,13 +51,20 @@ def record_to(directory: str | None) -> None:
 
 
 def flush() -> None:
-    """Append the records kept so far to this process's file (also at exit)."""
+    """Append the records kept so far to this process's file (also at exit). A file that cannot be written
+    (no such directory, a full disk) turns the timeline off with a warning: a measurement never stops a node."""
+    global _dir
     if _dir is None or not _records:
         return
     lines = [f"{t} {name}\n" for t, name in _records]
     _records.clear()
-    with open(os.path.join(_dir, f"{os.getpid()}{SUFFIX}"), "a", encoding="ascii") as f:
-        f.writelines(lines)
+    path = os.path.join(_dir, f"{os.getpid()}{SUFFIX}")
+    try:
+        with open(path, "a", encoding="ascii") as f:
+            f.writelines(lines)
+    except OSError as e:
+        _dir = None
+        log.warning("timeline: cannot write %s (%s); marks are off from now on", path, e)
 
 
 atexit.register(flush)

@@ -50,3 +50,19 @@ def test_off_a_mark_records_nothing(tmp_path: Path) -> None:
     timeline.record_to(str(tmp_path))  # turning it on later writes nothing from before
     timeline.record_to(None)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_cannot_be_written_turns_the_marks_off_without_raising(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(timeline, "FLUSH_EVERY", 2)
+    timeline.record_to(str(tmp_path / "no-such-directory"))
+    try:
+        timeline.mark("ready")
+        timeline.mark("persisted")  # the flush fails here, inside whatever code marked: it must not raise
+        timeline.mark("commit")
+        assert "marks are off" in caplog.text
+        timeline.flush()
+        assert not (tmp_path / "no-such-directory").exists()
+    finally:
+        timeline.record_to(None)
