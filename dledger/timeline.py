@@ -34,10 +34,11 @@ _dir: str | None = os.environ.get(ENV) or None
 _records: list[tuple[int, str]] = []
 
 
-def mark(name: str) -> None:
-    """Record that this process reached ``name`` now (nothing when the timeline is off)."""
+def mark(name: str, of: str = "") -> None:
+    """Record that this process reached ``name`` now, ``name.of`` when given (e.g. the peer a leader writes to:
+    named only when the timeline is on). Nothing when it is off."""
     if _dir is not None:
-        _records.append((time.monotonic_ns(), name))
+        _records.append((time.monotonic_ns(), f"{name}.{of}" if of else name))
         if len(_records) >= FLUSH_EVERY:
             flush()
 

@@ -24,7 +24,7 @@ def recording(tmp_path: Path):
 def test_marks_are_appended_to_the_process_file_in_order(recording: Path) -> None:
     t0 = time.monotonic_ns()
     timeline.mark("client.submit")
-    timeline.mark("send.n1")
+    timeline.mark("send", "n1")
     timeline.flush()
     timeline.mark("client.done")
     timeline.flush()

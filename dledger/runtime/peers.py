@@ -322,7 +322,7 @@ class Peers:
                     side.add(t)
                     t.add_done_callback(side.discard)
                 if piped:
-                    timeline.mark(f"send.{peer}")
+                    timeline.mark("send", peer)
                     try:
                         await self._connected().deliver(peer, piped)
                     except PeerUnreachableError as e:
