@@ -28,10 +28,14 @@ from typing import Final
 ENV: Final = "DLEDGER_TIMELINE"
 SUFFIX: Final = ".tl"
 FLUSH_EVERY: Final = 4096  # records kept in memory before they are appended to the file
+# Records one process writes at most (about 30 bytes each): a timeline left on under load stops at ~60 MB a
+# process rather than filling the disk the log lives on.
+MAX_RECORDS: Final = 2_000_000
 
 log = logging.getLogger(__name__)
 _dir: str | None = os.environ.get(ENV) or None
 _records: list[tuple[int, str]] = []
+_written = 0  # records this process has written so far
 
 
 def mark(name: str, of: str = "") -> None:
@@ -46,18 +50,19 @@ def mark(name: str, of: str = "") -> None:
 def record_to(directory: str | None) -> None:
     """Start recording into ``directory`` (a process that turns the timeline on after it started, such as a
     benchmark), or stop (None) after writing what was kept."""
-    global _dir
+    global _dir, _written
     flush()
     _dir = directory
+    _written = 0
 
 
 def flush() -> None:
     """Append the records kept so far to this process's file (also at exit). A file that cannot be written
     (no such directory, a full disk) turns the timeline off with a warning: a measurement never stops a node."""
-    global _dir
+    global _dir, _written
     if _dir is None or not _records:
         return
-    lines = [f"{t} {name}\n" for t, name in _records]
+    lines = [f"{t} {name}\n" for t, name in _records[: max(0, MAX_RECORDS - _written)]]
     _records.clear()
     path = os.path.join(_dir, f"{os.getpid()}{SUFFIX}")
     try:
@@ -66,6 +71,15 @@ def flush() -> None:
     except OSError as e:
         _dir = None
         log.warning("timeline: cannot write %s (%s); marks are off from now on", path, e)
+        return
+    _written += len(lines)
+    if _written >= MAX_RECORDS:
+        _dir = None
+        log.warning(
+            "timeline: %s holds %d records, the most a process writes; marks are off from now on",
+            path,
+            _written,
+        )
 
 
 atexit.register(flush)

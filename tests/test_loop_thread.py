@@ -61,3 +61,26 @@ def test_close_does_not_hang_on_a_loop_stuck_in_a_blocking_call(monkeypatch):
     assert not lt._thread.is_alive()
     lt.close()  # and closing again now closes the loop
     assert lt.loop.is_closed()
+
+
+def test_the_loop_is_uvloop_and_runs_grpc_aio_calls():
+    """The thread's loop is uvloop's (as a node's), and a grpc.aio channel works on it from another thread."""
+    import grpc
+    import uvloop
+
+    lt = LoopThread("uv-loop")
+    try:
+        assert isinstance(lt.loop, uvloop.Loop)
+
+        async def call() -> str:
+            async with grpc.aio.insecure_channel("127.0.0.1:1") as ch:  # nothing listens: a real call fails
+                try:
+                    await ch.unary_unary("/x.Y/Z")(b"", timeout=2)
+                except grpc.aio.AioRpcError as e:
+                    return e.code().name
+            return "answered"
+
+        assert lt.run(call()) in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+    finally:
+        lt.close()
+    assert lt.loop.is_closed()

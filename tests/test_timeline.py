@@ -66,3 +66,16 @@ def test_a_file_that_cannot_be_written_turns_the_marks_off_without_raising(
         assert not (tmp_path / "no-such-directory").exists()
     finally:
         timeline.record_to(None)
+
+
+def test_a_process_stops_recording_at_its_cap(
+    recording: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(timeline, "FLUSH_EVERY", 2)
+    monkeypatch.setattr(timeline, "MAX_RECORDS", 5)
+    for i in range(9):
+        timeline.mark(f"m{i}")
+    timeline.flush()
+    lines = (recording / f"{os.getpid()}{timeline.SUFFIX}").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == ["m0", "m1", "m2", "m3", "m4"]
+    assert "the most a process writes" in caplog.text
