@@ -100,7 +100,7 @@ def _first(records: list[Record], lo: int, hi: int, role: str, name: str, after:
 
 
 def line_up(records: list[Record], windows: Iterable[tuple[int, int]], followers: Sequence[str]) -> Lined:
-    """Each window (one call: its client submit and caller-resumed times) along ``PATH``. ``followers``: the
+    """Each window (one call: its client submit and caller-resumed times) along ``HOPS``. ``followers``: the
     followers' roles (their ``send.<role>`` marks name them as the leader's peers)."""
     times = [r[0] for r in records]
     hops: dict[str, list[float]] = {h: [] for h in (*HOPS, LEADER_PERSIST)}
