@@ -162,11 +162,9 @@ class Forwarder:
             loop = asyncio.get_running_loop()
             last: BaseException | None = None
             while True:
-                leader = await self.leader(deadline)
+                leader = await self._target(context, deadline, last)
                 if leader == "":
                     return await local()
-                if leader is None or forwarded(context):
-                    raise _no_leader(self._node.id, last)
                 try:
                     answer = await self._call(leader, method)(
                         request, timeout=max(0.05, deadline - loop.time()), metadata=self._metadata(context)
@@ -177,9 +175,7 @@ class Forwarder:
                     await asyncio.sleep(0.02)
                 except grpc.aio.AioRpcError as err:
                     if err.code() not in _RETRIABLE or loop.time() >= deadline:
-                        raise RocketMQError(
-                            Code.HA_NOT_AVAILABLE, f"forwarding {method} to {leader}: {err.details()}"
-                        ) from None
+                        raise _forward_failed(method, leader, err) from None
                     last = err
                     await asyncio.sleep(0.02)
 
@@ -196,13 +192,11 @@ class Forwarder:
             loop = asyncio.get_running_loop()
             last: BaseException | None = None
             while True:
-                leader = await self.leader(deadline)
+                leader = await self._target(context, deadline, last)
                 if leader == "":
                     async for r in local():
                         yield r
                     return
-                if leader is None or forwarded(context):
-                    raise _no_leader(self._node.id, last)
                 got = 0
                 try:
                     call = self._call(leader, method)(
@@ -214,11 +208,20 @@ class Forwarder:
                     return
                 except grpc.aio.AioRpcError as err:
                     if got or err.code() not in _RETRIABLE or loop.time() >= deadline:
-                        raise RocketMQError(
-                            Code.HA_NOT_AVAILABLE, f"forwarding {method} to {leader}: {err.details()}"
-                        ) from None
+                        raise _forward_failed(method, leader, err) from None
                     last = err
                     await asyncio.sleep(0.02)
+
+    async def _target(
+        self, context: grpc.aio.ServicerContext, deadline: float, last: BaseException | None
+    ) -> str:
+        """Where a call goes: "" to serve it here (this node leads), else the leader's id; RocketMQError when no
+        leader answers in time or the call was already forwarded to this node (``last``: the previous attempt's
+        failure, named in that error)."""
+        leader = await self.leader(deadline)
+        if leader is None or (leader and forwarded(context)):
+            raise _no_leader(self._node.id, last)
+        return leader
 
     def redial(self) -> None:
         """The node's certificates were reloaded (docs/security.md, "Rotating certificates"): channels to the
@@ -241,6 +244,10 @@ class Forwarder:
             await channel.close()
         self._channels.clear()
         self._calls.clear()
+
+
+def _forward_failed(method: str, leader: str, err: grpc.aio.AioRpcError) -> RocketMQError:
+    return RocketMQError(Code.HA_NOT_AVAILABLE, f"forwarding {method} to {leader}: {err.details()}")
 
 
 def _no_leader(node_id: str, last: BaseException | None) -> RocketMQError:
