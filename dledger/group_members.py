@@ -8,6 +8,7 @@ call (a configuration entry in the log), and keep group.json in step. ``dledger 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +62,8 @@ def add_member(
     The newcomer's config keeps the tables of the group's own nodes that the log layer does not write (a
     tenant's, e.g. a cluster's ``[broker]`` name servers). In a proxied (chaos) group it gets a proxy link to
     and from every member (``GroupSpec.links``; the chaos runner listens on them) and dials the others through
-    them. ``module``: what runs the node (``start_node``'s, e.g. the chaos fault launcher)."""
+    them, and each member's ``[dial]`` names its link to the newcomer before the change (``_add_dial``), so the
+    members dial it through the proxies too. ``module``: what runs the node (``start_node``'s, e.g. the chaos fault launcher)."""
     directory = Path(directory).resolve()
     group = load(directory)
     node_id = node_id or _next_id(group, directory)
@@ -81,6 +83,12 @@ def add_member(
         if len(ports) < len(pairs):
             raise ConfigError("could not find free ports for the new member's proxy links")
         links = (*links, *((a, b, p) for (a, b), p in zip(pairs, ports, strict=True)))
+        for n in group.nodes:  # before the change: each member dials the newcomer through its own link
+            via = next(p for a, b, p in links if a == n.id and b == node_id)
+            with contextlib.suppress(
+                FileNotFoundError
+            ):  # a dead member's directory may be gone (replace-node)
+                _add_dial(Path(n.config), node_id, f"127.0.0.1:{via}")
     grown = GroupSpec(
         group.name, group.flush, (*group.nodes, spec), group.state_machine, links, group.security
     )
@@ -97,7 +105,28 @@ def add_member(
     return spec
 
 
-OWN_TABLES = frozenset({"peers", "raft", "security"})  # what ``_node_toml`` writes
+OWN_TABLES = frozenset({"peers", "raft", "security", "dial"})  # what ``_node_toml`` and ``_add_dial`` write
+
+
+def _add_dial(config: Path, node_id: str, address: str) -> None:
+    """Tell the node whose config this is to dial ``node_id`` at ``address`` (its ``[dial]`` table, read again
+    when the node learns of a new member: dledger/nodeconfig.py ``dial_address``). Only ``[dial]``: a member
+    added to ``[peers]`` would become a voter of the starting configuration on the node's next start."""
+    import tomllib
+
+    text = config.read_text()
+    line = f'{node_id} = "{address}"'
+    if "dial" in tomllib.loads(text):
+        lines = text.splitlines()
+        at = next(i for i, ln in enumerate(lines) if ln.replace(" ", "").startswith("[dial]"))
+        lines.insert(at + 1, line)
+        text = "\n".join(lines) + "\n"
+    else:
+        text = text.rstrip("\n") + f"\n\n[dial]\n{line}\n"
+    tomllib.loads(text)  # still one valid file, or nothing is written
+    tmp = config.with_name(config.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, config)
 
 
 def _tenant_tables(group: GroupSpec) -> str:

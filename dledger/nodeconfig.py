@@ -21,6 +21,9 @@ Example file (all keys optional except ``id``, ``data_dir`` and ``peers``)::
     n1 = "127.0.0.1:20912"
     n2 = "127.0.0.1:20913"
 
+    [dial]                    # optional: how this node reaches members added later, when not at the address
+    n3 = "127.0.0.1:30914"    # their configuration entry carries (read again when a member is first seen)
+
     [raft]                    # dledger.core.config.RaftConfig fields
     tick_ms = 10
     election_timeout_min_ms = 150
@@ -79,6 +82,7 @@ _TOP_KEYS = {
     "security",
     "join",
     "storage",
+    "dial",
 }
 _LIMIT_KEYS = {"max_pending_entries", "max_body_bytes"}
 _SNAPSHOT_KEYS = {"entries": "snapshot_entries", "bytes": "snapshot_bytes", "keep": "snapshot_keep"}
@@ -135,6 +139,13 @@ class NodeConfig:
     sections: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     # [storage] index units (32 bytes each) per index file; the files are preallocated whole (storage/index.py)
     index_units_per_file: int = field(default_factory=default_index_units)
+    # [dial] id -> host:port: where this node dials a member that joins later instead of the address the member's
+    # configuration entry carries (one address for every node), e.g. through a proxy or another network. Unlike
+    # [peers], never part of the starting configuration. ``dial_address`` reads the file again for it.
+    dial: dict[str, str] = field(default_factory=dict)
+    source: Path | None = field(
+        default=None, compare=False
+    )  # the file it was read from (None: built in code)
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not ID_RE.match(self.node_id):
@@ -156,6 +167,8 @@ class NodeConfig:
                 f"this node ({self.node_id}) is not among the peers ({', '.join(sorted(self.peers))}): "
                 "list every voter, this node included"
             )
+        for pid, addr in self.dial.items():
+            _check_dial(pid, addr)
         if self.listen:
             parse_address(self.listen, "listen")
         if self.metrics_listen:
@@ -205,6 +218,32 @@ def parse_address(addr: str, what: str, allow_any_port: bool = False) -> tuple[s
     if not sep or not host or not port.isdigit() or not lo <= int(port) < 65536:
         raise ConfigError(f"{what}: address {addr!r} is not host:port with a port in {lo}..65535")
     return host, int(port)
+
+
+def _check_dial(pid: object, addr: object) -> None:
+    if not isinstance(pid, str) or not ID_RE.match(pid):
+        raise ConfigError(f"[dial]: node id {pid!r} is invalid: use letters, digits, '_', '.', '-'")
+    if not isinstance(addr, str):
+        raise ConfigError(f"[dial] {pid}: address {addr!r} is not a host:port string")
+    parse_address(addr, f"[dial] {pid}")
+
+
+def dial_address(config: NodeConfig, node_id: str) -> str | None:
+    """Where this node dials ``node_id``, a member it has just learned of, by its config's ``[dial]`` table as
+    the file says now (the table may have been written after the node started, as ``member add`` does in a
+    proxied group: dledger/group_members.py); None when neither the file nor the config names it. A file that
+    cannot be read or checked falls back to the table the node started with."""
+    if config.source is not None:
+        try:
+            table = tomllib.loads(config.source.read_text()).get("dial", {})
+            addr = table.get(node_id) if isinstance(table, dict) else None
+            if addr is not None:
+                _check_dial(node_id, addr)
+                return str(addr)
+            return None
+        except (OSError, tomllib.TOMLDecodeError, ConfigError):
+            pass
+    return config.dial.get(node_id)
 
 
 def valid_id(text: str) -> bool:
@@ -307,6 +346,13 @@ def load(path: Path | None = None, **overrides: Any) -> NodeConfig:
     sections = {k: dict(v) for k, v in raw.items() if k not in _TOP_KEYS and isinstance(v, dict)}
     if sections:
         kwargs["sections"] = sections
+    dial = raw.get("dial", {})
+    if not isinstance(dial, dict):
+        raise ConfigError('[dial] must be a table of id = "host:port"')
+    if dial:
+        kwargs["dial"] = dict(dial)
+    if path is not None:
+        kwargs["source"] = Path(path)
     for name in _STORAGE_KEYS:
         v = overrides.get(name, storage.get(name))
         if v is not None:

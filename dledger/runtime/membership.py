@@ -24,7 +24,7 @@ from dledger.errors import (
     OutcomeUnknownError,
     UnavailableError,
 )
-from dledger.nodeconfig import NodeConfig, parse_address, valid_id
+from dledger.nodeconfig import NodeConfig, dial_address, parse_address, valid_id
 from dledger.runtime.peers import Peers
 
 log = logging.getLogger("dledger.runtime")
@@ -148,8 +148,16 @@ class Membership:
         assert core is not None, "watched once started"
         conf = core.configuration
         self._seen_conf = conf
+        known = self._peers.addresses
         for member in conf.members:
-            if self._peers.learn(member, conf.address(member) or self.config.peers.get(member)):
+            address = None
+            if member not in known and member != self.id:
+                # A member this node has not dialled yet: its own [dial] table first (read again now), then the
+                # address the configuration carries for everyone.
+                address = dial_address(self.config, member)
+                if address is not None:
+                    log.info("%s: dialling %s at %s ([dial])", self.id, member, address)
+            if self._peers.learn(member, address or conf.address(member) or self.config.peers.get(member)):
                 self._start_sender(member)
         log.info("%s: configuration %s", self.id, conf.describe())
 

@@ -128,3 +128,45 @@ def test_index_units_per_file_from_storage_table_env_or_default(tmp_path, monkey
     monkeypatch.setenv(nodeconfig.INDEX_UNITS_ENV, "lots")
     with pytest.raises(ConfigError, match=nodeconfig.INDEX_UNITS_ENV):
         nodeconfig.load(write(tmp_path, base))
+
+
+BASE = """
+id = "n0"
+data_dir = "var/n0"
+[peers]
+n0 = "127.0.0.1:20911"
+n1 = "127.0.0.1:20912"
+"""
+
+
+def test_dial_table_is_not_a_peer_and_is_read_again(tmp_path):
+    """[dial] says where to reach a member that joins later; it never joins [peers] (the starting voters), and
+    ``dial_address`` reads the file as it is now (``member add`` writes it while the node runs)."""
+    p = write(tmp_path, BASE + '[dial]\nn3 = "127.0.0.1:30914"\n')
+    cfg = nodeconfig.load(p)
+    assert cfg.dial == {"n3": "127.0.0.1:30914"}
+    assert cfg.voters == ["n0", "n1"] and "n3" not in cfg.sections
+    assert nodeconfig.dial_address(cfg, "n3") == "127.0.0.1:30914"
+    assert nodeconfig.dial_address(cfg, "n4") is None
+    p.write_text(BASE + '[dial]\nn3 = "127.0.0.1:30914"\nn4 = "127.0.0.1:30915"\n')
+    assert nodeconfig.dial_address(cfg, "n4") == "127.0.0.1:30915"
+    p.write_text(BASE + '[dial]\nn4 = "not an address"\n')  # a bad entry: the table the node started with
+    assert nodeconfig.dial_address(cfg, "n4") is None
+    p.write_text(BASE + "[dial\n")  # a file that does not parse: the same
+    assert nodeconfig.dial_address(cfg, "n3") == "127.0.0.1:30914"
+
+
+@pytest.mark.parametrize(
+    "table, needle",
+    [
+        ('[dial]\nn3 = "nowhere"\n', "[dial] n3"),
+        ("[dial]\nn3 = 30914\n", "[dial] n3"),
+        ('[dial]\n"bad id!" = "127.0.0.1:1"\n', "[dial]: node id"),
+        ('dial = "n3=127.0.0.1:1"\n', "[dial] must be a table"),
+    ],
+)
+def test_bad_dial_entries_name_themselves(tmp_path, table, needle):
+    text = BASE.replace("[peers]", table + "[peers]") if table.startswith("dial") else BASE + table
+    with pytest.raises(ConfigError) as e:
+        nodeconfig.load(write(tmp_path, text))
+    assert needle in str(e.value)
