@@ -63,7 +63,8 @@ def add_member(
     tenant's, e.g. a cluster's ``[broker]`` name servers). In a proxied (chaos) group it gets a proxy link to
     and from every member (``GroupSpec.links``; the chaos runner listens on them) and dials the others through
     them, and each member's ``[dial]`` names its link to the newcomer before the change (``_add_dial``), so the
-    members dial it through the proxies too. ``module``: what runs the node (``start_node``'s, e.g. the chaos fault launcher)."""
+    members dial it through the proxies too. ``module``: what runs the node (``start_node``'s, e.g. the chaos
+    fault launcher)."""
     directory = Path(directory).resolve()
     group = load(directory)
     node_id = node_id or _next_id(group, directory)
@@ -85,9 +86,8 @@ def add_member(
         links = (*links, *((a, b, p) for (a, b), p in zip(pairs, ports, strict=True)))
         for n in group.nodes:  # before the change: each member dials the newcomer through its own link
             via = next(p for a, b, p in links if a == n.id and b == node_id)
-            with contextlib.suppress(
-                FileNotFoundError
-            ):  # a dead member's directory may be gone (replace-node)
+            # (a dead member's directory may be gone: replace-node)
+            with contextlib.suppress(FileNotFoundError):
                 _add_dial(Path(n.config), node_id, f"127.0.0.1:{via}")
     grown = GroupSpec(
         group.name, group.flush, (*group.nodes, spec), group.state_machine, links, group.security

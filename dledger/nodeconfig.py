@@ -143,9 +143,8 @@ class NodeConfig:
     # configuration entry carries (one address for every node), e.g. through a proxy or another network. Unlike
     # [peers], never part of the starting configuration. ``dial_address`` reads the file again for it.
     dial: dict[str, str] = field(default_factory=dict)
-    source: Path | None = field(
-        default=None, compare=False
-    )  # the file it was read from (None: built in code)
+    # The file this config was read from (None: built in code).
+    source: Path | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not ID_RE.match(self.node_id):
