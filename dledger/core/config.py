@@ -31,6 +31,11 @@ class RaftConfig:
     # replication messages and follower turns). Off here (the simulator's transcripts are of the eager rule);
     # the node runtime turns it on (dledger/runtime/node.py, docs/send-budget.md).
     commit_at_tick: bool = False
+    # check_quorum: a leader steps down after this many election-minimum periods in a row without hearing from a
+    # quorum. None: one period (the thesis' rule, as etcd; the simulator's transcripts are of it). The node runtime
+    # uses two (dledger/runtime/node.py): a shared disk whose fdatasync stalls for 150 ms or more silences every
+    # follower at once under ``sync``, and one period turned that pause into an election (docs/raft.md).
+    check_quorum_periods: int | None = None
 
     def __post_init__(self) -> None:
         if self.tick_ms <= 0:
@@ -56,6 +61,9 @@ class RaftConfig:
             raise ConfigError(f"max_append_bytes must be at least 1024, got {self.max_append_bytes}")
         if self.segment_size < 4096:
             raise ConfigError(f"segment_size must be at least 4096 bytes, got {self.segment_size}")
+        n = self.check_quorum_periods
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 10):
+            raise ConfigError(f"check_quorum_periods must be an integer in 1..10, got {n!r}")
 
     @property
     def election_ticks(self) -> tuple[int, int]:

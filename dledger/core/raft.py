@@ -154,6 +154,8 @@ class RaftCore(Election, Replication, ReadIndex, Reconfiguration):
         self._election_min, self._election_max = config.election_ticks
         self._heartbeat_ticks = config.heartbeat_ticks
         self._max_append_bytes = config.max_append_bytes
+        self._check_periods = config.check_quorum_periods or 1
+        self._quorum_missed = 0  # check_quorum periods in a row without a quorum heard (a leader's)
 
         self._term = hard_state.term
         self._vote = hard_state.vote
@@ -514,6 +516,7 @@ class RaftCore(Election, Replication, ReadIndex, Reconfiguration):
         inflight = self._config.max_inflight
         self._prs = {p: Progress(nxt, inflight) for p in self._peers}
         self._commit_at_last_tick = log.committed
+        self._quorum_missed = 0
         self._event(f"{self._id} became leader at term {self._term}")
         # The no-op: commits every earlier entry once a quorum holds it (§5.4.2, §8).
         log.append_new([b""], self._term, codec.MAGIC_NOOP)
@@ -539,11 +542,20 @@ class RaftCore(Election, Replication, ReadIndex, Reconfiguration):
             active = self._take_recent_active()
             heard = len(active & self._voter_set) + (self._id in self._voter_set)
             if self._config.check_quorum and heard < self._quorum:
-                self._event(
-                    f"{self._id} stepped down at term {self._term}: no quorum heard within an election timeout"
-                )
-                self._become_follower(self._term, None)
-                return
+                self._quorum_missed += 1
+                if self._quorum_missed >= self._check_periods:
+                    self._event(
+                        f"{self._id} stepped down at term {self._term}: no quorum heard within "
+                        + (
+                            "an election timeout"
+                            if self._check_periods == 1
+                            else f"{self._check_periods} election timeouts in a row"
+                        )
+                    )
+                    self._become_follower(self._term, None)
+                    return
+            else:
+                self._quorum_missed = 0
             if self._lead_transferee is not None:
                 self._event(f"{self._id} abandoned leadership transfer to {self._lead_transferee}")
                 self._lead_transferee = None

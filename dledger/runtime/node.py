@@ -279,14 +279,18 @@ class Node:
 
     def _new_core(self, hard_state: HardState, applied: int) -> RaftCore:
         """The core, telling followers a new commit index with the next AppendEntries or at the next tick
-        rather than with an empty AppendEntries per commit (``commit_at_tick``, docs/send-budget.md)."""
+        rather than with an empty AppendEntries per commit (``commit_at_tick``, docs/send-budget.md), and
+        stepping down as leader after two periods without a quorum heard unless [raft] says otherwise
+        (``check_quorum_periods``, docs/raft.md)."""
         cfg = self.config
         return RaftCore(
             self.id,
             cfg.voters,
             self._data.log_store,
             hard_state,
-            dataclasses.replace(cfg.raft, commit_at_tick=True),
+            dataclasses.replace(
+                cfg.raft, commit_at_tick=True, check_quorum_periods=cfg.raft.check_quorum_periods or 2
+            ),
             self._rng,
             applied=applied,
             conf=base_configuration(self._data.meta_store, cfg),
