@@ -113,6 +113,12 @@ bench-broker-path: $(STAMP)
 bench-timeline: $(STAMP)
 	$(BIN)/python -m bench.timeline $(TIMELINE_ARGS)
 
+# Both followers' fdatasync stalled at once: a leader stepping down after one check-quorum period against two
+# (docs/raft.md, "Check-quorum"): make bench-disk-stall DISK_STALL_ARGS="--stall-ms 400"
+.PHONY: bench-disk-stall
+bench-disk-stall: $(STAMP)
+	$(BIN)/python -m bench.disk_stall $(DISK_STALL_ARGS)
+
 # 1 topic against 10,000, an empty log against 10 million messages: send rate, restart, memory (docs/broker.md).
 # make bench-scale SCALE_ARGS=--quick
 .PHONY: bench-scale

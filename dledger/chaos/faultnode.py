@@ -1,9 +1,9 @@
-"""``python -m dledger.chaos.faultnode node --config FILE``: a node whose disk can fill up or lose power.
+"""``python -m dledger.chaos.faultnode node --config FILE``: a node whose disk can fill up, stall or lose power.
 
 The same node as ``python -m dledger node``, except that its log store writes through ``SwitchableFullDisk``:
 while the file ``<data_dir>/CONTROL`` exists, every write, preallocation and file creation of the log fails
 with ENOSPC, exactly as a full file system answers. The nemesis creates and removes that file; nothing else
-about the node changes.
+about the node changes. ``<data_dir>/chaos-slow-sync`` (``stall_sync``) makes one fdatasync of the log sleep.
 
 When ``<data_dir>/chaos-powerloss/`` exists (``storage.powerloss.enable``, done by the chaos runner for runs
 with power-loss faults), every file the node writes through ``FileIO`` (the log's data and index files, the
@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -25,17 +26,51 @@ from dledger.grpc_env import prefer_classic_listener
 from storage.fileio import FileIO
 
 CONTROL = "chaos-disk-full"
+STALL = "chaos-slow-sync"
 
 
 def control_path(data_dir: str | Path) -> Path:
     return Path(data_dir) / CONTROL
 
 
-class SwitchableFullDisk(FileIO):
-    """A ``FileIO`` that answers ENOSPC to writes while its control file exists (one ``stat`` per write)."""
+def stall_path(data_dir: str | Path) -> Path:
+    return Path(data_dir) / STALL
 
-    def __init__(self, control: str):
+
+def stall_sync(data_dir: str | Path, at: float, ms: float) -> None:
+    """Make the node's first log fdatasync at or after ``at`` (``time.time()``) take ``ms`` longer, once: a disk
+    that stalls (``bench/disk_stall.py``)."""
+    tmp = stall_path(data_dir).with_suffix(".tmp")
+    tmp.write_text(f"{at} {ms}\n")
+    os.replace(tmp, stall_path(data_dir))
+
+
+class SwitchableFullDisk(FileIO):
+    """A ``FileIO`` that answers ENOSPC to writes while its control file exists (one ``stat`` per write), and
+    whose next fdatasync sleeps once when its stall file says so (``stall_sync``; one ``stat`` per sync)."""
+
+    def __init__(self, control: str, stall: str | None = None):
         self.control = control
+        self.stall = stall
+
+    def fdatasync(self, fd: int) -> None:
+        if self.stall is not None and os.path.exists(self.stall):
+            self._stall_once()
+        super().fdatasync(fd)
+
+    def _stall_once(self) -> None:
+        assert self.stall is not None
+        try:
+            at, ms = (float(x) for x in Path(self.stall).read_text().split())
+        except (OSError, ValueError):
+            return
+        if time.time() < at:
+            return
+        try:
+            os.unlink(self.stall)  # once: a sync on another thread that read it too finds it gone
+        except FileNotFoundError:
+            return
+        time.sleep(ms / 1000)
 
     def _check(self, what: str) -> None:
         if os.path.exists(self.control):
@@ -67,12 +102,13 @@ def main(argv: list[str] | None = None) -> None:
     prefer_classic_listener()  # the same gRPC settings as ``python -m dledger`` (dledger/grpc_env.py)
     data_dir = _data_dir(argv)
     control = str(control_path(data_dir))
+    stall = str(stall_path(data_dir))
 
     import storage.filestore as filestore
 
     class _NodeFileIO(SwitchableFullDisk):
         def __init__(self) -> None:
-            super().__init__(control)
+            super().__init__(control, stall)
 
     # FileLogStore.open builds ``FileIO()`` when the node passes none: this process's log gets the switch.
     filestore.FileIO = _NodeFileIO
@@ -83,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(
                 "faultnode: the ConsumeQueue module was imported before the file layer was swapped"
             )
-        _power_loss_mode(powerloss.Journal(data_dir), control)
+        _power_loss_mode(powerloss.Journal(data_dir), control, stall)
 
     from dledger.cli import main as cli_main
 
@@ -91,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     cli_main()
 
 
-def _power_loss_mode(journal, control: str) -> None:
+def _power_loss_mode(journal, control: str, stall: str) -> None:
     """Swap the file layers this process builds for journaling ones (one journal for the whole process)."""
     import storage.fileio as fileio
     import storage.filestore as filestore
@@ -100,7 +136,7 @@ def _power_loss_mode(journal, control: str) -> None:
 
     class _PowerLossNodeIO(PowerLossFileIO):
         def __init__(self) -> None:
-            super().__init__(journal, SwitchableFullDisk(control))
+            super().__init__(journal, SwitchableFullDisk(control, stall))
 
     filestore.FileIO = _PowerLossNodeIO
     # Modules imported from here on (the state machines' plugins, with the broker's ConsumeQueue) take their
