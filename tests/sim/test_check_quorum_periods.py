@@ -9,14 +9,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from dledger.core.config import RaftConfig
 from dledger.core.messages import HeartbeatResponse, Role
 from dledger.errors import ConfigError
 from tests.core.test_raft import elect, make
-from tests.property.test_raft_safety import RaftSchedule
+from tests.property.test_raft_safety import RaftSchedule, run_variant
 
 PERIOD = RaftConfig().election_ticks[0]
 
@@ -68,14 +66,4 @@ class RuntimeSettingsSchedule(RaftSchedule):
 
 
 def test_schedules_with_the_runtime_settings() -> None:
-    run_state_machine_as_test(
-        RuntimeSettingsSchedule,
-        settings=settings(
-            max_examples=300,
-            stateful_step_count=40,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
-    )
+    run_variant(RuntimeSettingsSchedule)

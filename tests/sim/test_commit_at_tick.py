@@ -7,12 +7,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import run_state_machine_as_test
-
 from dledger.core.config import RaftConfig
 from dledger.core.messages import AppendEntries
-from tests.property.test_raft_safety import RaftSchedule
+from tests.property.test_raft_safety import RaftSchedule, run_variant
 from tests.sim.cluster import Cluster
 
 
@@ -63,14 +60,4 @@ class CommitAtTickSchedule(RaftSchedule):
 
 
 def test_schedules_with_commit_at_tick() -> None:
-    run_state_machine_as_test(
-        CommitAtTickSchedule,
-        settings=settings(
-            max_examples=300,
-            stateful_step_count=40,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
-    )
+    run_variant(CommitAtTickSchedule)
