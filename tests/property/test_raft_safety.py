@@ -319,15 +319,7 @@ def run_variant(schedule: type[RaftSchedule], examples: int = 300) -> None:
     """``examples`` of the safety schedules with a subclass's ``config_overrides`` (a RaftConfig setting the node
     runtime uses: tests/sim/test_commit_at_tick.py, tests/sim/test_check_quorum_periods.py), derandomized."""
     run_state_machine_as_test(
-        schedule,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=40,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
+        schedule, settings=settings(settings.get_profile("raft-ci"), max_examples=examples)
     )
 
 
