@@ -28,6 +28,8 @@ from pathlib import Path
 from dledger import group as grp
 from dledger.chaos import faultnode
 from dledger.client import AsyncDLedgerClient
+from dledger.core.config import RaftConfig
+from dledger.errors import ConfigError
 
 BODY = b"x" * 1024
 LAUNCHER = "dledger.chaos.faultnode"
@@ -100,9 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--periods", default="1,2", help="check_quorum_periods settings to compare (default 1,2)")
     ap.add_argument("--writers", type=int, default=16)
     args = ap.parse_args(argv)
-    settings = [int(p) for p in args.periods.split(",")]
-    if not settings or any(not 1 <= p <= 10 for p in settings) or args.stalls < 1 or args.stall_ms <= 0:
-        ap.error("--periods: integers in 1..10; --stalls >= 1; --stall-ms > 0")
+    try:
+        settings = [int(p) for p in args.periods.split(",")]
+        for p in settings:
+            RaftConfig(check_quorum_periods=p)  # the setting's own check: the range a node accepts
+    except (ValueError, ConfigError) as e:
+        ap.error(f"--periods {args.periods!r}: {e}")
+    if args.stalls < 1 or args.stall_ms <= 0:
+        ap.error("--stalls must be >= 1 and --stall-ms > 0")
     load = os.getloadavg()
     print(
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, load {load[0]:.1f}, {os.cpu_count()} CPUs; "
@@ -118,17 +125,19 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_one(root, p, args)
                 rows[p].append(row)
                 print(
-                    f"round {r} check_quorum_periods={p}: {row['rate']:,.0f} appends/s, failed {row['failed']:.0f}, "
-                    f"step-downs {row['step_downs']:.0f}, term {row['term']:.0f}, stalls not taken {row['untaken']:.0f}",
+                    f"round {r} check_quorum_periods={p}: {row['rate']:,.0f} appends/s, "
+                    f"failed {row['failed']:.0f}, step-downs {row['step_downs']:.0f}, term {row['term']:.0f}, "
+                    f"stalls not taken {row['untaken']:.0f}",
                     flush=True,
                 )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print()
     for p, rs in rows.items():
+        downs = sum(r["step_downs"] for r in rs)
         print(
             f"check_quorum_periods={p}: median {statistics.median(r['rate'] for r in rs):,.0f} appends/s, "
-            f"step-downs {sum(r['step_downs'] for r in rs):.0f} in {len(rs)} runs ({args.stalls * len(rs)} stalls), "
+            f"step-downs {downs:.0f} in {len(rs)} runs ({args.stalls * len(rs)} stalls), "
             f"failed appends {sum(r['failed'] for r in rs):.0f}"
         )
     return 0
