@@ -429,6 +429,23 @@ class RaftCore(Election, Replication, ReadIndex, Reconfiguration):
         self._outstanding = rd
         return rd
 
+    def take_heartbeat_answers(self) -> list[HeartbeatResponse]:
+        """The answers to heartbeats stepped since the last Ready, taken out of the next one so that they may
+        leave now, while the outstanding Ready is still being written (docs/raft.md, "Heartbeats during a write").
+
+        A follower whose fdatasync stalls holds its Ready for as long as the disk does; without this the leader
+        hears nothing from it meanwhile and, with every follower on the same disk, steps down (check-quorum) for
+        a slow disk rather than a lost quorum. A heartbeat's answer states only this node's term: it claims no
+        entry (the leader takes a follower's match from AppendEntriesResponse alone) and grants no vote. So it
+        may leave before the write whenever the term and vote are already durable; when the outstanding Ready
+        (or the next) carries a new term or vote, nothing is taken and the answers wait for their Ready."""
+        if self._term != self._persisted_hs.term or self._vote != self._persisted_hs.vote:
+            return []
+        answers = [m for m in self._msgs if isinstance(m, HeartbeatResponse)]
+        if answers:
+            self._msgs = [m for m in self._msgs if not isinstance(m, HeartbeatResponse)]
+        return answers
+
     def advance(self, rd: Ready) -> None:
         """The runtime finished ``rd`` (persisted, sent, applied up to ``rd.commit_index``)."""
         if rd is not self._outstanding:

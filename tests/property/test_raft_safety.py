@@ -166,6 +166,23 @@ class RaftSchedule(RuleBasedStateMachine):
         self.cluster.crash(self.node(a), stage)
 
     @rule(a=st.integers(0, 4))
+    def hold(self, a: int) -> None:
+        """A slow disk: the node's next write stalls while it goes on stepping and answering heartbeats."""
+        self.cluster.hold(self.node(a))
+
+    @rule(a=st.integers(0, 4))
+    def release(self, a: int) -> None:
+        self.cluster.release(self.node(a))
+
+    @rule(a=st.integers(0, 4), k=st.integers(1, 40))
+    def stall(self, a: int, k: int) -> None:
+        """A disk stall of ``k`` ticks on one node while the network delivers everything."""
+        nid = self.node(a)
+        self.cluster.hold(nid)
+        self.tick_and_deliver(k)
+        self.cluster.release(nid)
+
+    @rule(a=st.integers(0, 4))
     def restart(self, a: int) -> None:
         self.cluster.restart(self.node(a))
 
@@ -294,6 +311,9 @@ class RaftSchedule(RuleBasedStateMachine):
         stats["changed membership"] += c.conf_changes > 0
         stats["promoted a learner"] += any(": promote " in line for line in c.transcript)
         stats["removed the leader"] += any("it is no longer a voter" in line for line in c.transcript)
+        stats["held a write"] += any(": its write of " in line for line in c.transcript)
+        stats["answered a heartbeat during a held write"] += c.early_answers > 0
+        c.release_all()
         c.heal()
         for nid in c.ids:
             c.restart(nid)
@@ -347,6 +367,8 @@ def _check_coverage(stats: Counter[str]) -> None:
         ("changed membership", 0.1),
         ("promoted a learner", 0.005),
         ("removed the leader", 0.002),
+        ("held a write", 0.1),
+        ("answered a heartbeat during a held write", 0.02),
     ]:
         assert stats[key] >= share * n, f"only {stats[key]} of {n} schedules {key}"
 

@@ -6,6 +6,9 @@ cluster seed, and messages sit in one visible queue until a verb delivers, drops
 them. Handling a ``Ready`` follows the contract in ``dledger.core.messages.Ready``: persist (hard state, snapshot,
 truncation, frames), then send, then apply, then advance. ``crash(n, stage)`` can stop a node part-way through
 that sequence, losing everything not yet persisted, which is exactly what a kill -9 of the runtime loses.
+``hold(n)`` takes a node's next Ready and leaves it unwritten (a slow disk) until ``release(n)``: meanwhile the
+node keeps stepping what arrives and ticking, as the runtime's loop does while its I/O thread writes, and the
+answers to heartbeats leave at once (``RaftCore.take_heartbeat_answers``, as ``Peers.handle_batch`` sends them).
 
 Safety is checked by ``check_invariants()`` (the property tests call it after every step):
 
@@ -69,6 +72,10 @@ class SimNode:
     )  # (context, read index) as Ready gave them
     initial_voters: tuple[str, ...] = ()  # the members it was started with (empty: a node joining the group)
     acked: int = -1  # highest index a leader handed on as committed when stepping an answer (commit_acked)
+    stalled: bool = False  # its disk is slow (``hold``): the next Ready it takes stays unwritten
+    held: tuple[Ready, tuple[Message, ...]] | None = (
+        None  # that Ready, and the messages waiting for its write
+    )
 
     @property
     def alive(self) -> bool:
@@ -112,6 +119,7 @@ class Cluster:
         self.max_committed = -1
         self.delivered = 0
         self.truncations = 0  # Ready.truncate_from handled (a follower dropping a conflicting suffix)
+        self.early_answers = 0  # heartbeat answers sent while their node's write was held (``hold``)
         self._chains: dict[tuple[int, int], int] = {}  # (index, term) -> chain_crc, over every durable append
         self._completeness_checked: dict[
             tuple[str, int], int
@@ -169,7 +177,11 @@ class Cluster:
             return
         core = node.core
         assert core is not None
-        if stage == "after-early-send" and core.has_ready():
+        held, node.held, node.stalled = node.held, None, False
+        if held is not None:  # it dies during the slow write: the stage says how far the write got
+            if stage not in ("before-ready", "after-early-send"):
+                self._persist(node, held[0], stop_after=stage)
+        elif stage == "after-early-send" and core.has_ready():
             # A leader sent its AppendEntries (split_early) and died before its own write of them.
             rd = core.ready()
             early, _ = split_early(rd, core.role)
@@ -316,6 +328,10 @@ class Cluster:
         core = node.core
         assert core is not None
         core.step(m)
+        if node.held is not None:
+            answers = tuple(core.take_heartbeat_answers())
+            self.early_answers += len(answers)
+            self._send(answers)
         self._commit_acked(node)
         if type(m) is InstallSnapshot:
             self._snapshot_fate(m, True)
@@ -413,8 +429,8 @@ class Cluster:
         """The runtime took a snapshot at ``upto`` (applied) and compacts the log before it."""
         node = self.nodes[nid]
         upto = min(upto, node.applied)
-        if upto < node.store.first_index or node.core is None:
-            return
+        if upto < node.store.first_index or node.core is None or node.held is not None:
+            return  # (the runtime's snapshot waits for its single writer, the I/O thread)
         # The snapshot records the configuration at its index; the log before it goes.
         node.meta.put("snapshot_conf", node.core.configuration_at(upto).encode())
         node.store.compact_prefix(upto + 1)
@@ -429,18 +445,52 @@ class Cluster:
     def process(self, nid: str) -> None:
         node = self.nodes[nid]
         core = node.core
-        if core is None:
+        if core is None or node.held is not None:
             return
         while core.has_ready():
             rd = core.ready()
             early, rest = split_early(rd, core.role)
             self._send(early)  # a leader's replication leaves before its own write, as in the node
-            self._persist(node, rd)
-            self._send(rest)
-            self._apply(node, rd)
-            node.read_states.extend(rd.read_states)
-            core.advance(rd)
-            self._observe(node)
+            if node.stalled:
+                node.held = (rd, rest)
+                self.say(f"hold {node.id}: its write of {len(rd.frames)} bytes stalls")
+                return
+            self._finish(node, rd, rest)
+
+    def _finish(self, node: SimNode, rd: Ready, rest: tuple[Message, ...]) -> None:
+        core = node.core
+        assert core is not None
+        self._persist(node, rd)
+        self._send(rest)
+        self._apply(node, rd)
+        node.read_states.extend(rd.read_states)
+        core.advance(rd)
+        self._observe(node)
+
+    def hold(self, nid: str) -> None:
+        """``nid``'s disk stalls: the next Ready it takes (now, or when it has one) is left unwritten until
+        ``release``; a leader's early messages still leave."""
+        node = self.nodes[nid]
+        if node.core is None or node.stalled:
+            return
+        node.stalled = True
+        self.process(nid)
+
+    def release(self, nid: str) -> None:
+        """The stalled write completes: the held Ready is persisted, sent, applied and advanced."""
+        node = self.nodes[nid]
+        if not node.stalled:
+            return
+        node.stalled = False
+        if node.held is not None:
+            (rd, rest), node.held = node.held, None
+            self.say(f"release {nid}")
+            self._finish(node, rd, rest)
+        self.process(nid)
+
+    def release_all(self) -> None:
+        for nid in self.ids:
+            self.release(nid)
 
     def _send(self, messages: tuple[Message, ...]) -> None:
         for m in messages:
