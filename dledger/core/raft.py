@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dledger.core.config import RaftConfig
 from dledger.core.election import Election
@@ -429,22 +429,38 @@ class RaftCore(Election, Replication, ReadIndex, Reconfiguration):
         self._outstanding = rd
         return rd
 
-    def take_heartbeat_answers(self) -> list[HeartbeatResponse]:
-        """The answers to heartbeats stepped since the last Ready, taken out of the next one so that they may
-        leave now, while the outstanding Ready is still being written (docs/raft.md, "Heartbeats during a write").
+    @property
+    def writing(self) -> bool:
+        """A Ready was taken and not yet advanced: the runtime is writing it (or sending what it holds)."""
+        return self._outstanding is not None
 
-        A follower whose fdatasync stalls holds its Ready for as long as the disk does; without this the leader
-        hears nothing from it meanwhile and, with every follower on the same disk, steps down (check-quorum) for
-        a slow disk rather than a lost quorum. A heartbeat's answer states only this node's term: it claims no
-        entry (the leader takes a follower's match from AppendEntriesResponse alone) and grants no vote. So it
-        may leave before the write whenever the term and vote are already durable; when the outstanding Ready
-        (or the next) carries a new term or vote, nothing is taken and the answers wait for their Ready."""
+    def take_heartbeats(self) -> list[Heartbeat | HeartbeatResponse]:
+        """A leader's heartbeats and a follower's answers to them produced since the last Ready, taken out of the
+        next one so that they may leave now, while the outstanding Ready is still being written (docs/raft.md,
+        "Heartbeats during a write").
+
+        A node whose fdatasync stalls holds its Ready for as long as the disk does. Without this a stalled
+        follower answers nothing meanwhile, and a stalled leader sends nothing: with every node on one disk,
+        the leader steps down (check-quorum) for a slow disk, not a lost quorum. Neither kind claims an entry
+        (a leader takes a follower's match from AppendEntriesResponse alone) or grants a vote, so they may leave
+        before the write whenever the term and vote are durable; when the outstanding Ready (or the next)
+        carries a new term or vote, nothing is taken. A heartbeat's commit index is capped at the commit index
+        of the last Ready done (``advance``): one computed while this leader's own write is in flight must not
+        reach a follower before the write is durable (``split_early``)."""
         if self._term != self._persisted_hs.term or self._vote != self._persisted_hs.vote:
             return []
-        answers = [m for m in self._msgs if isinstance(m, HeartbeatResponse)]
-        if answers:
-            self._msgs = [m for m in self._msgs if not isinstance(m, HeartbeatResponse)]
-        return answers
+        taken: list[Heartbeat | HeartbeatResponse] = []
+        kept: list[Message] = []
+        for m in self._msgs:
+            if isinstance(m, HeartbeatResponse):
+                taken.append(m)
+            elif isinstance(m, Heartbeat):
+                taken.append(m if m.commit <= self._applied else replace(m, commit=self._applied))
+            else:
+                kept.append(m)
+        if taken:
+            self._msgs = kept
+        return taken
 
     def advance(self, rd: Ready) -> None:
         """The runtime finished ``rd`` (persisted, sent, applied up to ``rd.commit_index``)."""

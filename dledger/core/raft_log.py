@@ -75,6 +75,7 @@ class RaftLog:
         "_truncate_from",
         "_unhanded",
         "committed",
+        "durable_index",
         "store",
     )
 
@@ -108,6 +109,9 @@ class RaftLog:
         self._snapshot: SnapshotMeta | None = None  # installed in memory, not yet advanced
         self._snapshot_handed = False
         self.committed = store.first_index - 1
+        # The last index the runtime has reported durable (``stable``): a leader's own copy of an entry counts
+        # towards its commit as soon as it is appended, but a configuration change waits for this too.
+        self.durable_index = tail.last_index
         # Copy avoidance: the frames of the one message whose entries are all that is not handed out yet (a
         # follower's usual case: the Ready hands those very bytes on), and the last replication read (a leader
         # reads the same range for every follower in step).
@@ -478,6 +482,7 @@ class RaftLog:
         confs = self._confs
         while len(confs) > 1 and confs[-1][0] >= index:
             confs.pop()
+        self.durable_index = min(self.durable_index, index - 1)
         self._read_memo = None
         self._unhanded = None
         k = index - self._offset
@@ -539,6 +544,7 @@ class RaftLog:
         self._terms.clear()
         self._offset = snap.index + 1
         self._handed_to = snap.index
+        self.durable_index = min(self.durable_index, snap.index)
         self._truncate_from = None
         self._snapshot = snap
         self._snapshot_handed = False
@@ -592,6 +598,7 @@ class RaftLog:
         if self._snapshot is not None and self._snapshot_handed:
             self._snapshot = None
             self._snapshot_handed = False
+        self.durable_index = self._handed_to
         durable = self._handed_to + 1 - self._offset  # memory entries that are (now) in the store
         if durable <= 0:
             return

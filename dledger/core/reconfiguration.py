@@ -70,7 +70,10 @@ class Reconfiguration:
         until the change commits, then steps down and hands over to the most up-to-date voter."""
         self._check_proposing()
         log = self._raft_log
-        if log.conf_index > log.committed:
+        if log.conf_index > min(log.committed, log.durable_index):
+            # Committed counts this leader's own copy once appended; a change waits until it is on this disk
+            # too, so that the one before it is committed on a quorum of durable copies (a leader whose write
+            # stalls, alone in its configuration, would otherwise pile changes on an unwritten one).
             raise UnavailableError(
                 f"the configuration change at index {log.conf_index} ({self._conf.describe()}) is not committed "
                 "yet: one change at a time; retry once it commits"

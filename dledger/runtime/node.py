@@ -178,7 +178,7 @@ class Node:
         data = self._data
         if not data.opened:
             try:
-                await loop.run_in_executor(self._io.executor, data.open)
+                await self._io.run(data.open)
             except BaseException:
                 self._io.shutdown(wait=False)
                 self._snapshots.shutdown(wait=False)
@@ -186,7 +186,7 @@ class Node:
         hard_state = data.meta_store.load_hard_state()
         applied = -1
         if self.state_machine is not None:
-            applied = await loop.run_in_executor(self._io.executor, self._snapshots.restore, data.log_store)
+            applied = await self._io.run(self._snapshots.restore, data.log_store)
             self._apply = ApplyLoop(self.state_machine, data.log_store, applied, on_applied=self._on_applied)
             self._proposals.waiters = ApplyWaiters(self._apply)
             self.add_commit_listener(self._apply.commit_advanced)
@@ -365,9 +365,7 @@ class Node:
         if self._ready is not None:
             await loop.run_in_executor(None, self._ready.shutdown)  # a flush in progress ends first
         try:
-            await loop.run_in_executor(
-                self._io.executor, self._data.close, self.commit_index, self.state_machine
-            )
+            await self._io.run(self._data.close, self.commit_index, self.state_machine)
         except Exception as e:  # the storage may be what failed: report it, and still finish stopping
             log.error("%s: closing storage failed: %r", self.id, e)
             self.failure = self.failure or e

@@ -251,14 +251,43 @@ class Peers:
         answer: asyncio.Future[list[Message]] = loop.create_future()
         if not kinds:
             answer.set_result([])
-        elif (
-            len(kinds) == 1
-        ):  # the usual batch: one AppendEntries or heartbeat; its waiter resolves the answer
-            self.reply_waiters.append(ReplyWaiter(*kinds[0], answer))
+        elif len(kinds) == 1:  # the usual batch: one AppendEntries or heartbeat
+            src, kind = kinds[0]
+            writing = kind is HeartbeatResponse and self._running_core().writing
+            now = self._heartbeat_answer(src) if writing else None
+            if now is not None:
+                answer.set_result(now)
+            else:  # its waiter resolves the answer, from the Ready that persists what it depends on
+                self.reply_waiters.append(ReplyWaiter(src, kind, answer))
         else:
             batch = _BatchAnswer(answer, len(kinds))
             self.reply_waiters.extend(ReplyWaiter(src, kind, _Part(batch)) for src, kind in kinds)
         return answer
+
+    def _heartbeat_answer(self, src: str) -> list[Message] | None:
+        """The answer to a heartbeat from ``src`` while this node's write is in progress, now rather than from
+        the next Ready: a follower whose fdatasync stalls still tells its leader it is there, so a disk stall on
+        every follower is not an election (``RaftCore.take_heartbeats``: the answer claims no entry and leaves
+        only with the term and vote durable; docs/decisions/0031-heartbeats-during-a-stalled-write.md)."""
+        mine: list[Message] = []
+        rest: list[Heartbeat | HeartbeatResponse] = []
+        for m in self._running_core().take_heartbeats():
+            if not mine and isinstance(m, HeartbeatResponse) and m.dst == src:
+                mine.append(m)
+            else:
+                rest.append(m)
+        self.send_heartbeats(rest)
+        self.stats["heartbeats_during_writes"] += len(mine)
+        return mine or None
+
+    def send_heartbeats(self, messages: list[Heartbeat | HeartbeatResponse]) -> None:
+        """Heartbeats (and answers to heartbeats) taken out of the Ready being written go to their senders."""
+        for m in messages:
+            q = self.queues.get(m.dst)
+            if q is not None:
+                q.put_nowait(m)
+        if messages:
+            self.stats["heartbeats_during_writes"] += len(messages)
 
     async def handle_snapshot(
         self, msg: InstallSnapshot, chunks: AsyncIterator[SnapshotChunk]

@@ -43,6 +43,11 @@ from storage.errors import DiskFullError
 # to the I/O thread and back cost more than the write (docs/decisions/0006-small-writes-inline.md, 2026-11-28).
 INLINE_MAX_BYTES = 1 << 20
 INLINE_MAX_PERSIST_S = 0.002
+# A write or fdatasync slower than SLOW_PERSIST_S marks the disk slow for SLOW_DISK_HOLD_S: a follower then waits
+# for its fdatasync off its event loop, and goes on answering its leader's heartbeats meanwhile (stalls come in
+# spells; docs/decisions/0031-heartbeats-during-a-stalled-write.md).
+SLOW_PERSIST_S = 0.05
+SLOW_DISK_HOLD_S = 30.0
 # The flusher records the commit index in the MetaStore at most this often: each record is an LMDB commit, which
 # LMDB syncs (about 55 us of CPU and an fdatasync on this machine); at the ``async`` policy's 10 ms interval it
 # would be a hundred a second on every node.
@@ -110,6 +115,7 @@ class ReadyLoop:
         self.persisted_index = log_store.last_index  # what storage held at start is persisted
         self._dirty_since_sync = False
         self._persist_ewma_s = 0.0  # recent time per persist (decides inline writes on followers)
+        self.slow_disk_until = 0.0  # monotonic time until which the disk counts as slow (SLOW_PERSIST_S)
         self.disk_full: str | None = None  # why writes are refused (a full disk), until a write succeeds
         self.quiet_until = 0.0  # loop time before which a node whose disk filled up does not campaign
         self._disk_full_logged = 0.0
@@ -155,11 +161,16 @@ class ReadyLoop:
                             if (
                                 self._data.sync_each_ready
                                 and rd.frames
-                                and (core.role is Role.LEADER or self._calls_waiting())
+                                and (
+                                    core.role is Role.LEADER
+                                    or self._calls_waiting()
+                                    or time.monotonic() < self.slow_disk_until
+                                )
                             ):
                                 # A leader under ``sync``: the write inline, its fdatasync on the I/O thread, so
                                 # that the loop takes the next calls meanwhile (decision 0006, 2026-11-28 night);
-                                # a follower too while clients' calls wait on it for the leader (decision 0029).
+                                # a follower too while clients' calls wait on it for the leader (decision 0029),
+                                # or while its disk is slow: it answers heartbeats meanwhile (decision 0031).
                                 self.persist(rd, sync=False)
                                 await self._io.run(self.sync_written)
                             else:
@@ -232,7 +243,9 @@ class ReadyLoop:
                 continue  # the disk just filled up: no election timeout runs (see _enter_disk_full)
             core = self.core  # rebuilt after a full disk
             core.tick()
-            if core.has_ready():
+            if core.writing:  # a slow write holds the Ready: heartbeats leave now (decision 0031)
+                self._peers.send_heartbeats(core.take_heartbeats())
+            elif core.has_ready():
                 self._wake.set()
 
     # -- persisting --------------------------------------------------------------------------------------------
@@ -291,6 +304,16 @@ class ReadyLoop:
         self.stats["persists"] += 1
         took = time.perf_counter() - t0
         self._persist_ewma_s += (took - self._persist_ewma_s) / 8
+        if took > SLOW_PERSIST_S:
+            if time.monotonic() >= self.slow_disk_until:
+                log.warning(
+                    "%s: a write took %.0f ms; for %.0f s this node waits for its disk off its event loop",
+                    self.id,
+                    took * 1e3,
+                    SLOW_DISK_HOLD_S,
+                )
+            self.slow_disk_until = time.monotonic() + SLOW_DISK_HOLD_S
+            self.stats["slow_writes"] += 1
         self.stats["persist_io_us"] += int(took * 1e6)
         self.metrics.persist.observe(took)
 

@@ -312,7 +312,7 @@ class RaftSchedule(RuleBasedStateMachine):
         stats["promoted a learner"] += any(": promote " in line for line in c.transcript)
         stats["removed the leader"] += any("it is no longer a voter" in line for line in c.transcript)
         stats["held a write"] += any(": its write of " in line for line in c.transcript)
-        stats["answered a heartbeat during a held write"] += c.early_answers > 0
+        stats["sent heartbeats during a held write"] += c.early_heartbeats > 0
         c.release_all()
         c.heal()
         for nid in c.ids:
@@ -368,7 +368,7 @@ def _check_coverage(stats: Counter[str]) -> None:
         ("promoted a learner", 0.005),
         ("removed the leader", 0.002),
         ("held a write", 0.1),
-        ("answered a heartbeat during a held write", 0.02),
+        ("sent heartbeats during a held write", 0.02),
     ]:
         assert stats[key] >= share * n, f"only {stats[key]} of {n} schedules {key}"
 

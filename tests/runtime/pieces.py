@@ -95,9 +95,15 @@ class RecordingPeers:
     def dispatch(self, messages, waiters):
         for m in messages:
             self.events.append(("send", type(m).__name__, m.dst))
+
         for w in waiters:
             if not w.future.done():
                 w.future.set_result(list(messages))
+
+    def send_heartbeats(self, messages):
+        """Heartbeats sent while a write is in progress (the ticker, decision 0031)."""
+        for m in messages:
+            self.events.append(("send-early", type(m).__name__, m.dst, m))
 
 
 class Harness:

@@ -15,9 +15,15 @@ from dledger.runtime.peers import Peers
 class StubCore:
     def __init__(self):
         self.stepped = []
+        self.writing = False  # a Ready taken and not yet advanced (RaftCore.writing)
+        self.heartbeats = []  # what take_heartbeats hands out
 
     def step(self, m):
         self.stepped.append(m)
+
+    def take_heartbeats(self):
+        out, self.heartbeats = self.heartbeats, []
+        return out
 
     def has_ready(self):
         return False
@@ -69,5 +75,26 @@ def test_a_failed_part_fails_the_batch(tmp_path):
             pass
         else:
             raise AssertionError("the batch's answer should have failed")
+
+    asyncio.run(run())
+
+
+def test_a_heartbeat_while_the_node_writes_is_answered_at_once(tmp_path):
+    """A follower whose write is in progress (a stalled fdatasync) answers its leader's heartbeat without waiting
+    for the next Ready (decision 0031); other answers taken with it go to their peers' senders."""
+
+    async def run():
+        peers, core = make(tmp_path)
+        core.writing = True
+        mine, other = HeartbeatResponse(1, "n0", "n1", 5), HeartbeatResponse(1, "n0", "n2")
+        core.heartbeats = [other, mine]
+        answer = peers.handle_batch([Heartbeat(1, "n1", "n0", -1, context=5)])
+        assert answer.done() and await answer == [mine]
+        assert not peers.take_waiters(), "no waiter left for the Ready"
+        assert peers.queues["n2"].get_nowait() == other and peers.queues["n1"].empty()
+        # Not writing: the answer waits for the Ready that persists what it depends on, as before.
+        core.writing = False
+        later = peers.handle_batch([Heartbeat(1, "n1", "n0", -1)])
+        assert not later.done() and len(peers.reply_waiters) == 1
 
     asyncio.run(run())

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
-from dledger.core.messages import AppendEntries, AppendEntriesResponse, Role
+from dledger.core.messages import AppendEntries, AppendEntriesResponse, Heartbeat, Role
 from dledger.errors import StorageFullError
 from dledger.runtime import ready_loop
 from tests.runtime.pieces import Harness, frames
@@ -338,10 +339,85 @@ def test_a_follower_under_sync_syncs_on_the_io_thread_only_while_calls_wait_on_i
             h.calls_waiting = 0
             # The gate held that sync open for 10 ms or more; on a loaded machine it lifts the recent-persist
             # average above INLINE_MAX_PERSIST_S, which sends writes to the thread for a slow disk (not what
-            # this test is about: CI saw it once).
+            # this test is about: CI saw it once), and for longer, the node's slow-disk mode.
             h.ready._persist_ewma_s = 0.0
+            h.ready.slow_disk_until = 0.0  # likewise a gate held beyond SLOW_PERSIST_S
             both = frames(0, 1, [b"a", b"b"])  # the first again, then one more
             await asyncio.wait_for(h.step(AppendEntries(1, "n1", "n0", -1, 0, -1, both)), 5)
             assert synced_on[1:] == [main], "inline once no call waits"
+
+    asyncio.run(run())
+
+
+def test_a_slow_write_sends_a_followers_next_syncs_off_its_loop(tmp_path, monkeypatch):
+    """A write slower than ``SLOW_PERSIST_S`` marks the disk slow for ``SLOW_DISK_HOLD_S``: a follower with no
+    call waiting on it then waits for its fdatasync on the I/O thread too, free to answer its leader's
+    heartbeats meanwhile (decision 0031); a fast disk keeps the inline sync."""
+    monkeypatch.setattr(ready_loop, "SLOW_PERSIST_S", 0.005)
+
+    async def run():
+        async with Harness(tmp_path, flush="sync") as h:
+            h.data.sync_each_ready = True
+            main = threading.get_ident()
+            synced_on: list[int] = []
+            real_sync = h.log.sync
+            slow = [True]
+
+            def sync() -> None:
+                synced_on.append(threading.get_ident())
+                if slow.pop() if slow else False:
+                    time.sleep(0.02)  # one stalled fdatasync
+                real_sync()
+
+            h.log.sync = sync
+            append = AppendEntries(1, "n1", "n0", -1, 0, -1, frames(0, 1, [b"a"]))
+            await asyncio.wait_for(h.step(append), 5)
+            assert synced_on == [main], "inline while the disk is fast"
+            assert h.stats["slow_writes"] == 1 and h.ready.slow_disk_until > time.monotonic()
+            h.ready._persist_ewma_s = 0.0  # (only the slow-disk mode decides below)
+            both = frames(0, 1, [b"a", b"b"])
+            await asyncio.wait_for(h.step(AppendEntries(1, "n1", "n0", -1, 0, -1, both)), 5)
+            assert synced_on[1] != main, "the sync after a slow one waits off the loop"
+            h.ready.slow_disk_until = 0.0
+            three = frames(0, 1, [b"a", b"b", b"c"])
+            await asyncio.wait_for(h.step(AppendEntries(1, "n1", "n0", -1, 0, -1, three)), 5)
+            assert synced_on[2] == main, "inline again once the slow spell is over"
+
+    asyncio.run(run())
+
+
+def test_a_leader_whose_sync_stalls_still_sends_heartbeats(tmp_path):
+    """The ticker sends a leader's heartbeats while the Ready it belongs after is still being written
+    (``RaftCore.take_heartbeats``), with a commit index that does not cover the write in progress."""
+
+    async def run():
+        async with Harness(tmp_path, flush="sync") as h:
+            h.data.sync_each_ready = True
+            await h.elect()
+            noop = h.log.last_index
+            for peer in ("n1", "n2"):
+                h.core.step(AppendEntriesResponse(h.core.term, peer, "n0", True, match_index=noop))
+            h.wake.set()
+            await h.settle()
+            gate = h.log.sync_gate = threading.Event()
+            ticker = asyncio.create_task(h.ready.ticker())
+            try:
+                h.proposals.enqueue([b"x"], None, False)
+                while ("sync-blocked",) not in h.events:
+                    await asyncio.sleep(0.001)
+                last = h.core.last_index
+                h.core.step(AppendEntriesResponse(h.core.term, "n1", "n0", True, match_index=last))
+                deadline = time.monotonic() + 5
+                while not any(e[0] == "send-early" for e in h.events):
+                    assert time.monotonic() < deadline, "no heartbeat left during the stalled sync"
+                    await asyncio.sleep(0.005)
+                beats = [e[3] for e in h.events if e[0] == "send-early"]
+                assert {b.dst for b in beats} >= {"n1", "n2"} and all(type(b) is Heartbeat for b in beats)
+                assert all(b.commit < last for b in beats), "no commit index the stalled write covers"
+                assert h.ready.persisted_index < last, "the write is still in progress"
+            finally:
+                gate.set()
+                ticker.cancel()
+                await asyncio.gather(ticker, return_exceptions=True)
 
     asyncio.run(run())

@@ -7,8 +7,9 @@ them. Handling a ``Ready`` follows the contract in ``dledger.core.messages.Ready
 truncation, frames), then send, then apply, then advance. ``crash(n, stage)`` can stop a node part-way through
 that sequence, losing everything not yet persisted, which is exactly what a kill -9 of the runtime loses.
 ``hold(n)`` takes a node's next Ready and leaves it unwritten (a slow disk) until ``release(n)``: meanwhile the
-node keeps stepping what arrives and ticking, as the runtime's loop does while its I/O thread writes, and the
-answers to heartbeats leave at once (``RaftCore.take_heartbeat_answers``, as ``Peers.handle_batch`` sends them).
+node keeps stepping what arrives and ticking, as the runtime's loop does while its I/O thread writes, and its
+heartbeats and answers to heartbeats leave at once (``RaftCore.take_heartbeats``, as the node's ticker and
+``Peers.handle_batch`` send them).
 
 Safety is checked by ``check_invariants()`` (the property tests call it after every step):
 
@@ -119,7 +120,7 @@ class Cluster:
         self.max_committed = -1
         self.delivered = 0
         self.truncations = 0  # Ready.truncate_from handled (a follower dropping a conflicting suffix)
-        self.early_answers = 0  # heartbeat answers sent while their node's write was held (``hold``)
+        self.early_heartbeats = 0  # heartbeats and answers sent while their node's write was held (``hold``)
         self._chains: dict[tuple[int, int], int] = {}  # (index, term) -> chain_crc, over every durable append
         self._completeness_checked: dict[
             tuple[str, int], int
@@ -328,15 +329,19 @@ class Cluster:
         core = node.core
         assert core is not None
         core.step(m)
-        if node.held is not None:
-            answers = tuple(core.take_heartbeat_answers())
-            self.early_answers += len(answers)
-            self._send(answers)
+        self._send_heartbeats(node)
         self._commit_acked(node)
         if type(m) is InstallSnapshot:
             self._snapshot_fate(m, True)
         self.process(m.dst)
         return True
+
+    def _send_heartbeats(self, node: SimNode) -> None:
+        """While ``node``'s write is held, its heartbeats and answers to heartbeats leave at once."""
+        if node.held is not None and node.core is not None:
+            early = tuple(node.core.take_heartbeats())
+            self.early_heartbeats += len(early)
+            self._send(early)
 
     def _commit_acked(self, node: SimNode) -> None:
         """What ``ReadyLoop.commit_acked`` does in the node: a leader hands on its core's commit index, bounded by
@@ -369,6 +374,7 @@ class Cluster:
                 node = self.nodes[nid]
                 if node.alive:
                     node.core.tick()
+                    self._send_heartbeats(node)
             self.process_all()
 
     def campaign(self, nid: str, max_ticks: int = 1000) -> None:
