@@ -2,6 +2,11 @@
 check-quorum period without a quorum heard (the thesis' rule) against two (the node's default; docs/raft.md,
 "Check-quorum").
 
+Since 2026-11-29 (decision 0031) heartbeats and their answers leave while a write is in progress, and a write
+slower than 50 ms sends a follower's fdatasync off its event loop for 30 s: the first stall of a run is taken
+inline (its step-down, if any, is that one), the ones after it are not an election at either setting. ``slow``
+counts the nodes' entries into that mode.
+
 Three nodes on one machine share one disk: under ``flush = "sync"`` at full load a stall of the disk holds both
 followers' event loops in their fdatasync together, and a leader that then hears no one for one period steps down.
 Here the stall is injected, so every run sees the same ones: a real 3-node group (``sync``, processes on
@@ -80,7 +85,9 @@ def run_one(root: Path, periods: int, args: argparse.Namespace) -> dict[str, flo
         followers = [n for n in g.nodes if n.id != lead]
         done, failed, secs = asyncio.run(_load(g, followers, args))
         untaken = _untaken(followers)
-        downs = sum(Path(n.data_dir, "node.log").read_text().count("stepped down") for n in g.nodes)
+        logs = [Path(n.data_dir, "node.log").read_text() for n in g.nodes]
+        downs = sum(text.count("stepped down") for text in logs)
+        slow = sum(text.count("waits for its disk off its event loop") for text in logs)
         terms = [r.term for r in grp.status(g, 1.0) if r.term is not None]
         return {
             "rate": done / secs,
@@ -88,6 +95,7 @@ def run_one(root: Path, periods: int, args: argparse.Namespace) -> dict[str, flo
             "step_downs": downs,
             "term": max(terms, default=0),
             "untaken": untaken,
+            "slow": slow,
         }
     finally:
         grp.stop_group(g)
@@ -127,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"round {r} check_quorum_periods={p}: {row['rate']:,.0f} appends/s, "
                     f"failed {row['failed']:.0f}, step-downs {row['step_downs']:.0f}, term {row['term']:.0f}, "
-                    f"stalls not taken {row['untaken']:.0f}",
+                    f"stalls not taken {row['untaken']:.0f}, slow {row['slow']:.0f}",
                     flush=True,
                 )
     finally:
