@@ -249,36 +249,29 @@ class Peers:
                 kinds.append((msg.src, kind))
         self._wake.set()
         answer: asyncio.Future[list[Message]] = loop.create_future()
+        # While this node's write is in progress (a stalled fdatasync holds its Ready), the answers to heartbeats
+        # leave now, not from the next Ready: a follower whose disk stalls still tells its leader it is there, so
+        # a stall of every follower is not an election (``RaftCore.take_heartbeats``: an answer claims no entry
+        # and leaves only with the term and vote durable; docs/decisions/0031-heartbeats-during-a-stalled-write.md).
+        early: list[Heartbeat | HeartbeatResponse] = []
+        if any(kind is HeartbeatResponse for _, kind in kinds) and self._running_core().writing:
+            early = self._running_core().take_heartbeats()
         if not kinds:
             answer.set_result([])
         elif len(kinds) == 1:  # the usual batch: one AppendEntries or heartbeat
             src, kind = kinds[0]
-            writing = kind is HeartbeatResponse and self._running_core().writing
-            now = self._heartbeat_answer(src) if writing else None
-            if now is not None:
-                answer.set_result(now)
+            mine = next((m for m in early if isinstance(m, HeartbeatResponse) and m.dst == src), None)
+            if mine is not None:  # rides back on this call
+                early.remove(mine)
+                self.stats["heartbeats_during_writes"] += 1
+                answer.set_result([mine])
             else:  # its waiter resolves the answer, from the Ready that persists what it depends on
                 self.reply_waiters.append(ReplyWaiter(src, kind, answer))
         else:
             batch = _BatchAnswer(answer, len(kinds))
             self.reply_waiters.extend(ReplyWaiter(src, kind, _Part(batch)) for src, kind in kinds)
+        self.send_heartbeats(early)  # the rest (a batch's, or earlier heartbeats') through the senders
         return answer
-
-    def _heartbeat_answer(self, src: str) -> list[Message] | None:
-        """The answer to a heartbeat from ``src`` while this node's write is in progress, now rather than from
-        the next Ready: a follower whose fdatasync stalls still tells its leader it is there, so a disk stall on
-        every follower is not an election (``RaftCore.take_heartbeats``: the answer claims no entry and leaves
-        only with the term and vote durable; docs/decisions/0031-heartbeats-during-a-stalled-write.md)."""
-        mine: list[Message] = []
-        rest: list[Heartbeat | HeartbeatResponse] = []
-        for m in self._running_core().take_heartbeats():
-            if not mine and isinstance(m, HeartbeatResponse) and m.dst == src:
-                mine.append(m)
-            else:
-                rest.append(m)
-        self.send_heartbeats(rest)
-        self.stats["heartbeats_during_writes"] += len(mine)
-        return mine or None
 
     def send_heartbeats(self, messages: list[Heartbeat | HeartbeatResponse]) -> None:
         """Heartbeats (and answers to heartbeats) taken out of the Ready being written go to their senders."""

@@ -92,6 +92,14 @@ def test_a_heartbeat_while_the_node_writes_is_answered_at_once(tmp_path):
         assert answer.done() and await answer == [mine]
         assert not peers.take_waiters(), "no waiter left for the Ready"
         assert peers.queues["n2"].get_nowait() == other and peers.queues["n1"].empty()
+        # A batch of more than a heartbeat: its answer goes through the sender, the batch waits for its Ready.
+        beat = HeartbeatResponse(1, "n0", "n1", 6)
+        core.heartbeats = [beat]
+        both = peers.handle_batch(
+            [AppendEntries(1, "n1", "n0", -1, 0, -1), Heartbeat(1, "n1", "n0", -1, context=6)]
+        )
+        assert not both.done() and peers.queues["n1"].get_nowait() == beat
+        peers.take_waiters()
         # Not writing: the answer waits for the Ready that persists what it depends on, as before.
         core.writing = False
         later = peers.handle_batch([Heartbeat(1, "n1", "n0", -1)])
