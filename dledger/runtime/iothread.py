@@ -6,7 +6,7 @@ finished (a cancelled waiter does not end the job): the ready loop writes inline
 
 The hand-off sits on every write the ready loop does not make inline (a leader's fdatasync under ``sync``, a
 follower's, large batches), so it is kept to one queue put and one ``call_soon_threadsafe`` (one wake-up of the
-loop): 53 against 71 us of CPU a job for a ``ThreadPoolExecutor`` and ``wrap_future`` on this machine
+loop): 55 against 72 us of CPU a job for a ``ThreadPoolExecutor`` and ``wrap_future`` on this machine
 (docs/runtime.md, "The I/O thread").
 """
 
@@ -55,9 +55,8 @@ class IoThread:
                 outcome: tuple[Any, BaseException | None] = (None, e)
             else:
                 outcome = (result, None)
-            with contextlib.suppress(
-                RuntimeError
-            ):  # the loop closed while the job ran: no one waits any more
+            # (RuntimeError: the loop closed while the job ran, and no one waits for it any more.)
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._finished, fut, *outcome)
 
     def _finished(self, fut: asyncio.Future[Any], result: Any, err: BaseException | None) -> None:
