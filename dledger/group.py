@@ -547,7 +547,9 @@ def wait_caught_up(group: GroupSpec, node_id: str, index: int, timeout_s: float 
 def up(
     directory: Path, nodes: int | None = None, base_port: int | None = DEFAULT_BASE_PORT, **kwargs
 ) -> tuple[GroupSpec, NodeStatus]:
-    """Create (or reuse) the group in ``directory``, start every node, return once a leader is elected."""
+    """Create (or reuse) the group in ``directory``, start every node, return once a leader is elected and every
+    node answers (a quorum elects while the last node may still be starting: a caller that dials it at once was
+    refused; a node that does not come up within 30 s is left to ``status`` to show)."""
     group = create(directory, nodes, base_port, **kwargs)
     for spec in group.nodes:
         start_node(spec)
@@ -556,6 +558,7 @@ def up(
     except UnavailableError:
         stop_group(group)
         raise
+    wait_for_all(group, 30.0)
     return group, leader
 
 

@@ -36,9 +36,6 @@ def test_the_data_format_is_recorded_and_a_newer_one_refused(tmp_path):
 def test_a_node_refuses_a_directory_of_a_newer_format_and_a_peer_of_a_newer_protocol(tmp_path):
     g, _ = grp.up(tmp_path / "g", 3, None)
     try:
-        # ``up`` returns once a leader is elected, which two nodes can do while the third still starts (make
-        # test saw "Connection refused" from it under load): the calls below go to every node's server.
-        grp.wait_for_all(g, 30.0)
         for method, call in [
             ("Vote", lambda stub, md: stub.Vote(raft_pb2.VoteRequest(group=g.name), timeout=5, metadata=md)),
             (
