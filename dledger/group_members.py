@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,12 @@ def _next_id(group: GroupSpec, directory: Path) -> str:
 
 
 def add_member(
-    directory: Path, node_id: str | None = None, port: int | None = None, *, module: str = "dledger"
+    directory: Path,
+    node_id: str | None = None,
+    port: int | None = None,
+    *,
+    module: str = "dledger",
+    on_recorded: Callable[[], None] | None = None,
 ) -> NodeSpec:
     """Start a new node on a new directory and port, joining as a learner: it knows no configuration until the
     leader's log (or snapshot) reaches it. Records it in group.json, then asks the leader to add it; returns
@@ -64,7 +70,9 @@ def add_member(
     and from every member (``GroupSpec.links``; the chaos runner listens on them) and dials the others through
     them, and each member's ``[dial]`` names its link to the newcomer before the change (``_add_dial``), so the
     members dial it through the proxies too. ``module``: what runs the node (``start_node``'s, e.g. the chaos
-    fault launcher)."""
+    fault launcher). ``on_recorded()`` runs once group.json names the newcomer and its links, before it starts
+    and before the change: the chaos runner listens on the new links then, so that the members' first dials to
+    the newcomer reach it."""
     directory = Path(directory).resolve()
     group = load(directory)
     node_id = node_id or _next_id(group, directory)
@@ -99,6 +107,8 @@ def add_member(
     Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
     Path(spec.config).write_text(_node_toml(spec, grown, _raft_of(group), join=True) + _tenant_tables(group))
     _write_manifest(directory, grown)
+    if on_recorded is not None:
+        on_recorded()
     start_node(spec, module)
     with _client(group) as c:
         c.change_membership("add-learner", node_id, spec.address)
@@ -250,17 +260,19 @@ def replace_node(
     *,
     module: str = "dledger",
     node_id: str | None = None,
+    on_recorded: Callable[[], None] | None = None,
 ) -> Replacement:
     """Replace node ``dead`` (its machine is gone) by a new node on a new directory and port: start it as a
     learner, let it catch up (snapshot + log, streamed by the leader), promote it, then remove ``dead``. The
-    group keeps serving throughout: until the removal a dead voter counts as a missing vote, as before."""
+    group keeps serving throughout: until the removal a dead voter counts as a missing vote, as before.
+    ``on_recorded``: ``add_member``'s."""
     t0 = time.monotonic()
     directory = Path(directory).resolve()
     group = load(directory)
     group.node(dead)
     if len(group.nodes) < 2:
         raise ConfigError("a one-node group cannot replace its only node: add a member first")
-    spec = add_member(directory, node_id, port=port, module=module)
+    spec = add_member(directory, node_id, port=port, module=module, on_recorded=on_recorded)
     group = load(directory)
     index = wait_learner_caught_up(group, spec.id, timeout_s)
     promote_member(directory, spec.id, timeout_s)

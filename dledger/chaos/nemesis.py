@@ -365,7 +365,12 @@ class Nemesis:
         self._joining(node)
         try:
             r = group_members.replace_node(
-                self.directory, dead, timeout_s=60.0, module=self.launcher, node_id=node
+                self.directory,
+                dead,
+                timeout_s=60.0,
+                module=self.launcher,
+                node_id=node,
+                on_recorded=self._reload,  # its links listen before the members dial it (their [dial])
             )
         except DLedgerError as e:
             # As an operator would after a failed replace-node: see what the configuration says, then finish
@@ -416,7 +421,7 @@ class Nemesis:
         self._joining(node)
         t0 = time.monotonic()
         try:
-            group_members.add_member(self.directory, node, module=self.launcher)
+            group_members.add_member(self.directory, node, module=self.launcher, on_recorded=self._reload)
             self._reload()
             group_members.promote_member(self.directory, node, timeout_s=60.0)
         except DLedgerError as e:
