@@ -256,19 +256,24 @@ def test_an_acknowledgement_does_not_commit_before_the_leaders_own_write_complet
     asyncio.run(run())
 
 
+async def _lead_under_sync(h: Harness) -> None:
+    """``h`` leads under ``flush = "sync"`` with its no-op committed, its loop idle."""
+    h.data.sync_each_ready = True  # as ``DataDir.open`` sets it for a store it opens under ``sync``
+    await h.elect()
+    noop = h.log.last_index
+    for peer in ("n1", "n2"):
+        h.core.step(AppendEntriesResponse(h.core.term, peer, "n0", True, match_index=noop))
+    h.wake.set()
+    await h.settle()
+
+
 def test_a_leader_under_sync_syncs_on_the_io_thread_and_commits_only_after(tmp_path):
     """``flush = "sync"``: a leader writes inline and waits for its fdatasync on the I/O thread, so its loop
     serves other work meanwhile (docs/decisions/0006); an acknowledgement commits nothing before that sync."""
 
     async def run():
         async with Harness(tmp_path, flush="sync") as h:
-            h.data.sync_each_ready = True  # as ``DataDir.open`` sets it for a store it opens under ``sync``
-            await h.elect()
-            noop = h.log.last_index
-            for peer in ("n1", "n2"):
-                h.core.step(AppendEntriesResponse(h.core.term, peer, "n0", True, match_index=noop))
-            h.wake.set()
-            await h.settle()
+            await _lead_under_sync(h)
             gate = h.log.sync_gate = threading.Event()
             loop_ran = False
 
@@ -392,13 +397,7 @@ def test_a_leader_whose_sync_stalls_still_sends_heartbeats(tmp_path):
 
     async def run():
         async with Harness(tmp_path, flush="sync") as h:
-            h.data.sync_each_ready = True
-            await h.elect()
-            noop = h.log.last_index
-            for peer in ("n1", "n2"):
-                h.core.step(AppendEntriesResponse(h.core.term, peer, "n0", True, match_index=noop))
-            h.wake.set()
-            await h.settle()
+            await _lead_under_sync(h)
             gate = h.log.sync_gate = threading.Event()
             ticker = asyncio.create_task(h.ready.ticker())
             try:
