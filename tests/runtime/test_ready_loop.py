@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -256,6 +257,23 @@ def test_an_acknowledgement_does_not_commit_before_the_leaders_own_write_complet
     asyncio.run(run())
 
 
+def _record_syncs(h: Harness, before: Callable[[bool], object]) -> tuple[int, list[int]]:
+    """Under ``sync``, each of ``h``'s fdatasyncs records the thread it ran on, after ``before(on_loop)`` ran
+    there; returns (the loop's thread, that record)."""
+    h.data.sync_each_ready = True
+    main = threading.get_ident()
+    synced_on: list[int] = []
+    real_sync = h.log.sync
+
+    def sync() -> None:
+        synced_on.append(threading.get_ident())
+        before(threading.get_ident() == main)
+        real_sync()
+
+    h.log.sync = sync
+    return main, synced_on
+
+
 async def _lead_under_sync(h: Harness) -> None:
     """``h`` leads under ``flush = "sync"`` with its no-op committed, its loop idle."""
     h.data.sync_each_ready = True  # as ``DataDir.open`` sets it for a store it opens under ``sync``
@@ -309,19 +327,8 @@ def test_a_follower_under_sync_syncs_on_the_io_thread_only_while_calls_wait_on_i
 
     async def run():
         async with Harness(tmp_path, flush="sync") as h:
-            h.data.sync_each_ready = True
-            main = threading.get_ident()
-            synced_on: list[int] = []
-            real_sync = h.log.sync
             gate = threading.Event()
-
-            def sync() -> None:
-                synced_on.append(threading.get_ident())
-                if threading.get_ident() != main:
-                    gate.wait(5)
-                real_sync()
-
-            h.log.sync = sync
+            main, synced_on = _record_syncs(h, lambda on_loop: on_loop or gate.wait(5))
             h.calls_waiting = 1
             loop_ran = False
 
@@ -362,19 +369,9 @@ def test_a_slow_write_sends_a_followers_next_syncs_off_its_loop(tmp_path, monkey
 
     async def run():
         async with Harness(tmp_path, flush="sync") as h:
-            h.data.sync_each_ready = True
-            main = threading.get_ident()
-            synced_on: list[int] = []
-            real_sync = h.log.sync
             slow = [True]
-
-            def sync() -> None:
-                synced_on.append(threading.get_ident())
-                if slow.pop() if slow else False:
-                    time.sleep(0.02)  # one stalled fdatasync
-                real_sync()
-
-            h.log.sync = sync
+            # one stalled fdatasync, the first
+            main, synced_on = _record_syncs(h, lambda _: slow and slow.pop() and time.sleep(0.02))
             append = AppendEntries(1, "n1", "n0", -1, 0, -1, frames(0, 1, [b"a"]))
             await asyncio.wait_for(h.step(append), 5)
             assert synced_on == [main], "inline while the disk is fast"
