@@ -48,6 +48,7 @@ INLINE_MAX_PERSIST_S = 0.002
 # spells; docs/decisions/0031-heartbeats-during-a-stalled-write.md).
 SLOW_PERSIST_S = 0.05
 SLOW_DISK_HOLD_S = 30.0
+SLOW_PERSIST_WARN_S = 1.0  # and one this slow is logged as a warning
 # The flusher records the commit index in the MetaStore at most this often: each record is an LMDB commit, which
 # LMDB syncs (about 55 us of CPU and an fdatasync on this machine); at the ``async`` policy's 10 ms interval it
 # would be a hundred a second on every node.
@@ -306,7 +307,10 @@ class ReadyLoop:
         self._persist_ewma_s += (took - self._persist_ewma_s) / 8
         if took > SLOW_PERSIST_S:
             if time.monotonic() >= self.slow_disk_until:
-                log.warning(
+                # INFO: a virtual disk's first writes often take this long; a write of a second or more, as
+                # etcd's "slow fdatasync", is worth an operator's look.
+                log.log(
+                    logging.WARNING if took >= SLOW_PERSIST_WARN_S else logging.INFO,
                     "%s: a write took %.0f ms; for %.0f s this node waits for its disk off its event loop",
                     self.id,
                     took * 1e3,

@@ -4,6 +4,7 @@ writes, and a full disk refused without loss."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -361,11 +362,12 @@ def test_a_follower_under_sync_syncs_on_the_io_thread_only_while_calls_wait_on_i
     asyncio.run(run())
 
 
-def test_a_slow_write_sends_a_followers_next_syncs_off_its_loop(tmp_path, monkeypatch):
+def test_a_slow_write_sends_a_followers_next_syncs_off_its_loop(tmp_path, monkeypatch, caplog):
     """A write slower than ``SLOW_PERSIST_S`` marks the disk slow for ``SLOW_DISK_HOLD_S``: a follower with no
     call waiting on it then waits for its fdatasync on the I/O thread too, free to answer its leader's
     heartbeats meanwhile (decision 0031); a fast disk keeps the inline sync."""
     monkeypatch.setattr(ready_loop, "SLOW_PERSIST_S", 0.005)
+    caplog.set_level(logging.INFO, logger="dledger.runtime")
 
     async def run():
         async with Harness(tmp_path, flush="sync") as h:
@@ -376,6 +378,10 @@ def test_a_slow_write_sends_a_followers_next_syncs_off_its_loop(tmp_path, monkey
             await asyncio.wait_for(h.step(append), 5)
             assert synced_on == [main], "inline while the disk is fast"
             assert h.stats["slow_writes"] == 1 and h.ready.slow_disk_until > time.monotonic()
+            said = [
+                r for r in caplog.records if "this node waits for its disk off its event loop" in r.message
+            ]
+            assert [r.levelname for r in said] == ["INFO"], "logged once; a warning only from a second on"
             h.ready._persist_ewma_s = 0.0  # (only the slow-disk mode decides below)
             both = frames(0, 1, [b"a", b"b"])
             await asyncio.wait_for(h.step(AppendEntries(1, "n1", "n0", -1, 0, -1, both)), 5)
