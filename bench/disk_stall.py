@@ -16,7 +16,11 @@ Each setting of ``[raft] check_quorum_periods`` gets its own group, the settings
 Printed per run: appends a second, appends that failed (a leader change under them), the leaders' step-downs
 (their logs) and the term at the end.
 
+``--stalled leader`` stalls the first leader's fdatasync instead (before decision 0031 its heartbeats waited for
+its write, and the followers' election timeouts ran out), ``--stalled all`` every node's.
+
     python -m bench.disk_stall [--stall-ms 250] [--stalls 5] [--rounds 2] [--periods 1,2] [--writers 16]
+                               [--stalled followers|leader|all]
 """
 
 from __future__ import annotations
@@ -38,12 +42,14 @@ from dledger.errors import ConfigError
 
 BODY = b"x" * 1024
 LAUNCHER = "dledger.chaos.faultnode"
+WHOSE = {"followers": "both followers'", "leader": "the first leader's", "all": "every node's"}
 
 
 async def _load(
-    g: grp.GroupSpec, followers: list[grp.NodeSpec], args: argparse.Namespace
+    g: grp.GroupSpec, stalled: list[grp.NodeSpec], args: argparse.Namespace
 ) -> tuple[int, int, float]:
-    """(appends, failed appends, seconds) while both followers stall ``args.stalls`` times, a second apart."""
+    """(appends, failed appends, seconds) while the ``stalled`` nodes stall ``args.stalls`` times, a second
+    apart."""
     async with AsyncDLedgerClient(g.addresses, g.name, timeout_s=20) as c:
         await c.append(b"warm-up")
         stop = time.monotonic() + 1.0 + args.stalls
@@ -62,17 +68,17 @@ async def _load(
             for _ in range(args.stalls):
                 await asyncio.sleep(1.0)
                 at = time.time() + 0.02
-                for f in followers:  # the first sync of each after the same instant
-                    faultnode.stall_sync(f.data_dir, at, args.stall_ms)
+                for n in stalled:  # the first sync of each after the same instant
+                    faultnode.stall_sync(n.data_dir, at, args.stall_ms)
 
         t0 = time.monotonic()
         await asyncio.gather(stalls(), *(writer() for _ in range(args.writers)))
         return done, failed, time.monotonic() - t0
 
 
-def _untaken(followers: list[grp.NodeSpec]) -> int:
+def _untaken(stalled: list[grp.NodeSpec]) -> int:
     """Stalls no fdatasync took (a node not started through the fault launcher would take none)."""
-    return sum(faultnode.stall_path(f.data_dir).exists() for f in followers)
+    return sum(faultnode.stall_path(n.data_dir).exists() for n in stalled)
 
 
 def run_one(root: Path, periods: int, args: argparse.Namespace) -> dict[str, float]:
@@ -82,9 +88,13 @@ def run_one(root: Path, periods: int, args: argparse.Namespace) -> dict[str, flo
         for spec in g.nodes:
             grp.start_node(spec, LAUNCHER)
         lead = grp.wait_for_leader(g, 30.0).id
-        followers = [n for n in g.nodes if n.id != lead]
-        done, failed, secs = asyncio.run(_load(g, followers, args))
-        untaken = _untaken(followers)
+        stalled = {
+            "followers": [n for n in g.nodes if n.id != lead],
+            "leader": [n for n in g.nodes if n.id == lead],
+            "all": list(g.nodes),
+        }[args.stalled]
+        done, failed, secs = asyncio.run(_load(g, stalled, args))
+        untaken = _untaken(stalled)
         logs = [Path(n.data_dir, "node.log").read_text() for n in g.nodes]
         downs = sum(text.count("stepped down") for text in logs)
         slow = sum(text.count("waits for its disk off its event loop") for text in logs)
@@ -109,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--periods", default="1,2", help="check_quorum_periods settings to compare (default 1,2)")
     ap.add_argument("--writers", type=int, default=16)
+    ap.add_argument(
+        "--stalled",
+        choices=("followers", "leader", "all"),
+        default="followers",
+        help="whose fdatasync stalls: both followers (default), the first leader, or every node",
+    )
     args = ap.parse_args(argv)
     try:
         settings = [int(p) for p in args.periods.split(",")]
@@ -121,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     print(
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, load {load[0]:.1f}, {os.cpu_count()} CPUs; "
-        f"3-node group, flush sync, {args.writers} writers of 1 KiB; both followers' fdatasync stalled "
+        f"3-node group, flush sync, {args.writers} writers of 1 KiB; {WHOSE[args.stalled]} fdatasync stalled "
         f"{args.stall_ms:.0f} ms, {args.stalls} times a run",
         flush=True,
     )

@@ -36,3 +36,11 @@ def test_disk_stall_runs_both_settings_and_every_stall_is_taken(capsys: pytest.C
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(SystemExit):
         main(["--periods", "0"])
+
+
+def test_the_leader_alone_can_be_stalled(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--stalls", "1", "--rounds", "1", "--periods", "2", "--stall-ms", "50", "--writers", "4"]
+    assert main([*args, "--stalled", "leader"]) == 0
+    out = capsys.readouterr().out
+    assert "the first leader's fdatasync stalled 50 ms" in out, out
+    assert re.search(r"check_quorum_periods=2: [\d,]+ appends/s.*stalls not taken 0", out), out
