@@ -29,22 +29,19 @@ import struct
 from bisect import bisect_right
 from typing import Final
 
+from dledger.core.frames import count_frames, decode_conf, scan
 from dledger.core.membership import ConfCheckpoint, Configuration, ConfigurationError
 from dledger.core.messages import Prepare, SnapshotMeta
 from storage import codec
 from storage.api import LogStore
 from storage.errors import Compacted, IndexOutOfRange
 
-# magic, size, index, term: enough of a header to place an entry in the tail without decoding it all.
-_HEAD: Final = struct.Struct(">iiqq")
 _MAGIC_SIZE: Final = struct.Struct(">ii")
 _CONFIG: Final = codec.MAGIC_CONFIG
 _STORE_SCAN_BYTES: Final = 4 << 20  # read size when looking for config entries in the store at start
 _CHAIN_CRC: Final = struct.Struct(">I")
-_SIZE: Final = struct.Struct(">i")
 _MIN_BLANK: Final = codec.MIN_BLANK_LEN
 _HEADER_SIZE: Final = codec.HEADER_SIZE
-_ENTRY_MAGICS: Final = codec.ENTRY_MAGICS
 
 
 class LogConflictError(RuntimeError):
@@ -181,7 +178,7 @@ class RaftLog:
             while off < end:
                 magic, size = _MAGIC_SIZE.unpack_from(data, off)
                 if magic == _CONFIG:
-                    found.append((lo + n, _decode_conf(data, off, size, lo + n)))
+                    found.append((lo + n, decode_conf(data, off, size, lo + n)))
                 off += size
                 n += 1
             if n == 0:
@@ -341,7 +338,7 @@ class RaftLog:
             raise Compacted(f"index {lo} is below the installed snapshot at {self._snapshot.index}")
         hi = self._offset  # store part only; the memory tail follows in the next message
         data = self.store.raw(lo, hi, max_bytes)
-        return data, lo + _count_frames(data) - 1
+        return data, lo + count_frames(data) - 1
 
     def _memory_frames(self, k: int, max_bytes: int) -> tuple[bytes, int]:
         """Frames from memory entry ``k`` (list position), cut at ``max_bytes`` but at least one entry."""
@@ -445,7 +442,7 @@ class RaftLog:
             return None
         if not frames:
             return prev_index
-        offs, terms, confs = _scan(frames, prev_index + 1)
+        offs, terms, confs = scan(frames, prev_index + 1)
         n = len(offs)
         last_new = prev_index + n
         # Common case: everything is new.
@@ -629,79 +626,3 @@ class RaftLog:
     def memory_entries(self) -> int:
         """How many entries are held in memory (not yet durable); for status and tests."""
         return len(self._offs)
-
-
-def _decode_conf(data: codec.Buf, off: int, size: int, index: int) -> Configuration:
-    try:
-        return Configuration.decode(memoryview(data)[off + _HEADER_SIZE : off + size])
-    except ConfigurationError as e:
-        raise codec.FrameError(f"config entry {index}: {e}", off, index) from e
-
-
-def _scan(frames: bytes, first_index: int) -> tuple[list[int], list[int], list[tuple[int, Configuration]]]:
-    """Byte offset and term of each frame, and the configurations of its config entries: enough to place entries
-    in the tail.
-
-    Walks the size fields (each must be at least a header and stay inside the buffer), checks that the first and
-    last frames are well-formed entries numbered ``first_index`` and ``first_index + n - 1``, and reads every
-    term only when the run spans more than one term (then also checking dense indexes and non-decreasing
-    terms). Full validation (every magic, body CRC, chain, positions) is the store's, before it writes anything.
-    """
-    end = len(frames)
-    head_at = _MAGIC_SIZE.unpack_from
-    offs: list[int] = []
-    append = offs.append
-    config_at: list[tuple[int, int]] = []  # (offset, size) of config entries: rare, decoded below
-    off = 0
-    while off < end:
-        if end - off < _HEADER_SIZE:
-            raise codec.FrameError(f"truncated header: {end - off} of {_HEADER_SIZE} bytes", off)
-        magic, size = head_at(frames, off)
-        if size < _HEADER_SIZE or size > end - off:
-            raise codec.FrameError(f"bad frame size {size} at offset {off} ({end - off} bytes left)", off)
-        if magic == _CONFIG:
-            config_at.append((off, size))
-        append(off)
-        off += size
-    n = len(offs)
-    unpack = _HEAD.unpack_from
-    m0, _s0, i0, t0 = unpack(frames, 0)
-    m1, _s1, i1, t1 = unpack(frames, offs[-1])
-    if m0 not in _ENTRY_MAGICS or m1 not in _ENTRY_MAGICS or i0 != first_index or i1 != first_index + n - 1:
-        raise codec.FrameError(
-            f"frames numbered {i0}..{i1} (magics {m0}, {m1}) where {first_index}..{first_index + n - 1} were "
-            "expected",
-            0,
-            i0,
-        )
-    confs: list[tuple[int, Configuration]] = []
-    if config_at:
-        k = 0
-        for o, size in config_at:
-            k = offs.index(o, k)
-            confs.append((first_index + k, _decode_conf(frames, o, size, first_index + k)))
-    if t0 == t1:
-        return offs, [t0] * n, confs
-    terms: list[int] = []
-    last_term = -1
-    for k, o in enumerate(offs):
-        magic, _size, index, term = unpack(frames, o)
-        if magic not in _ENTRY_MAGICS or index != first_index + k or term < last_term:
-            raise codec.FrameError(
-                f"bad frame at offset {o}: magic {magic}, index {index} (expected {first_index + k}), term {term} "
-                f"(previous {last_term})",
-                o,
-                index,
-            )
-        terms.append(term)
-        last_term = term
-    return offs, terms, confs
-
-
-def _count_frames(data: bytes) -> int:
-    n = off = 0
-    end, size_of = len(data), _SIZE.unpack_from
-    while off < end:
-        off += size_of(data, off + 4)[0]
-        n += 1
-    return n
