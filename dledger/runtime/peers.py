@@ -254,8 +254,9 @@ class Peers:
         # a stall of every follower is not an election (``RaftCore.take_heartbeats``: an answer claims no entry
         # and leaves only with the term and vote durable; docs/decisions/0031-heartbeats-during-a-stalled-write.md).
         early: list[Heartbeat | HeartbeatResponse] = []
-        if any(kind is HeartbeatResponse for _, kind in kinds) and self._running_core().writing:
-            early = self._running_core().take_heartbeats()
+        core = self._running_core()
+        if core.writing and any(kind is HeartbeatResponse for _, kind in kinds):
+            early = core.take_heartbeats()
         if not kinds:
             answer.set_result([])
         elif len(kinds) == 1:  # the usual batch: one AppendEntries or heartbeat

@@ -4,16 +4,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import pytest
 
 from dledger.runtime.iothread import IoThread
 
 
+@contextlib.contextmanager
+def running() -> Iterator[IoThread]:
+    io = IoThread("t")
+    try:
+        yield io
+    finally:
+        io.shutdown(wait=True)
+
+
 def test_jobs_run_one_at_a_time_in_order_off_the_loop() -> None:
     async def run() -> None:
-        io = IoThread("t")
         main = threading.get_ident()
         seen: list[tuple[int, int]] = []
 
@@ -21,31 +31,25 @@ def test_jobs_run_one_at_a_time_in_order_off_the_loop() -> None:
             seen.append((k, threading.get_ident()))
             return k * k
 
-        try:
+        with running() as io:
             results = await asyncio.gather(*(io.run(job, k) for k in range(50)))
             assert results == [k * k for k in range(50)]
             assert [k for k, _ in seen] == list(range(50)), "in submission order"
             assert len({t for _, t in seen}) == 1 and seen[0][1] != main, "one thread, not the loop's"
             assert io.pending == 0
-        finally:
-            io.shutdown(wait=True)
 
     asyncio.run(run())
 
 
 def test_an_exception_reaches_the_waiter_and_the_thread_goes_on() -> None:
     async def run() -> None:
-        io = IoThread("t")
-
         def fail() -> None:
             raise OSError(28, "No space left on device")
 
-        try:
+        with running() as io:
             with pytest.raises(OSError, match="No space left"):
                 await io.run(fail)
             assert await io.run(int, "7") == 7 and io.pending == 0
-        finally:
-            io.shutdown(wait=True)
 
     asyncio.run(run())
 
@@ -55,9 +59,8 @@ def test_a_cancelled_waiter_leaves_the_job_pending_until_it_ends() -> None:
     made, and the log must keep a single writer."""
 
     async def run() -> None:
-        io = IoThread("t")
         gate = threading.Event()
-        try:
+        with running() as io:
             waiter = asyncio.ensure_future(io.run(gate.wait, 5))
             await asyncio.sleep(0.01)
             waiter.cancel()
@@ -69,8 +72,6 @@ def test_a_cancelled_waiter_leaves_the_job_pending_until_it_ends() -> None:
                     break
                 await asyncio.sleep(0.01)
             assert io.pending == 0
-        finally:
-            io.shutdown(wait=True)
 
     asyncio.run(run())
 
